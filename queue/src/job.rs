@@ -1,0 +1,445 @@
+//! The job model: the eight OJS states, a stored [`Job`], and a [`NewJob`] to enqueue.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::policy::PolicyPatch;
+
+/// Where a job is in its life. Three states are terminal: `completed`, `cancelled`, `discarded`.
+///
+/// Dead letters are `discarded` jobs with [`Job::dead_letter`] set: they are kept for re-drive,
+/// whereas plain discards may be pruned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "job_state", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Not yet due.
+    Scheduled,
+    /// Due and waiting for a worker.
+    Available,
+    /// Staged, waiting for an explicit activation (OJS `options.pending`).
+    Pending,
+    /// Claimed by a worker; its handler is running.
+    Active,
+    /// Finished successfully.
+    Completed,
+    /// Failed; a retry is scheduled.
+    Retryable,
+    /// Cancelled by a person or a client.
+    Cancelled,
+    /// Gave up (exhausted, non-retryable, discarded or dead-lettered by its handler, expired).
+    Discarded,
+}
+
+impl JobState {
+    /// Every state, in lifecycle order (useful for filters and stats).
+    pub const ALL: [JobState; 8] = [
+        JobState::Scheduled,
+        JobState::Available,
+        JobState::Pending,
+        JobState::Active,
+        JobState::Completed,
+        JobState::Retryable,
+        JobState::Cancelled,
+        JobState::Discarded,
+    ];
+
+    /// The wire name (`"available"`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Scheduled => "scheduled",
+            JobState::Available => "available",
+            JobState::Pending => "pending",
+            JobState::Active => "active",
+            JobState::Completed => "completed",
+            JobState::Retryable => "retryable",
+            JobState::Cancelled => "cancelled",
+            JobState::Discarded => "discarded",
+        }
+    }
+
+    /// Terminal states accept no further transition (except a dead-letter re-drive).
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Completed | JobState::Cancelled | JobState::Discarded)
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The name given was not one of the eight states.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("unknown job state {0:?}; expected one of scheduled, available, pending, active, completed, retryable, cancelled, discarded")]
+pub struct UnknownState(pub String);
+
+impl FromStr for JobState {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_string()))
+    }
+}
+
+/// A job as stored.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Job {
+    /// UUIDv7: ordering by id is ordering by creation.
+    pub id: Uuid,
+    /// Dot-namespaced job type, e.g. `email.send`.
+    #[serde(rename = "type")]
+    pub job_type: String,
+    pub queue: String,
+    /// Always a JSON array.
+    pub args: Value,
+    pub meta: Value,
+    /// Unknown top-level envelope fields, kept verbatim for OJS clients.
+    pub extra: Value,
+    pub priority: i16,
+    pub tags: Vec<String>,
+    pub state: JobState,
+    /// Executions so far (counted when claimed).
+    pub attempt: i32,
+    /// From the effective policy; refreshed each time a failure is recorded.
+    pub max_attempts: i32,
+    /// The job's own partial retry policy, as JSON (see [`PolicyPatch::from_json`]).
+    pub retry: Option<Value>,
+    pub timeout_ms: Option<i64>,
+    pub visibility_timeout_ms: Option<i64>,
+    pub unique_key: Option<String>,
+    pub scheduled_at: Timestamp,
+    pub expires_at: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub enqueued_at: Option<Timestamp>,
+    pub started_at: Option<Timestamp>,
+    pub completed_at: Option<Timestamp>,
+    pub cancelled_at: Option<Timestamp>,
+    pub discarded_at: Option<Timestamp>,
+    pub locked_by: Option<String>,
+    pub lock_expires_at: Option<Timestamp>,
+    pub dead_letter: bool,
+    pub dead_lettered_at: Option<Timestamp>,
+    pub result: Option<Value>,
+    /// Mirror of the latest failed attempt, for fast listing:
+    /// `{type, code, message, details, retryable, attempt, occurred_at}`.
+    pub last_error: Option<Value>,
+    pub retry_delay_ms: Option<i64>,
+    pub updated_at: Timestamp,
+}
+
+impl Job {
+    /// The job's own retry override, parsed. A stored override was validated at enqueue, so a
+    /// parse failure here means the row was edited by hand; it is reported, not ignored.
+    pub fn retry_patch(&self) -> Result<Option<PolicyPatch>, crate::policy::PolicyError> {
+        self.retry.as_ref().map(PolicyPatch::from_json).transpose()
+    }
+
+    /// When the next execution is due, for jobs waiting on a retry or a schedule.
+    pub fn next_run_at(&self) -> Option<Timestamp> {
+        matches!(self.state, JobState::Retryable | JobState::Scheduled).then_some(self.scheduled_at)
+    }
+}
+
+/// What to do when an enqueue clashes with a live job holding the same unique key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnConflict {
+    /// Refuse the new job (the API answers 409).
+    Reject,
+    /// Keep the existing job and return it instead (idempotent enqueue).
+    Ignore,
+    /// Cancel the existing job and enqueue the new one.
+    Replace,
+}
+
+/// Uniqueness of an enqueue: the key, what to do on a clash, which states count, and for how long.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UniqueSpec {
+    /// Already computed; see [`UniqueSpec::key_from_fields`].
+    pub key: String,
+    pub on_conflict: OnConflict,
+    /// States in which an existing job blocks the new one; empty means every non-terminal state.
+    pub states: Vec<JobState>,
+    /// The key stops counting this long after the existing job was enqueued.
+    pub period: Option<Duration>,
+}
+
+impl UniqueSpec {
+    /// The default blocking states: every state in which the job may still run.
+    pub fn default_states() -> Vec<JobState> {
+        JobState::ALL.into_iter().filter(|s| !s.is_terminal()).collect()
+    }
+
+    /// Builds a stable key from the named envelope fields (`type`, `queue`, `args`, `meta`),
+    /// hashed so arbitrarily large args make a fixed-size, indexable key.
+    pub fn key_from_fields(job: &NewJob, fields: &[String]) -> Result<String, JobValidationError> {
+        let mut hasher = Sha256::new();
+        let mut sorted: Vec<&str> = fields.iter().map(String::as_str).collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.is_empty() {
+            sorted = vec!["args", "queue", "type"];
+        }
+        for field in sorted {
+            let part = match field {
+                "type" => Value::String(job.job_type.clone()),
+                "queue" => Value::String(job.queue.clone()),
+                "args" => job.args.clone(),
+                "meta" => job.meta.clone(),
+                other => {
+                    return Err(JobValidationError::new(
+                        "options.unique.keys",
+                        format!("unknown key {other:?}; use type, queue, args or meta"),
+                    ));
+                }
+            };
+            hasher.update(field.as_bytes());
+            hasher.update([0]);
+            // serde_json keeps object keys sorted (no preserve_order), so this is canonical.
+            hasher.update(part.to_string().as_bytes());
+            hasher.update([0]);
+        }
+        Ok(hex::encode(hasher.finalize()))
+    }
+}
+
+/// A job to enqueue. Build with [`NewJob::new`] and set what you need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewJob {
+    /// Client-chosen UUIDv7; generated when absent.
+    pub id: Option<Uuid>,
+    pub job_type: String,
+    pub queue: String,
+    pub args: Value,
+    pub meta: Value,
+    pub extra: Value,
+    pub priority: i16,
+    pub tags: Vec<String>,
+    pub retry: Option<PolicyPatch>,
+    pub timeout_ms: Option<i64>,
+    pub visibility_timeout_ms: Option<i64>,
+    /// Run no earlier than this; `None` means now.
+    pub scheduled_at: Option<Timestamp>,
+    /// Discard without running once this passes.
+    pub expires_at: Option<Timestamp>,
+    pub unique: Option<UniqueSpec>,
+    /// Stage in `pending` until activated.
+    pub pending: bool,
+}
+
+impl NewJob {
+    /// A job of `job_type` with `args` (a JSON array) on the `default` queue.
+    pub fn new(job_type: impl Into<String>, args: Value) -> Self {
+        NewJob {
+            id: None,
+            job_type: job_type.into(),
+            queue: "default".to_string(),
+            args,
+            meta: Value::Object(Default::default()),
+            extra: Value::Object(Default::default()),
+            priority: 0,
+            tags: Vec::new(),
+            retry: None,
+            timeout_ms: None,
+            visibility_timeout_ms: None,
+            scheduled_at: None,
+            expires_at: None,
+            unique: None,
+            pending: false,
+        }
+    }
+
+    /// Sets the queue.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// Sets the job's own retry override.
+    pub fn retry(mut self, patch: PolicyPatch) -> Self {
+        self.retry = Some(patch);
+        self
+    }
+
+    /// Checks the envelope the way OJS does; the error names the offending field.
+    pub fn validate(&self) -> Result<(), JobValidationError> {
+        validate_type(&self.job_type)?;
+        validate_queue(&self.queue)?;
+        if !self.args.is_array() {
+            return Err(JobValidationError::new("args", "must be a JSON array"));
+        }
+        if !self.meta.is_object() {
+            return Err(JobValidationError::new("meta", "must be a JSON object"));
+        }
+        if !(-100..=100).contains(&self.priority) {
+            return Err(JobValidationError::new(
+                "options.priority",
+                format!("must be between -100 and 100, got {}", self.priority),
+            ));
+        }
+        if let Some(id) = self.id
+            && id.get_version_num() != 7
+        {
+            return Err(JobValidationError::new("id", "must be a UUIDv7"));
+        }
+        for (field, v) in [
+            ("options.timeout_ms", self.timeout_ms),
+            ("options.visibility_timeout_ms", self.visibility_timeout_ms),
+        ] {
+            if let Some(ms) = v
+                && ms <= 0
+            {
+                return Err(JobValidationError::new(field, format!("must be positive, got {ms}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Job types are dot-separated segments of `[a-z][a-z0-9_-]*` (OJS; hyphens allowed as the
+/// conformance suites require).
+pub fn validate_type(t: &str) -> Result<(), JobValidationError> {
+    let ok = !t.is_empty()
+        && t.len() <= 255
+        && t.split('.').all(|seg| {
+            let mut chars = seg.chars();
+            matches!(chars.next(), Some('a'..='z'))
+                && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_' | '-'))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(JobValidationError::new(
+            "type",
+            format!("{t:?} is not a valid job type: use dot-separated lowercase segments such as \"email.send\""),
+        ))
+    }
+}
+
+/// Queue names are `[a-z0-9][a-z0-9.-]*`, at most 128 characters.
+pub fn validate_queue(q: &str) -> Result<(), JobValidationError> {
+    let mut chars = q.chars();
+    let ok = q.len() <= 128
+        && matches!(chars.next(), Some('a'..='z' | '0'..='9'))
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '.' | '-' | '_'));
+    if ok {
+        Ok(())
+    } else {
+        Err(JobValidationError::new(
+            "options.queue",
+            format!("{q:?} is not a valid queue name: lowercase letters, digits, '.', '-' and '_', starting with a letter or digit, at most 128 characters"),
+        ))
+    }
+}
+
+/// An envelope field is invalid.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct JobValidationError {
+    /// The field, as an OJS client names it (`type`, `options.queue`, …).
+    pub field: String,
+    pub reason: String,
+}
+
+impl JobValidationError {
+    /// An error about `field`.
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        JobValidationError { field: field.into(), reason: reason.into() }
+    }
+}
+
+/// One execution of a job, as recorded in `job_attempts`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Attempt {
+    pub id: i64,
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub worker_id: Option<String>,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Timestamp,
+    /// `completed`, `retried`, `snoozed`, `discarded`, `dead_lettered`, `failed`,
+    /// `exhausted`, `non_retryable`, `released`.
+    pub outcome: String,
+    pub error_type: Option<String>,
+    pub error_code: Option<String>,
+    pub error_message: Option<String>,
+    pub error_details: Option<Value>,
+    pub delay_ms: Option<i64>,
+    pub next_run_at: Option<Timestamp>,
+    /// The effective policy the decision used.
+    pub policy: Option<Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn job_types_follow_the_ojs_pattern() {
+        for ok in ["email.send", "dlq.test.list-first", "a", "a1_b.c-d"] {
+            assert!(validate_type(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "Email.Send", "email send", "1email.send", "email@send!", "a..b", "a."] {
+            let e = validate_type(bad).unwrap_err();
+            assert_eq!(e.field, "type", "{bad}");
+        }
+    }
+
+    #[test]
+    fn queue_names_follow_the_ojs_pattern() {
+        assert!(validate_queue("default").is_ok());
+        assert!(validate_queue("visibility-test").is_ok());
+        assert!(validate_queue("q.1").is_ok());
+        assert!(validate_queue("Bad Queue").is_err());
+        assert!(validate_queue(&"a".repeat(129)).is_err());
+        assert!(validate_queue("").is_err());
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let mut j = NewJob::new("a.b", json!({}));
+        assert_eq!(j.validate().unwrap_err().field, "args");
+        j.args = json!([]);
+        j.priority = 101;
+        assert_eq!(j.validate().unwrap_err().field, "options.priority");
+        j.priority = -100;
+        assert!(j.validate().is_ok());
+        j.id = Some(Uuid::from_u128(0x0190_0000_0000_4000_8000_0000_0000_0001));
+        assert_eq!(j.validate().unwrap_err().field, "id");
+    }
+
+    #[test]
+    fn states_round_trip_their_names() {
+        for s in JobState::ALL {
+            assert_eq!(s.as_str().parse::<JobState>().unwrap(), s);
+        }
+        assert!("done".parse::<JobState>().is_err());
+        assert!(JobState::Discarded.is_terminal());
+        assert!(!JobState::Retryable.is_terminal());
+    }
+
+    #[test]
+    fn unique_keys_ignore_field_order_and_differ_by_content() {
+        let a = NewJob::new("t", json!([1, {"b": 2, "a": 1}]));
+        let b = NewJob::new("t", json!([1, {"a": 1, "b": 2}]));
+        let c = NewJob::new("t", json!([2]));
+        let keys = vec!["args".to_string(), "type".to_string()];
+        let rev = vec!["type".to_string(), "args".to_string()];
+        let ka = UniqueSpec::key_from_fields(&a, &keys).unwrap();
+        assert_eq!(ka, UniqueSpec::key_from_fields(&b, &rev).unwrap());
+        assert_ne!(ka, UniqueSpec::key_from_fields(&c, &keys).unwrap());
+        assert!(UniqueSpec::key_from_fields(&a, &["nope".to_string()]).is_err());
+    }
+}

@@ -1,0 +1,232 @@
+//! Operators, their sessions, and API tokens. Secrets arrive here already hashed: the server
+//! hashes passwords with argon2 and tokens with SHA-256, so this module never sees one.
+
+use jiff::Timestamp;
+use serde::Serialize;
+use serde_json::json;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use super::audit::{Actor, record};
+use super::{Store, StoreError, millis, ts, ts_opt};
+
+/// What an operator may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Read everything, change nothing.
+    Viewer,
+    /// Act: re-drive, cancel, edit policies, pause queues.
+    Operator,
+}
+
+impl Role {
+    /// `"viewer"` or `"operator"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+        }
+    }
+
+    /// Parses `"viewer"` / `"operator"`.
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "viewer" => Some(Role::Viewer),
+            "operator" => Some(Role::Operator),
+            _ => None,
+        }
+    }
+}
+
+/// A person who logs in to the dashboard.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Operator {
+    pub id: i64,
+    pub username: String,
+    #[serde(skip)]
+    pub password_hash: String,
+    pub role: Role,
+    pub disabled: bool,
+    pub created_at: Timestamp,
+    pub last_login_at: Option<Timestamp>,
+}
+
+/// A logged-in session with its operator.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Session {
+    pub operator: Operator,
+    pub csrf_token: String,
+    pub expires_at: Timestamp,
+}
+
+/// An API client's token (the secret itself is never stored).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ApiToken {
+    pub id: i64,
+    pub name: String,
+    pub created_at: Timestamp,
+    pub revoked_at: Option<Timestamp>,
+    pub last_used_at: Option<Timestamp>,
+}
+
+fn operator_from_row(r: &PgRow) -> Result<Operator, StoreError> {
+    let role: String = r.try_get("role")?;
+    Ok(Operator {
+        id: r.try_get("id")?,
+        username: r.try_get("username")?,
+        password_hash: r.try_get("password_hash")?,
+        role: Role::parse(&role).unwrap_or(Role::Viewer),
+        disabled: r.try_get("disabled")?,
+        created_at: ts(r, "created_at")?,
+        last_login_at: ts_opt(r, "last_login_at")?,
+    })
+}
+
+fn token_from_row(r: &PgRow) -> Result<ApiToken, StoreError> {
+    Ok(ApiToken {
+        id: r.try_get("id")?,
+        name: r.try_get("name")?,
+        created_at: ts(r, "created_at")?,
+        revoked_at: ts_opt(r, "revoked_at")?,
+        last_used_at: ts_opt(r, "last_used_at")?,
+    })
+}
+
+impl Store {
+    /// Creates an operator, or updates the password and role of an existing one.
+    pub async fn upsert_operator(&self, username: &str, password_hash: &str, role: Role, actor: &Actor) -> Result<Operator, StoreError> {
+        if username.trim().is_empty() || username.len() > 64 {
+            return Err(StoreError::invalid("username", "must be 1 to 64 characters"));
+        }
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "INSERT INTO operators (username, password_hash, role) VALUES ($1, $2, $3)
+             ON CONFLICT (username) DO UPDATE SET password_hash = EXCLUDED.password_hash, role = EXCLUDED.role, disabled = false
+             RETURNING *",
+        )
+        .bind(username)
+        .bind(password_hash)
+        .bind(role.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+        record(&mut tx, actor, "operator.upsert", Some(username), json!({"role": role.as_str()})).await?;
+        tx.commit().await?;
+        operator_from_row(&row)
+    }
+
+    /// An operator by name.
+    pub async fn operator(&self, username: &str) -> Result<Option<Operator>, StoreError> {
+        let row = sqlx::query("SELECT * FROM operators WHERE username = $1").bind(username).fetch_optional(&self.pool).await?;
+        row.as_ref().map(operator_from_row).transpose()
+    }
+
+    /// Every operator.
+    pub async fn operators(&self) -> Result<Vec<Operator>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM operators ORDER BY username").fetch_all(&self.pool).await?;
+        rows.iter().map(operator_from_row).collect()
+    }
+
+    /// Disables an operator and ends their sessions. Returns whether they existed.
+    pub async fn disable_operator(&self, username: &str, actor: &Actor) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let id: Option<i64> = sqlx::query_scalar("UPDATE operators SET disabled = true WHERE username = $1 RETURNING id")
+            .bind(username)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if let Some(id) = id {
+            sqlx::query("DELETE FROM sessions WHERE operator_id = $1").bind(id).execute(&mut *tx).await?;
+            record(&mut tx, actor, "operator.disable", Some(username), json!({})).await?;
+        }
+        tx.commit().await?;
+        Ok(id.is_some())
+    }
+
+    /// Starts a session for an operator.
+    pub async fn create_session(&self, operator_id: i64, token_hash: &str, csrf_token: &str, ttl: std::time::Duration) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO sessions (token_hash, operator_id, csrf_token, expires_at)
+             VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')",
+        )
+        .bind(token_hash)
+        .bind(operator_id)
+        .bind(csrf_token)
+        .bind(millis(ttl))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE operators SET last_login_at = now() WHERE id = $1").bind(operator_id).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM sessions WHERE expires_at < now()").execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The live session for a token hash, if any (expired sessions and disabled operators have none).
+    pub async fn session(&self, token_hash: &str) -> Result<Option<Session>, StoreError> {
+        let row = sqlx::query(
+            "UPDATE sessions s SET last_seen_at = now() FROM operators o
+             WHERE s.token_hash = $1 AND s.expires_at > now() AND o.id = s.operator_id AND NOT o.disabled
+             RETURNING o.*, s.csrf_token, s.expires_at",
+        )
+        .bind(token_hash)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref()
+            .map(|r| {
+                Ok(Session { operator: operator_from_row(r)?, csrf_token: r.try_get("csrf_token")?, expires_at: ts(r, "expires_at")? })
+            })
+            .transpose()
+    }
+
+    /// Ends a session.
+    pub async fn delete_session(&self, token_hash: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM sessions WHERE token_hash = $1").bind(token_hash).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Stores a new API token under a unique name.
+    pub async fn create_token(&self, name: &str, token_hash: &str, actor: &Actor) -> Result<ApiToken, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query("INSERT INTO api_tokens (name, token_hash) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING RETURNING *")
+            .bind(name)
+            .bind(token_hash)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or_else(|| StoreError::Duplicate { reason: format!("a token named {name:?} already exists"), existing: None })?;
+        record(&mut tx, actor, "token.create", Some(name), json!({})).await?;
+        tx.commit().await?;
+        token_from_row(&row)
+    }
+
+    /// Revokes a token by name. Returns whether a live one existed.
+    pub async fn revoke_token(&self, name: &str, actor: &Actor) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let n = sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if n > 0 {
+            record(&mut tx, actor, "token.revoke", Some(name), json!({})).await?;
+        }
+        tx.commit().await?;
+        Ok(n > 0)
+    }
+
+    /// Every token, revoked ones included.
+    pub async fn tokens(&self) -> Result<Vec<ApiToken>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM api_tokens ORDER BY name").fetch_all(&self.pool).await?;
+        rows.iter().map(token_from_row).collect()
+    }
+
+    /// The live token with this hash, marking it used.
+    pub async fn verify_token(&self, token_hash: &str) -> Result<Option<ApiToken>, StoreError> {
+        let row = sqlx::query(
+            "UPDATE api_tokens SET last_used_at = now() WHERE token_hash = $1 AND revoked_at IS NULL RETURNING *",
+        )
+        .bind(token_hash)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(token_from_row).transpose()
+    }
+}

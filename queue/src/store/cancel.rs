@@ -1,0 +1,110 @@
+//! Cancelling jobs, and the bulk manual actions an operator takes from the dashboard.
+
+use serde_json::json;
+use sqlx::{Postgres, QueryBuilder};
+use uuid::Uuid;
+
+use super::audit::{Actor, record};
+use super::listing::JobFilter;
+use super::notify::notify_queues;
+use super::{Store, StoreError, job_from_row, jobs_from_rows};
+use crate::job::Job;
+
+/// Which jobs a bulk action applies to: listed ids, or everything matching a filter.
+#[derive(Clone, Debug, PartialEq)]
+pub enum JobSelection {
+    Ids(Vec<Uuid>),
+    Filter(JobFilter),
+}
+
+impl JobSelection {
+    /// `SELECT id FROM jobs j WHERE <selection> AND <extra>`, locked, bounded by `limit`.
+    pub(crate) fn select_ids(&self, extra: &str, limit: i64) -> QueryBuilder<Postgres> {
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT j.id FROM jobs j WHERE ");
+        qb.push(extra.to_string());
+        match self {
+            JobSelection::Ids(ids) => {
+                qb.push(" AND j.id = ANY(").push_bind(ids.clone()).push(")");
+            }
+            JobSelection::Filter(f) => f.push_conditions(&mut qb),
+        }
+        qb.push(" ORDER BY j.id LIMIT ").push_bind(limit).push(" FOR UPDATE SKIP LOCKED");
+        qb
+    }
+
+    pub(crate) fn describe(&self) -> serde_json::Value {
+        match self {
+            JobSelection::Ids(ids) => json!({"ids": ids.iter().take(100).collect::<Vec<_>>(), "count": ids.len()}),
+            JobSelection::Filter(f) => json!({"filter": f}),
+        }
+    }
+}
+
+/// The most jobs one bulk action touches; an operator repeats the action for more.
+pub const BULK_LIMIT: i64 = 50_000;
+
+impl Store {
+    /// Cancels a job that has not finished (active jobs too: their worker's result is then
+    /// refused). A finished job is a conflict. With an actor, the action is audited.
+    pub async fn cancel(&self, id: Uuid, actor: Option<&Actor>) -> Result<Job, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "UPDATE jobs SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL,
+                             updated_at = now()
+             WHERE id = $1 AND state NOT IN ('completed', 'cancelled', 'discarded') RETURNING *",
+        )
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            drop(tx);
+            return Err(self.conflict_or_missing(id, "cancel").await);
+        };
+        if let Some(actor) = actor {
+            record(&mut tx, actor, "job.cancel", Some(&id.to_string()), json!({})).await?;
+        }
+        tx.commit().await?;
+        Ok(job_from_row(&row)?)
+    }
+
+    /// Cancels every unfinished job in the selection. Returns how many.
+    pub async fn cancel_jobs(&self, sel: &JobSelection, actor: &Actor) -> Result<u64, StoreError> {
+        self.bulk(sel, actor, "job.bulk_cancel", "j.state NOT IN ('completed', 'cancelled', 'discarded')",
+            "UPDATE jobs SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL, updated_at = now()")
+            .await
+    }
+
+    /// Makes waiting jobs (scheduled, retryable) run now. Returns how many.
+    pub async fn retry_jobs_now(&self, sel: &JobSelection, actor: &Actor) -> Result<u64, StoreError> {
+        self.bulk(sel, actor, "job.bulk_retry_now", "j.state IN ('scheduled', 'retryable')",
+            "UPDATE jobs SET state = 'available', scheduled_at = now(), enqueued_at = now(), updated_at = now()")
+            .await
+    }
+
+    /// Discards jobs that are not running or finished. Returns how many.
+    pub async fn discard_jobs(&self, sel: &JobSelection, actor: &Actor) -> Result<u64, StoreError> {
+        self.bulk(sel, actor, "job.bulk_discard", "j.state IN ('scheduled', 'available', 'pending', 'retryable')",
+            "UPDATE jobs SET state = 'discarded', discarded_at = now(), completed_at = now(), updated_at = now()")
+            .await
+    }
+
+    async fn bulk(&self, sel: &JobSelection, actor: &Actor, action: &str, eligible: &str, update: &'static str) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let ids: Vec<Uuid> = sel.select_ids(eligible, BULK_LIMIT).build_query_scalar().fetch_all(&mut *tx).await?;
+        let mut qb = QueryBuilder::<Postgres>::new(update);
+        qb.push(" WHERE id = ANY(").push_bind(ids.clone()).push(") RETURNING *");
+        let rows = qb.build().fetch_all(&mut *tx).await?;
+        let jobs = jobs_from_rows(&rows)?;
+        let mut queues: Vec<String> = jobs.iter().filter(|j| j.state == crate::JobState::Available).map(|j| j.queue.clone()).collect();
+        queues.sort();
+        queues.dedup();
+        notify_queues(&mut *tx, &queues).await?;
+        let mut details = sel.describe();
+        if let Some(o) = details.as_object_mut() {
+            o.insert("affected".into(), json!(jobs.len()));
+        }
+        record(&mut tx, actor, action, None, details).await?;
+        tx.commit().await?;
+        Ok(jobs.len() as u64)
+    }
+}

@@ -1,0 +1,88 @@
+//! Claiming work (`FOR UPDATE SKIP LOCKED`) and keeping claims alive with heartbeats.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::{Store, StoreError, jobs_from_rows, millis};
+use crate::job::Job;
+
+/// A worker asking for up to `limit` jobs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimRequest {
+    pub worker_id: String,
+    /// Drained in the order given: the first queue's jobs come first.
+    pub queues: Vec<String>,
+    pub limit: u32,
+    /// How long the claim lasts without a heartbeat, unless the job sets its own.
+    pub visibility_timeout: Duration,
+}
+
+// One statement per queue keeps each claim on the partial index in claim order
+// (priority, then FIFO); a single statement over several queues would have to sort them all.
+const CLAIM: &str = "
+WITH picked AS (
+    SELECT id FROM jobs
+    WHERE state = 'available' AND queue = $1
+      AND (expires_at IS NULL OR expires_at > now())
+      AND NOT EXISTS (SELECT 1 FROM queues WHERE name = $1 AND paused)
+    ORDER BY priority DESC, scheduled_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j
+SET state = 'active', attempt = j.attempt + 1, started_at = now(), locked_by = $3,
+    lock_expires_at = now() + COALESCE(j.visibility_timeout_ms, $4) * interval '1 millisecond',
+    -- Remembered so heartbeats extend by the same amount.
+    visibility_timeout_ms = COALESCE(j.visibility_timeout_ms, $4),
+    updated_at = now()
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.*";
+
+impl Store {
+    /// Claims up to `limit` available jobs, moving them to `active` with `attempt + 1` and a
+    /// lock that expires after the visibility timeout. Two claimers never get the same job.
+    /// Jobs come back in claim order: queue order, then priority (high first), then FIFO.
+    pub async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Job>, StoreError> {
+        let mut claimed: Vec<Job> = Vec::new();
+        let vis = millis(req.visibility_timeout).max(1);
+        for queue in &req.queues {
+            let want = req.limit as usize - claimed.len();
+            if want == 0 {
+                break;
+            }
+            let rows = sqlx::query(CLAIM)
+                .bind(queue)
+                .bind(want as i64)
+                .bind(&req.worker_id)
+                .bind(vis)
+                .fetch_all(&self.pool)
+                .await?;
+            let mut jobs = jobs_from_rows(&rows)?;
+            jobs.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.scheduled_at.cmp(&b.scheduled_at)).then(a.id.cmp(&b.id)));
+            claimed.extend(jobs);
+        }
+        Ok(claimed)
+    }
+
+    /// Extends the locks of the given active jobs held by `worker_id` (any holder when `None`,
+    /// as the OJS heartbeat does not require the worker id to match). Returns the ids extended;
+    /// a job missing from the answer is no longer this worker's (rescued, cancelled, finished).
+    pub async fn heartbeat(&self, worker_id: Option<&str>, job_ids: &[Uuid], visibility: Option<Duration>) -> Result<Vec<Uuid>, StoreError> {
+        if job_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "UPDATE jobs SET lock_expires_at = now() + COALESCE($3, visibility_timeout_ms, 30000) * interval '1 millisecond'
+             WHERE id = ANY($1) AND state = 'active' AND ($2::text IS NULL OR locked_by = $2)
+             RETURNING id",
+        )
+        .bind(job_ids)
+        .bind(worker_id)
+        .bind(visibility.map(millis))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(ids)
+    }
+}

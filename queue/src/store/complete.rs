@@ -1,0 +1,114 @@
+//! Completing jobs (singly, or in batches for the worker's completer) and releasing them
+//! back without counting the attempt.
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::notify::notify_queues;
+use super::{Store, StoreError, jobs_from_rows};
+use crate::job::Job;
+
+/// A finished execution to record.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    pub id: Uuid,
+    /// The attempt the caller ran. When set, a completion for an older attempt (the job was
+    /// rescued and claimed again meanwhile) is refused instead of completing someone else's run.
+    pub attempt: Option<i32>,
+    pub worker_id: Option<String>,
+    pub result: Option<Value>,
+}
+
+const COMPLETE: &str = "
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::jsonb[]) AS t(id, attempt, worker_id, result)
+), done AS (
+    UPDATE jobs j
+    SET state = 'completed', completed_at = now(), result = i.result, last_error = NULL,
+        locked_by = NULL, lock_expires_at = NULL, updated_at = now()
+    FROM input i JOIN jobs o ON o.id = i.id
+    WHERE j.id = i.id AND j.state = 'active' AND (i.attempt IS NULL OR j.attempt = i.attempt)
+    RETURNING j.*, COALESCE(i.worker_id, o.locked_by) AS attempt_worker
+), recorded AS (
+    INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome)
+    SELECT id, attempt, attempt_worker, started_at, 'completed' FROM done
+)
+SELECT * FROM done";
+
+impl Store {
+    /// Completes one active job (OJS ack). A job that is not active is a conflict.
+    pub async fn complete(&self, c: &Completion) -> Result<Job, StoreError> {
+        let jobs = self.complete_rows(std::slice::from_ref(c)).await?;
+        match jobs.into_iter().next() {
+            Some(job) => Ok(job),
+            None => Err(self.conflict_or_missing(c.id, "complete").await),
+        }
+    }
+
+    /// Completes many jobs in one statement. Returns the ids completed; the others were no
+    /// longer active at that attempt (rescued, cancelled) and are left alone.
+    pub async fn complete_batch(&self, items: &[Completion]) -> Result<Vec<Uuid>, StoreError> {
+        Ok(self.complete_rows(items).await?.into_iter().map(|j| j.id).collect())
+    }
+
+    async fn complete_rows(&self, items: &[Completion]) -> Result<Vec<Job>, StoreError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = items.iter().map(|c| c.id).collect();
+        let attempts: Vec<Option<i32>> = items.iter().map(|c| c.attempt).collect();
+        let workers: Vec<Option<&str>> = items.iter().map(|c| c.worker_id.as_deref()).collect();
+        let results: Vec<Option<&Value>> = items.iter().map(|c| c.result.as_ref()).collect();
+        let rows = sqlx::query(COMPLETE)
+            .bind(&ids)
+            .bind(&attempts)
+            .bind(&workers)
+            .bind(&results)
+            .fetch_all(&self.pool)
+            .await?;
+        jobs_from_rows(&rows)
+    }
+
+    /// Hands active jobs back to `available` without counting the attempt (a worker shutting
+    /// down, or an OJS nack with `requeue: true`). Returns the jobs released.
+    pub async fn release(&self, ids: &[Uuid], worker_id: Option<&str>, reason: &str) -> Result<Vec<Job>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query(
+            "WITH released AS (
+                 UPDATE jobs j
+                 SET state = 'available', attempt = GREATEST(j.attempt - 1, 0), locked_by = NULL, lock_expires_at = NULL,
+                     enqueued_at = now(), scheduled_at = now(), updated_at = now()
+                 FROM jobs o
+                 WHERE j.id = ANY($1) AND o.id = j.id AND j.state = 'active' AND ($2::text IS NULL OR j.locked_by = $2)
+                 RETURNING j.*, o.locked_by AS attempt_worker
+             ), recorded AS (
+                 INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error_message)
+                 SELECT id, attempt + 1, attempt_worker, started_at, 'released', $3 FROM released
+             )
+             SELECT * FROM released",
+        )
+        .bind(ids)
+        .bind(worker_id)
+        .bind(reason)
+        .fetch_all(&mut *tx)
+        .await?;
+        let jobs = jobs_from_rows(&rows)?;
+        let mut queues: Vec<String> = jobs.iter().map(|j| j.queue.clone()).collect();
+        queues.sort();
+        queues.dedup();
+        notify_queues(&mut *tx, &queues).await?;
+        tx.commit().await?;
+        Ok(jobs)
+    }
+
+    /// Releases one job; not active (or not this worker's) is a conflict.
+    pub async fn release_one(&self, id: Uuid, worker_id: Option<&str>, reason: &str) -> Result<Job, StoreError> {
+        match self.release(&[id], worker_id, reason).await?.into_iter().next() {
+            Some(job) => Ok(job),
+            None => Err(self.conflict_or_missing(id, "release").await),
+        }
+    }
+}

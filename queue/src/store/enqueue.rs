@@ -1,0 +1,306 @@
+//! Enqueue: single, batch (all-or-nothing), and unique keys with reject / ignore / replace.
+
+use serde_json::{Value, json};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::{Store, StoreError, job_from_row, jobs_from_rows, millis};
+use crate::job::{Job, NewJob, OnConflict, UniqueSpec};
+use crate::policy::{self, RetryPolicy};
+
+/// What an enqueue did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    /// A new job was created.
+    Created,
+    /// A live job with the same unique key exists and was returned instead (`ignore`).
+    Existing,
+    /// A live job with the same unique key was cancelled and this one created (`replace`).
+    Replaced { old: Uuid },
+}
+
+/// The job an enqueue produced or found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Enqueued {
+    pub job: Job,
+    pub outcome: EnqueueOutcome,
+}
+
+/// Validates everything that can be checked without the database.
+fn check(job: &NewJob) -> Result<Option<i32>, StoreError> {
+    job.validate()?;
+    match &job.retry {
+        Some(patch) => {
+            // Validate the override over the defaults so a bad override is refused at enqueue,
+            // not discovered at the first failure.
+            let resolved = policy::resolve(&RetryPolicy::default(), None, Some(patch)).map_err(|mut e| {
+                e.field = format!("options.retry.{}", e.field);
+                e
+            })?;
+            Ok(patch.max_attempts.map(|_| resolved.policy.max_attempts as i32))
+        }
+        None => Ok(None),
+    }
+}
+
+const INSERT_ONE: &str = "
+INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
+                  timeout_ms, visibility_timeout_ms, unique_key, unique_states, unique_until,
+                  scheduled_at, expires_at, enqueued_at)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, s.state,
+       COALESCE($9,
+                (SELECT (policy->>'max_attempts')::int FROM retry_policies WHERE job_type = $2),
+                (SELECT (policy->>'max_attempts')::int FROM retry_policies WHERE job_type = '*'),
+                3),
+       $10, $11, $12, $13, $14,
+       CASE WHEN $15::bigint IS NULL THEN NULL ELSE now() + $15 * interval '1 millisecond' END,
+       COALESCE($16::timestamptz, now()), $17::timestamptz,
+       CASE WHEN s.state = 'available' THEN now() END
+FROM (SELECT CASE WHEN $18 THEN 'pending'::job_state
+                  WHEN $16::timestamptz > now() THEN 'scheduled'::job_state
+                  ELSE 'available'::job_state END AS state) AS s
+ON CONFLICT (id) DO NOTHING
+RETURNING *";
+
+async fn insert_one(conn: &mut PgConnection, job: &NewJob, max_attempts: Option<i32>) -> Result<Job, StoreError> {
+    let id = job.id.unwrap_or_else(Uuid::now_v7);
+    let unique = job.unique.as_ref();
+    let row = sqlx::query(INSERT_ONE)
+        .bind(id)
+        .bind(&job.job_type)
+        .bind(&job.queue)
+        .bind(&job.args)
+        .bind(&job.meta)
+        .bind(&job.extra)
+        .bind(job.priority)
+        .bind(&job.tags)
+        .bind(max_attempts)
+        .bind(job.retry.as_ref().map(|p| p.to_json()))
+        .bind(job.timeout_ms)
+        .bind(job.visibility_timeout_ms)
+        .bind(unique.map(|u| u.key.clone()))
+        .bind(unique.map(|u| if u.states.is_empty() { UniqueSpec::default_states() } else { u.states.clone() }))
+        .bind(unique.and_then(|u| u.period).map(millis))
+        .bind(job.scheduled_at.map(|t| t.to_string()))
+        .bind(job.expires_at.map(|t| t.to_string()))
+        .bind(job.pending)
+        .fetch_optional(&mut *conn)
+        .await?;
+    match row {
+        Some(row) => Ok(job_from_row(&row)?),
+        None => Err(StoreError::Duplicate { reason: format!("a job with id {id} already exists"), existing: Some(id) }),
+    }
+}
+
+/// Enqueue with a unique key, inside the caller's transaction.
+async fn insert_unique(conn: &mut PgConnection, job: &NewJob, spec: &UniqueSpec, max_attempts: Option<i32>) -> Result<Enqueued, StoreError> {
+    // Two enqueues of the same key must not both see "no clash": serialize them on the key.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('rebound.unique.' || $1, 0))")
+        .bind(&spec.key)
+        .execute(&mut *conn)
+        .await?;
+    let states = if spec.states.is_empty() { UniqueSpec::default_states() } else { spec.states.clone() };
+    let existing = sqlx::query(
+        "SELECT * FROM jobs WHERE unique_key = $1 AND state = ANY($2)
+           AND (unique_until IS NULL OR unique_until > now())
+         ORDER BY id DESC LIMIT 1 FOR UPDATE",
+    )
+    .bind(&spec.key)
+    .bind(&states)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(existing) = existing else {
+        return Ok(Enqueued { job: insert_one(conn, job, max_attempts).await?, outcome: EnqueueOutcome::Created });
+    };
+    let existing = job_from_row(&existing)?;
+    match spec.on_conflict {
+        OnConflict::Reject => Err(StoreError::Duplicate {
+            reason: format!("job {} with the same unique key is {}", existing.id, existing.state),
+            existing: Some(existing.id),
+        }),
+        OnConflict::Ignore => Ok(Enqueued { job: existing, outcome: EnqueueOutcome::Existing }),
+        OnConflict::Replace => {
+            sqlx::query(
+                "UPDATE jobs SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL,
+                                 updated_at = now()
+                 WHERE id = $1",
+            )
+            .bind(existing.id)
+            .execute(&mut *conn)
+            .await?;
+            let job = insert_one(conn, job, max_attempts).await?;
+            Ok(Enqueued { job, outcome: EnqueueOutcome::Replaced { old: existing.id } })
+        }
+    }
+}
+
+impl Store {
+    /// Enqueues one job. With a unique key, a clash is resolved by the key's `on_conflict`.
+    pub async fn enqueue(&self, job: NewJob) -> Result<Enqueued, StoreError> {
+        let max_attempts = check(&job)?;
+        match &job.unique {
+            None => {
+                let mut conn = self.pool.acquire().await?;
+                let job = insert_one(&mut conn, &job, max_attempts).await?;
+                Ok(Enqueued { job, outcome: EnqueueOutcome::Created })
+            }
+            Some(spec) => {
+                let mut tx = self.pool.begin().await?;
+                let out = insert_unique(&mut tx, &job, spec, max_attempts).await?;
+                tx.commit().await?;
+                Ok(out)
+            }
+        }
+    }
+
+    /// Enqueues many jobs atomically: one invalid or duplicate job and nothing is enqueued.
+    /// Jobs are inserted in order, so equal-priority jobs run in the order given.
+    pub async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, StoreError> {
+        let mut checked = Vec::with_capacity(jobs.len());
+        for (i, job) in jobs.iter().enumerate() {
+            checked.push(check(job).map_err(|e| prefix_index(e, i))?);
+        }
+        let mut tx = self.pool.begin().await?;
+        let out = if jobs.iter().any(|j| j.unique.is_some()) {
+            let mut out = Vec::with_capacity(jobs.len());
+            for (i, (job, max)) in jobs.iter().zip(&checked).enumerate() {
+                let e = match &job.unique {
+                    Some(spec) => insert_unique(&mut tx, job, spec, *max).await,
+                    None => insert_one(&mut tx, job, *max).await.map(|job| Enqueued { job, outcome: EnqueueOutcome::Created }),
+                };
+                out.push(e.map_err(|e| prefix_index(e, i))?);
+            }
+            out
+        } else {
+            insert_many(&mut tx, &jobs, &checked).await?
+        };
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// Moves a `pending` job to `available` (OJS activate).
+    pub async fn activate(&self, id: Uuid) -> Result<Job, StoreError> {
+        let row = sqlx::query(
+            "UPDATE jobs SET state = CASE WHEN scheduled_at > now() THEN 'scheduled'::job_state ELSE 'available'::job_state END,
+                             enqueued_at = CASE WHEN scheduled_at > now() THEN NULL ELSE now() END, updated_at = now()
+             WHERE id = $1 AND state = 'pending' RETURNING *",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(row) => {
+                let job = job_from_row(&row)?;
+                super::notify::notify_queues(&self.pool, std::slice::from_ref(&job.queue)).await?;
+                Ok(job)
+            }
+            None => Err(self.conflict_or_missing(id, "activate").await),
+        }
+    }
+}
+
+fn prefix_index(e: StoreError, i: usize) -> StoreError {
+    match e {
+        StoreError::InvalidJob(mut v) => {
+            v.field = format!("jobs[{i}].{}", v.field);
+            StoreError::InvalidJob(v)
+        }
+        StoreError::InvalidPolicy(mut p) => {
+            p.field = format!("jobs[{i}].{}", p.field);
+            StoreError::InvalidPolicy(p)
+        }
+        StoreError::Duplicate { reason, existing } => StoreError::Duplicate { reason: format!("jobs[{i}]: {reason}"), existing },
+        other => other,
+    }
+}
+
+/// The batch fast path: one INSERT over arrays.
+async fn insert_many(conn: &mut PgConnection, jobs: &[NewJob], max_attempts: &[Option<i32>]) -> Result<Vec<Enqueued>, StoreError> {
+    let n = jobs.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    let mut queues = Vec::with_capacity(n);
+    let mut args = Vec::with_capacity(n);
+    let mut metas = Vec::with_capacity(n);
+    let mut extras = Vec::with_capacity(n);
+    let mut priorities = Vec::with_capacity(n);
+    let mut tags = Vec::with_capacity(n);
+    let mut retries: Vec<Option<Value>> = Vec::with_capacity(n);
+    let mut timeouts = Vec::with_capacity(n);
+    let mut visibilities = Vec::with_capacity(n);
+    let mut scheduled: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut expires: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut pendings = Vec::with_capacity(n);
+    for job in jobs {
+        ids.push(job.id.unwrap_or_else(Uuid::now_v7));
+        types.push(job.job_type.as_str());
+        queues.push(job.queue.as_str());
+        args.push(&job.args);
+        metas.push(&job.meta);
+        extras.push(&job.extra);
+        priorities.push(job.priority);
+        tags.push(json!(job.tags));
+        retries.push(job.retry.as_ref().map(|p| p.to_json()));
+        timeouts.push(job.timeout_ms);
+        visibilities.push(job.visibility_timeout_ms);
+        scheduled.push(job.scheduled_at.map(|t| t.to_string()));
+        expires.push(job.expires_at.map(|t| t.to_string()));
+        pendings.push(job.pending);
+    }
+    let rows = sqlx::query(
+        "WITH input AS (
+           SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::jsonb[], $7::int2[],
+                                $8::jsonb[], $9::int4[], $10::jsonb[], $11::int8[], $12::int8[], $13::timestamptz[],
+                                $14::timestamptz[], $15::bool[])
+                  WITH ORDINALITY AS t(id, type, queue, args, meta, extra, priority, tags, max_attempts, retry,
+                                       timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, pending, ord)
+         ), layers AS (
+           SELECT job_type, (policy->>'max_attempts')::int AS max_attempts FROM retry_policies
+         )
+         INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
+                           timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, enqueued_at)
+         SELECT i.id, i.type, i.queue, i.args, i.meta, i.extra, i.priority,
+                ARRAY(SELECT jsonb_array_elements_text(i.tags)), s.state,
+                COALESCE(i.max_attempts, (SELECT l.max_attempts FROM layers l WHERE l.job_type = i.type),
+                         (SELECT l.max_attempts FROM layers l WHERE l.job_type = '*'), 3),
+                i.retry, i.timeout_ms, i.visibility_timeout_ms, COALESCE(i.scheduled_at, now()), i.expires_at,
+                CASE WHEN s.state = 'available' THEN now() END
+         FROM input i
+         CROSS JOIN LATERAL (SELECT CASE WHEN i.pending THEN 'pending'::job_state
+                                         WHEN i.scheduled_at > now() THEN 'scheduled'::job_state
+                                         ELSE 'available'::job_state END AS state) s
+         ORDER BY i.ord
+         ON CONFLICT (id) DO NOTHING
+         RETURNING *",
+    )
+    .bind(&ids)
+    .bind(&types)
+    .bind(&queues)
+    .bind(&args)
+    .bind(&metas)
+    .bind(&extras)
+    .bind(&priorities)
+    .bind(&tags)
+    .bind(max_attempts)
+    .bind(&retries)
+    .bind(&timeouts)
+    .bind(&visibilities)
+    .bind(&scheduled)
+    .bind(&expires)
+    .bind(&pendings)
+    .fetch_all(&mut *conn)
+    .await?;
+    if rows.len() != n {
+        let inserted: std::collections::HashSet<Uuid> =
+            rows.iter().filter_map(|r| sqlx::Row::try_get::<Uuid, _>(r, "id").ok()).collect();
+        let (i, dup) = ids.iter().enumerate().find(|(_, id)| !inserted.contains(id)).map(|(i, id)| (i, *id)).unwrap_or((0, Uuid::nil()));
+        return Err(StoreError::Duplicate { reason: format!("jobs[{i}]: a job with id {dup} already exists"), existing: Some(dup) });
+    }
+    // RETURNING order is not guaranteed; give the jobs back in the order they were given.
+    let mut by_id: std::collections::HashMap<Uuid, Job> = jobs_from_rows(&rows)?.into_iter().map(|j| (j.id, j)).collect();
+    Ok(ids
+        .iter()
+        .filter_map(|id| by_id.remove(id))
+        .map(|job| Enqueued { job, outcome: EnqueueOutcome::Created })
+        .collect())
+}

@@ -1,0 +1,220 @@
+//! Listing jobs with filters and keyset pagination, and counting them.
+
+use jiff::Timestamp;
+use serde::Serialize;
+use sqlx::{Postgres, QueryBuilder, Row};
+use uuid::Uuid;
+
+use super::{Store, StoreError, jobs_from_rows};
+use crate::job::{Job, JobState};
+
+/// Which jobs. Every field narrows; the default matches every job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct JobFilter {
+    /// Any of these states (empty: any state).
+    pub states: Vec<JobState>,
+    pub queue: Option<String>,
+    pub job_type: Option<String>,
+    /// Matches `last_error.type` exactly, or as a prefix when it ends with `.*`.
+    pub error_type: Option<String>,
+    /// Case-insensitive substring of the args or of `last_error.message`.
+    pub text: Option<String>,
+    /// Only dead letters (`Some(true)`) or only others (`Some(false)`).
+    pub dead_letter: Option<bool>,
+    pub created_after: Option<Timestamp>,
+    pub created_before: Option<Timestamp>,
+}
+
+impl JobFilter {
+    /// Only dead letters.
+    pub fn dead_letters() -> Self {
+        JobFilter { dead_letter: Some(true), ..Default::default() }
+    }
+
+    /// Appends ` AND …` conditions for this filter to a query whose `jobs` rows are aliased `j`.
+    pub(crate) fn push_conditions(&self, qb: &mut QueryBuilder<Postgres>) {
+        if !self.states.is_empty() {
+            let states: Vec<&str> = self.states.iter().map(|s| s.as_str()).collect();
+            qb.push(" AND j.state = ANY(").push_bind(states).push("::job_state[])");
+        }
+        if let Some(q) = &self.queue {
+            qb.push(" AND j.queue = ").push_bind(q.clone());
+        }
+        if let Some(t) = &self.job_type {
+            qb.push(" AND j.type = ").push_bind(t.clone());
+        }
+        if let Some(e) = &self.error_type {
+            match e.strip_suffix(".*") {
+                Some(prefix) => {
+                    qb.push(" AND starts_with(j.last_error->>'type', ").push_bind(format!("{prefix}.")).push(")");
+                }
+                None => {
+                    qb.push(" AND j.last_error->>'type' = ").push_bind(e.clone());
+                }
+            }
+        }
+        if let Some(text) = self.text.as_deref().filter(|t| !t.is_empty()) {
+            let pattern = format!("%{}%", text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+            qb.push(" AND (j.args::text ILIKE ").push_bind(pattern.clone());
+            qb.push(" OR (j.last_error->>'message') ILIKE ").push_bind(pattern).push(")");
+        }
+        if let Some(d) = self.dead_letter {
+            qb.push(" AND j.dead_letter = ").push_bind(d);
+        }
+        if let Some(t) = self.created_after {
+            qb.push(" AND j.created_at >= ").push_bind(t.to_string()).push("::timestamptz");
+        }
+        if let Some(t) = self.created_before {
+            qb.push(" AND j.created_at < ").push_bind(t.to_string()).push("::timestamptz");
+        }
+    }
+}
+
+/// One page of a keyset-paginated listing.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Pass as `after` to get the next page; `None` on the last page.
+    pub next: Option<Uuid>,
+}
+
+/// A row of [`Stats`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StatsRow {
+    pub queue: String,
+    pub job_type: String,
+    pub state: JobState,
+    pub dead_letter: bool,
+    pub count: i64,
+}
+
+/// Counts by queue, type and state.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Stats {
+    pub rows: Vec<StatsRow>,
+}
+
+impl Stats {
+    /// Total in a state across queues and types.
+    pub fn by_state(&self, state: JobState) -> i64 {
+        self.rows.iter().filter(|r| r.state == state).map(|r| r.count).sum()
+    }
+}
+
+/// Dead letters sharing an error signature: the error type plus the message with digits and
+/// ids normalised, so "timeout after 31s" and "timeout after 30s" group together.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ErrorGroup {
+    pub error_type: Option<String>,
+    pub signature: String,
+    pub example_message: Option<String>,
+    pub count: i64,
+    pub latest: Option<Timestamp>,
+}
+
+impl Store {
+    /// Jobs matching `filter`, newest first, `limit` at a time (1..=500). `after` is the `next`
+    /// of the previous page. Never uses OFFSET, so page 1000 costs what page 1 does.
+    pub async fn list_jobs(&self, filter: &JobFilter, after: Option<Uuid>, limit: i64) -> Result<Page<Job>, StoreError> {
+        let limit = limit.clamp(1, 500);
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT j.* FROM jobs j WHERE true");
+        filter.push_conditions(&mut qb);
+        if let Some(after) = after {
+            qb.push(" AND j.id < ").push_bind(after);
+        }
+        qb.push(" ORDER BY j.id DESC LIMIT ").push_bind(limit + 1);
+        let rows = qb.build().fetch_all(&self.pool).await?;
+        let mut items = jobs_from_rows(&rows)?;
+        let next = if items.len() as i64 > limit {
+            items.truncate(limit as usize);
+            items.last().map(|j| j.id)
+        } else {
+            None
+        };
+        Ok(Page { items, next })
+    }
+
+    /// How many jobs match `filter`, counting at most `cap` (so a huge match stays cheap; the
+    /// answer `cap` means "at least cap").
+    pub async fn count_jobs(&self, filter: &JobFilter, cap: i64) -> Result<i64, StoreError> {
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT count(*) AS n FROM (SELECT 1 FROM jobs j WHERE true");
+        filter.push_conditions(&mut qb);
+        qb.push(" LIMIT ").push_bind(cap.max(1)).push(") AS capped");
+        let row = qb.build().fetch_one(&self.pool).await?;
+        Ok(row.try_get("n")?)
+    }
+
+    /// Counts by queue, type, state and dead-letter flag.
+    pub async fn stats(&self, queue: Option<&str>) -> Result<Stats, StoreError> {
+        let rows = sqlx::query(
+            "SELECT queue, type, state, dead_letter, count(*) AS n FROM jobs
+             WHERE ($1::text IS NULL OR queue = $1)
+             GROUP BY queue, type, state, dead_letter ORDER BY queue, type, state",
+        )
+        .bind(queue)
+        .fetch_all(&self.pool)
+        .await?;
+        let rows = rows
+            .iter()
+            .map(|r| {
+                Ok(StatsRow {
+                    queue: r.try_get("queue")?,
+                    job_type: r.try_get("type")?,
+                    state: r.try_get("state")?,
+                    dead_letter: r.try_get("dead_letter")?,
+                    count: r.try_get("n")?,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(Stats { rows })
+    }
+
+    /// Dead letters matching `filter`, grouped by error signature, largest groups first.
+    pub async fn dead_letter_groups(&self, filter: &JobFilter, limit: i64) -> Result<Vec<ErrorGroup>, StoreError> {
+        let mut qb = QueryBuilder::<Postgres>::new(
+            "SELECT j.last_error->>'type' AS error_type,
+                    coalesce(j.last_error->>'type', '') || ': ' ||
+                      regexp_replace(coalesce(j.last_error->>'message', ''),
+                        '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9]+', '#', 'g') AS signature,
+                    min(j.last_error->>'message') AS example_message,
+                    count(*) AS n, max(j.dead_lettered_at) AS latest
+             FROM jobs j WHERE j.dead_letter",
+        );
+        let mut f = filter.clone();
+        f.dead_letter = None;
+        f.push_conditions(&mut qb);
+        qb.push(" GROUP BY 1, 2 ORDER BY n DESC, 2 LIMIT ").push_bind(limit.clamp(1, 200));
+        let rows = qb.build().fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ErrorGroup {
+                    error_type: r.try_get("error_type")?,
+                    signature: r.try_get("signature")?,
+                    example_message: r.try_get("example_message")?,
+                    count: r.try_get("n")?,
+                    latest: super::ts_opt(r, "latest")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Completions and failures per minute over the last `minutes` minutes, oldest first:
+    /// `(minute start, completed, failed)`. Reads `job_attempts`, so pruned history drops out.
+    pub async fn throughput(&self, minutes: i64) -> Result<Vec<(Timestamp, i64, i64)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT m AS minute,
+                    count(a.id) FILTER (WHERE a.outcome = 'completed') AS completed,
+                    count(a.id) FILTER (WHERE a.outcome NOT IN ('completed', 'released', 'snoozed')) AS failed
+             FROM generate_series(date_trunc('minute', now()) - ($1 - 1) * interval '1 minute',
+                                  date_trunc('minute', now()), interval '1 minute') AS m
+             LEFT JOIN job_attempts a ON a.finished_at >= m AND a.finished_at < m + interval '1 minute'
+             GROUP BY m ORDER BY m",
+        )
+        .bind(minutes.clamp(1, 24 * 60))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((super::ts(r, "minute")?, r.try_get("completed")?, r.try_get("failed")?)))
+            .collect()
+    }
+}

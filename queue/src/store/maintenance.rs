@@ -1,0 +1,256 @@
+//! The statements behind the maintenance services: the scheduler (promote due jobs), the
+//! rescuer (expired locks and per-attempt timeouts), TTL expiry, the pruner, and the
+//! advisory-lock leadership that makes one process run them.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sqlx::pool::PoolConnection;
+use sqlx::Postgres;
+
+use super::fail::{FailedRun, apply_failures};
+use super::notify::notify_queues;
+use super::{Store, StoreError, jobs_from_rows, millis};
+use crate::outcome::{HandlerError, Outcome};
+
+/// What a rescue pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RescueReport {
+    /// Jobs whose lock expired (worker crashed or lost its heartbeats): `rebound.stalled`.
+    pub stalled: u64,
+    /// Jobs that ran past their per-attempt timeout: `rebound.timeout`.
+    pub timed_out: u64,
+}
+
+/// Retention settings for the pruner.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PruneConfig {
+    pub completed_after: Duration,
+    /// Cancelled jobs and plain (not dead-lettered) discards.
+    pub discarded_after: Duration,
+    pub dead_letters_after: Duration,
+    /// Dead letters kept per queue; the oldest beyond this are pruned.
+    pub dead_letters_per_queue: i64,
+    /// Workers whose last heartbeat is older than this are forgotten.
+    pub workers_after: Duration,
+    /// Rows deleted per statement, so pruning never holds long locks.
+    pub batch: i64,
+}
+
+impl Default for PruneConfig {
+    fn default() -> Self {
+        PruneConfig {
+            completed_after: Duration::from_secs(24 * 3600),
+            discarded_after: Duration::from_secs(7 * 24 * 3600),
+            dead_letters_after: Duration::from_secs(180 * 24 * 3600),
+            dead_letters_per_queue: 10_000,
+            workers_after: Duration::from_secs(24 * 3600),
+            batch: 5_000,
+        }
+    }
+}
+
+/// What a prune pass deleted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    pub completed: u64,
+    pub discarded: u64,
+    pub dead_letters: u64,
+    pub workers: u64,
+}
+
+/// Leadership held through a session-level advisory lock on a dedicated connection. If the
+/// process dies, Postgres closes the session and the lock passes to another process.
+pub struct Leadership {
+    conn: PoolConnection<Postgres>,
+}
+
+/// The advisory-lock key of the maintenance leader.
+const LEADER_LOCK: i64 = 0x0072_6562_6f75_6e64; // "rebound"
+
+impl Leadership {
+    /// Is the lock still ours? False once the connection is gone (the lock went with it).
+    pub async fn still_held(&mut self) -> bool {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+                            AND ((classid::bigint << 32) | objid::bigint) = $1)",
+        )
+        .bind(LEADER_LOCK)
+        .fetch_one(&mut *self.conn)
+        .await
+        .unwrap_or(false)
+    }
+
+    /// Gives leadership up at once (on shutdown) rather than when the connection closes.
+    pub async fn release(mut self) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_advisory_unlock($1)").bind(LEADER_LOCK).execute(&mut *self.conn).await?;
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Tries to become the maintenance leader; `None` if another process is.
+    pub async fn try_lead(&self) -> Result<Option<Leadership>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(LEADER_LOCK).fetch_one(&mut *conn).await?;
+        // The connection must not go back to the pool holding the lock.
+        Ok(got.then(|| Leadership { conn }))
+    }
+
+    /// Scheduler: moves due `scheduled` and `retryable` jobs to `available`, at most `limit`.
+    pub async fn promote_due(&self, limit: i64) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let queues: Vec<String> = sqlx::query_scalar(
+            "WITH due AS (
+                 SELECT id FROM jobs WHERE state IN ('scheduled', 'retryable') AND scheduled_at <= now()
+                 ORDER BY scheduled_at LIMIT $1 FOR UPDATE SKIP LOCKED
+             ), moved AS (
+                 UPDATE jobs j SET state = 'available', enqueued_at = now(), updated_at = now()
+                 FROM due WHERE j.id = due.id RETURNING j.queue
+             )
+             SELECT queue FROM moved",
+        )
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        let moved = queues.len() as u64;
+        let mut distinct = queues;
+        distinct.sort();
+        distinct.dedup();
+        notify_queues(&mut *tx, &distinct).await?;
+        tx.commit().await?;
+        Ok(moved)
+    }
+
+    /// Rescuer: active jobs whose lock expired (`rebound.stalled`, re-run at once) or whose
+    /// per-attempt timeout passed (`rebound.timeout`, normal backoff) become failed attempts,
+    /// and their policy decides what follows. At most `limit` per call.
+    pub async fn rescue_expired(&self, limit: i64) -> Result<RescueReport, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query(
+            "SELECT * FROM jobs
+             WHERE state = 'active'
+               AND (lock_expires_at < now()
+                    OR (timeout_ms IS NOT NULL AND started_at + timeout_ms * interval '1 millisecond' < now()))
+             ORDER BY lock_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        let now = jiff::Timestamp::now();
+        let mut report = RescueReport::default();
+        let runs: Vec<FailedRun> = jobs_from_rows(&rows)?
+            .into_iter()
+            .map(|job| {
+                let timed_out = match (job.timeout_ms, job.started_at) {
+                    (Some(ms), Some(started)) => {
+                        started.as_millisecond().saturating_add(ms) < now.as_millisecond()
+                    }
+                    _ => false,
+                };
+                let error = if timed_out {
+                    report.timed_out += 1;
+                    HandlerError {
+                        error_type: "rebound.timeout".into(),
+                        message: format!("attempt {} ran longer than its timeout of {} ms", job.attempt, job.timeout_ms.unwrap_or(0)),
+                        details: Some(json!({"worker_id": job.locked_by})),
+                        retryable: true,
+                    }
+                } else {
+                    report.stalled += 1;
+                    HandlerError {
+                        error_type: "rebound.stalled".into(),
+                        message: format!(
+                            "attempt {} stopped heartbeating (worker {} crashed or lost the database); its lock expired",
+                            job.attempt,
+                            job.locked_by.as_deref().unwrap_or("unknown")
+                        ),
+                        details: Some(json!({"worker_id": job.locked_by})),
+                        retryable: true,
+                    }
+                };
+                FailedRun {
+                    worker_id: job.locked_by.clone(),
+                    error_code: Some(error.error_type.clone()),
+                    outcome: Outcome::Retry(error),
+                    immediate: !timed_out,
+                    job,
+                }
+            })
+            .collect();
+        apply_failures(&mut tx, runs).await?;
+        tx.commit().await?;
+        Ok(report)
+    }
+
+    /// Discards jobs whose `expires_at` passed before they ran (no `completed_at`: they never
+    /// ran to an end). Returns how many.
+    pub async fn expire_due(&self, limit: i64) -> Result<u64, StoreError> {
+        let n = sqlx::query(
+            "WITH expired AS (
+                 SELECT id FROM jobs
+                 WHERE expires_at <= now() AND state IN ('scheduled', 'available', 'retryable', 'pending')
+                 LIMIT $1 FOR UPDATE SKIP LOCKED
+             )
+             UPDATE jobs j SET state = 'discarded', discarded_at = now(), updated_at = now(),
+                 last_error = jsonb_build_object('type', 'rebound.expired', 'code', 'rebound.expired',
+                     'message', 'the job expired before it ran', 'retryable', false, 'attempt', j.attempt,
+                     'occurred_at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))
+             FROM expired WHERE j.id = expired.id",
+        )
+        .bind(limit)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n)
+    }
+
+    /// Pruner: one bounded pass of retention. Call again while it keeps deleting.
+    pub async fn prune(&self, cfg: &PruneConfig) -> Result<PruneReport, StoreError> {
+        let completed = sqlx::query(
+            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state = 'completed'
+                 AND completed_at < now() - $1 * interval '1 millisecond' LIMIT $2)",
+        )
+        .bind(millis(cfg.completed_after))
+        .bind(cfg.batch)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        let discarded = sqlx::query(
+            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state IN ('cancelled', 'discarded') AND NOT dead_letter
+                 AND updated_at < now() - $1 * interval '1 millisecond' LIMIT $2)",
+        )
+        .bind(millis(cfg.discarded_after))
+        .bind(cfg.batch)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        let old_dead = sqlx::query(
+            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE dead_letter
+                 AND dead_lettered_at < now() - $1 * interval '1 millisecond' LIMIT $2)",
+        )
+        .bind(millis(cfg.dead_letters_after))
+        .bind(cfg.batch)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        let over_cap = sqlx::query(
+            "DELETE FROM jobs WHERE id IN (
+                 SELECT id FROM (
+                     SELECT id, row_number() OVER (PARTITION BY queue ORDER BY dead_lettered_at DESC, id DESC) AS rank
+                     FROM jobs WHERE dead_letter
+                 ) ranked WHERE rank > $1 LIMIT $2)",
+        )
+        .bind(cfg.dead_letters_per_queue)
+        .bind(cfg.batch)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        let workers = sqlx::query("DELETE FROM workers WHERE last_heartbeat_at < now() - $1 * interval '1 millisecond'")
+            .bind(millis(cfg.workers_after))
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers })
+    }
+}

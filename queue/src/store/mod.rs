@@ -1,0 +1,288 @@
+//! The Postgres store. Every SQL statement of Rebound lives below this module.
+//!
+//! Transitions are guarded in SQL (`WHERE state = 'active'` and friends), so an invalid
+//! transition is refused by the store with a typed error rather than silently ignored, and
+//! concurrent callers cannot both win.
+
+mod audit;
+mod auth;
+mod cancel;
+mod claim;
+mod complete;
+mod dead_letter;
+mod enqueue;
+mod fail;
+mod listing;
+mod maintenance;
+mod notify;
+mod policies;
+mod queues;
+mod workers;
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+use crate::job::{Attempt, Job, JobState, JobValidationError};
+use crate::policy::PolicyError;
+
+pub use audit::{Actor, AuditEntry, AuditFilter};
+pub use auth::{ApiToken, Operator, Role, Session};
+pub use claim::ClaimRequest;
+pub use complete::Completion;
+pub use cancel::{BULK_LIMIT, JobSelection};
+pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveTarget};
+pub use enqueue::{EnqueueOutcome, Enqueued};
+pub use fail::{Failure, FailureResult};
+pub use listing::{ErrorGroup, JobFilter, Page, Stats, StatsRow};
+pub use maintenance::{Leadership, PruneConfig, PruneReport, RescueReport};
+pub use notify::{JobListener, NOTIFY_CHANNEL};
+pub use policies::{PolicyVersion, StoredPolicy, DEFAULT_POLICY_KEY};
+pub use queues::QueueInfo;
+pub use workers::{WorkerInfo, WorkerRegistration};
+
+/// The migrations, embedded so both binaries can migrate on start.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// Something the store refused or could not do.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("job {0} not found")]
+    NotFound(Uuid),
+    #[error("{what} not found")]
+    Missing { what: String },
+    /// The job exists but is not in a state that allows the action.
+    #[error("cannot {action} job {id}: it is {state}")]
+    Conflict { id: Uuid, state: JobState, action: &'static str },
+    /// A job with this id, or a live job with this unique key, already exists.
+    #[error("duplicate: {reason}")]
+    Duplicate { reason: String, existing: Option<Uuid> },
+    #[error(transparent)]
+    InvalidJob(#[from] JobValidationError),
+    #[error("invalid retry policy: {0}")]
+    InvalidPolicy(#[from] PolicyError),
+    #[error("invalid input: {field}: {reason}")]
+    Invalid { field: String, reason: String },
+    /// The operation was abandoned because the caller is shutting down.
+    #[error("cancelled")]
+    Cancelled,
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl StoreError {
+    /// Could the same operation succeed if tried again shortly? Lost connections, serialization
+    /// failures, deadlocks, lock timeouts and server shutdowns are; everything else is not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Database(e) => is_transient_sqlx(e),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        StoreError::Invalid { field: field.into(), reason: reason.into() }
+    }
+}
+
+fn is_transient_sqlx(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            code.starts_with("08") // connection exception
+                || matches!(
+                    code.as_str(),
+                    "40001" // serialization_failure
+                    | "40P01" // deadlock_detected
+                    | "55P03" // lock_not_available
+                    | "57P01" // admin_shutdown
+                    | "57P02" // crash_shutdown
+                    | "57P03" // cannot_connect_now
+                    | "53300" // too_many_connections
+                    | "57014" // query_canceled (statement timeout)
+                )
+        }
+        _ => false,
+    }
+}
+
+/// The Postgres store: a connection pool and the operations on it.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    /// Connects with a pool of up to `max_connections`.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        let options: PgConnectOptions = url.parse()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        Ok(Store { pool })
+    }
+
+    /// Like [`Store::connect`] but does not connect until first use, so a process can start
+    /// while the database is still down and ride it out with storage retry.
+    pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        let options: PgConnectOptions = url.parse()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options);
+        Ok(Store { pool })
+    }
+
+    /// Wraps an existing pool.
+    pub fn from_pool(pool: PgPool) -> Store {
+        Store { pool }
+    }
+
+    /// The underlying pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies pending migrations.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// A job by id.
+    pub async fn get_job(&self, id: Uuid) -> Result<Option<Job>, StoreError> {
+        let row = sqlx::query("SELECT * FROM jobs WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+        row.as_ref().map(job_from_row).transpose().map_err(Into::into)
+    }
+
+    /// A job by id, or [`StoreError::NotFound`].
+    pub async fn job(&self, id: Uuid) -> Result<Job, StoreError> {
+        self.get_job(id).await?.ok_or(StoreError::NotFound(id))
+    }
+
+    /// Every recorded execution of a job, oldest first.
+    pub async fn attempts(&self, job_id: Uuid) -> Result<Vec<Attempt>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM job_attempts WHERE job_id = $1 ORDER BY id")
+            .bind(job_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(attempt_from_row).collect::<Result<_, _>>().map_err(Into::into)
+    }
+
+    /// Executions of many jobs at once, grouped by job id (for API listings without N+1 queries).
+    pub async fn attempts_for(&self, job_ids: &[Uuid]) -> Result<Vec<Attempt>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM job_attempts WHERE job_id = ANY($1) ORDER BY job_id, id")
+            .bind(job_ids)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(attempt_from_row).collect::<Result<_, _>>().map_err(Into::into)
+    }
+
+    /// The database's clock. Decisions about due times use it, not the host's.
+    pub async fn now(&self) -> Result<Timestamp, StoreError> {
+        let row = sqlx::query("SELECT now() AS now").fetch_one(&self.pool).await?;
+        ts(&row, "now")
+    }
+
+    /// Wipes every job, attempt, policy, queue setting and audit entry. Used by the OJS
+    /// conformance runner's reset endpoint, which exists only in the server's `--test-mode`.
+    pub async fn reset_all(&self) -> Result<(), StoreError> {
+        sqlx::query("TRUNCATE jobs, job_attempts, retry_policies, retry_policy_versions, queues, audit_log, workers")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Error when a job exists but is in the wrong state, or [`StoreError::NotFound`].
+    pub(crate) async fn conflict_or_missing(&self, id: Uuid, action: &'static str) -> StoreError {
+        match self.get_job(id).await {
+            Ok(Some(job)) => StoreError::Conflict { id, state: job.state, action },
+            Ok(None) => StoreError::NotFound(id),
+            Err(e) => e,
+        }
+    }
+}
+
+/// Reads a non-null timestamptz column.
+pub(crate) fn ts(row: &PgRow, col: &str) -> Result<Timestamp, StoreError> {
+    Ok(row.try_get::<jiff_sqlx::Timestamp, _>(col)?.to_jiff())
+}
+
+/// Reads a nullable timestamptz column.
+pub(crate) fn ts_opt(row: &PgRow, col: &str) -> Result<Option<Timestamp>, sqlx::Error> {
+    Ok(row.try_get::<Option<jiff_sqlx::Timestamp>, _>(col)?.map(|t| t.to_jiff()))
+}
+
+/// Milliseconds for binding into SQL as an interval multiplier, saturating.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn job_from_row(row: &PgRow) -> Result<Job, sqlx::Error> {
+    Ok(Job {
+        id: row.try_get("id")?,
+        job_type: row.try_get("type")?,
+        queue: row.try_get("queue")?,
+        args: row.try_get("args")?,
+        meta: row.try_get("meta")?,
+        extra: row.try_get("extra")?,
+        priority: row.try_get("priority")?,
+        tags: row.try_get("tags")?,
+        state: row.try_get("state")?,
+        attempt: row.try_get("attempt")?,
+        max_attempts: row.try_get("max_attempts")?,
+        retry: row.try_get::<Option<Value>, _>("retry")?,
+        timeout_ms: row.try_get("timeout_ms")?,
+        visibility_timeout_ms: row.try_get("visibility_timeout_ms")?,
+        unique_key: row.try_get("unique_key")?,
+        scheduled_at: row.try_get::<jiff_sqlx::Timestamp, _>("scheduled_at")?.to_jiff(),
+        expires_at: ts_opt(row, "expires_at")?,
+        created_at: row.try_get::<jiff_sqlx::Timestamp, _>("created_at")?.to_jiff(),
+        enqueued_at: ts_opt(row, "enqueued_at")?,
+        started_at: ts_opt(row, "started_at")?,
+        completed_at: ts_opt(row, "completed_at")?,
+        cancelled_at: ts_opt(row, "cancelled_at")?,
+        discarded_at: ts_opt(row, "discarded_at")?,
+        locked_by: row.try_get("locked_by")?,
+        lock_expires_at: ts_opt(row, "lock_expires_at")?,
+        dead_letter: row.try_get("dead_letter")?,
+        dead_lettered_at: ts_opt(row, "dead_lettered_at")?,
+        result: row.try_get("result")?,
+        last_error: row.try_get("last_error")?,
+        retry_delay_ms: row.try_get("retry_delay_ms")?,
+        updated_at: row.try_get::<jiff_sqlx::Timestamp, _>("updated_at")?.to_jiff(),
+    })
+}
+
+pub(crate) fn attempt_from_row(row: &PgRow) -> Result<Attempt, sqlx::Error> {
+    Ok(Attempt {
+        id: row.try_get("id")?,
+        job_id: row.try_get("job_id")?,
+        attempt: row.try_get("attempt")?,
+        worker_id: row.try_get("worker_id")?,
+        started_at: ts_opt(row, "started_at")?,
+        finished_at: row.try_get::<jiff_sqlx::Timestamp, _>("finished_at")?.to_jiff(),
+        outcome: row.try_get("outcome")?,
+        error_type: row.try_get("error_type")?,
+        error_code: row.try_get("error_code")?,
+        error_message: row.try_get("error_message")?,
+        error_details: row.try_get("error_details")?,
+        delay_ms: row.try_get("delay_ms")?,
+        next_run_at: ts_opt(row, "next_run_at")?,
+        policy: row.try_get("policy")?,
+    })
+}
+
+pub(crate) fn jobs_from_rows(rows: &[PgRow]) -> Result<Vec<Job>, StoreError> {
+    rows.iter().map(job_from_row).collect::<Result<_, _>>().map_err(Into::into)
+}

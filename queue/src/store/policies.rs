@@ -1,0 +1,253 @@
+//! Per-type retry policies, edited live; every version kept.
+//!
+//! Resolution order at the moment a failure is recorded: built-in defaults ⊕ the `*` row (the
+//! editable global default) ⊕ the job type's row ⊕ the job's own override.
+
+use std::collections::HashMap;
+
+use jiff::Timestamp;
+use serde::Serialize;
+use serde_json::{Value, json};
+use sqlx::{PgConnection, Row};
+
+use super::audit::{Actor, record};
+use super::{Store, StoreError, ts, ts_opt};
+use crate::policy::{self, PolicyPatch, ResolvedPolicy, RetryPolicy};
+
+/// The key of the editable global default layer in `retry_policies`.
+pub const DEFAULT_POLICY_KEY: &str = "*";
+
+/// A per-type policy as saved.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StoredPolicy {
+    pub job_type: String,
+    /// The partial policy as saved (OJS JSON form).
+    pub policy: Value,
+    pub version: i32,
+    pub updated_at: Timestamp,
+    pub updated_by: Option<String>,
+}
+
+/// One saved version of a type's policy. `policy` is `None` for a deletion.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PolicyVersion {
+    pub job_type: String,
+    pub version: i32,
+    pub policy: Option<Value>,
+    pub created_at: Timestamp,
+    pub created_by: Option<String>,
+    pub note: Option<String>,
+}
+
+/// The stored layers needed to resolve policies for a set of job types.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PolicyLayers {
+    star: Option<PolicyPatch>,
+    by_type: HashMap<String, PolicyPatch>,
+}
+
+impl PolicyLayers {
+    /// Loads the `*` layer and the rows of `types` in one query.
+    pub(crate) async fn load(conn: &mut PgConnection, types: &[String]) -> Result<PolicyLayers, StoreError> {
+        let rows = sqlx::query("SELECT job_type, policy FROM retry_policies WHERE job_type = '*' OR job_type = ANY($1)")
+            .bind(types)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut layers = PolicyLayers::default();
+        for row in rows {
+            let job_type: String = row.try_get("job_type")?;
+            let value: Value = row.try_get("policy")?;
+            // A row that no longer parses (edited by hand) must not block failures: skip it loudly.
+            match PolicyPatch::from_json(&value) {
+                Ok(patch) if job_type == DEFAULT_POLICY_KEY => layers.star = Some(patch),
+                Ok(patch) => {
+                    layers.by_type.insert(job_type, patch);
+                }
+                Err(e) => tracing::error!(job_type, error = %e, "stored retry policy is invalid; ignoring it"),
+            }
+        }
+        Ok(layers)
+    }
+
+    /// Built-in defaults with the `*` layer applied.
+    pub(crate) fn defaults(&self) -> RetryPolicy {
+        match &self.star {
+            Some(p) => p.apply_to(&RetryPolicy::default()),
+            None => RetryPolicy::default(),
+        }
+    }
+
+    /// The effective policy of a job of `job_type` with its own override.
+    pub(crate) fn resolve(&self, job_type: &str, job_patch: Option<&PolicyPatch>) -> Result<ResolvedPolicy, crate::policy::PolicyError> {
+        policy::resolve(&self.defaults(), self.by_type.get(job_type), job_patch)
+    }
+
+    /// Like [`PolicyLayers::resolve`], but a job override that no longer combines validly
+    /// with a later type edit falls back to the type's policy: recording a failure must
+    /// never fail on policy grounds, or the job would be stuck.
+    pub(crate) fn resolve_lenient(&self, job_type: &str, job_patch: Option<&PolicyPatch>) -> RetryPolicy {
+        match self.resolve(job_type, job_patch) {
+            Ok(r) => r.policy,
+            Err(e) => {
+                tracing::warn!(job_type, error = %e, "job retry override conflicts with the live policy; using the type's policy");
+                match self.resolve(job_type, None) {
+                    Ok(r) => r.policy,
+                    Err(_) => self.defaults(),
+                }
+            }
+        }
+    }
+}
+
+fn stored_from_row(row: &sqlx::postgres::PgRow) -> Result<StoredPolicy, StoreError> {
+    Ok(StoredPolicy {
+        job_type: row.try_get("job_type")?,
+        policy: row.try_get("policy")?,
+        version: row.try_get("version")?,
+        updated_at: ts(row, "updated_at")?,
+        updated_by: row.try_get("updated_by")?,
+    })
+}
+
+impl Store {
+    /// The saved policy of a job type (or of `*`), if any.
+    pub async fn policy(&self, job_type: &str) -> Result<Option<StoredPolicy>, StoreError> {
+        let row = sqlx::query("SELECT * FROM retry_policies WHERE job_type = $1")
+            .bind(job_type)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(stored_from_row).transpose()
+    }
+
+    /// Every saved policy, `*` first, then by type.
+    pub async fn policies(&self) -> Result<Vec<StoredPolicy>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM retry_policies ORDER BY job_type <> '*', job_type")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(stored_from_row).collect()
+    }
+
+    /// The effective policy for a job of `job_type` with an optional override, with the
+    /// layer each field came from.
+    pub async fn effective_policy(&self, job_type: &str, job_patch: Option<&PolicyPatch>) -> Result<ResolvedPolicy, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let layers = PolicyLayers::load(&mut conn, &[job_type.to_string()]).await?;
+        Ok(layers.resolve(job_type, job_patch)?)
+    }
+
+    /// Saves a new version of a type's policy (or of `*`). The result of merging it over the
+    /// defaults is validated first; an invalid policy is rejected whole, nothing is written.
+    /// The change and its audit entry commit together, and apply at the next failure.
+    pub async fn put_policy(&self, job_type: &str, patch: &PolicyPatch, actor: &Actor, note: Option<&str>) -> Result<StoredPolicy, StoreError> {
+        if job_type != DEFAULT_POLICY_KEY {
+            crate::job::validate_type(job_type)?;
+        }
+        let mut tx = self.pool.begin().await?;
+        // Serialize edits of one type so versions are gap-free and checks see the latest `*`.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('rebound.policy.' || $1, 0))")
+            .bind(job_type)
+            .execute(&mut *tx)
+            .await?;
+        let layers = PolicyLayers::load(&mut tx, &[job_type.to_string()]).await?;
+        if job_type == DEFAULT_POLICY_KEY {
+            policy::resolve(&patch.apply_to(&RetryPolicy::default()), None, None)?;
+        } else {
+            policy::resolve(&layers.defaults(), Some(patch), None)?;
+        }
+        let value = patch.to_json();
+        let row = sqlx::query(
+            "INSERT INTO retry_policies (job_type, policy, version, updated_at, updated_by)
+             VALUES ($1, $2, COALESCE((SELECT max(version) FROM retry_policy_versions WHERE job_type = $1), 0) + 1, now(), $3)
+             ON CONFLICT (job_type) DO UPDATE
+               SET policy = EXCLUDED.policy, version = EXCLUDED.version, updated_at = now(), updated_by = EXCLUDED.updated_by
+             RETURNING *",
+        )
+        .bind(job_type)
+        .bind(&value)
+        .bind(&actor.name)
+        .fetch_one(&mut *tx)
+        .await?;
+        let stored = stored_from_row(&row)?;
+        sqlx::query(
+            "INSERT INTO retry_policy_versions (job_type, version, policy, created_by, note) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(job_type)
+        .bind(stored.version)
+        .bind(&value)
+        .bind(&actor.name)
+        .bind(note)
+        .execute(&mut *tx)
+        .await?;
+        record(&mut tx, actor, "policy.update", Some(job_type), json!({"version": stored.version, "policy": value, "note": note})).await?;
+        tx.commit().await?;
+        Ok(stored)
+    }
+
+    /// Removes a type's policy so its jobs fall back to the defaults. Returns whether one existed.
+    pub async fn delete_policy(&self, job_type: &str, actor: &Actor) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let deleted = sqlx::query("DELETE FROM retry_policies WHERE job_type = $1 RETURNING version")
+            .bind(job_type)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = deleted else { return Ok(false) };
+        let version: i32 = row.try_get("version")?;
+        sqlx::query("INSERT INTO retry_policy_versions (job_type, version, policy, created_by, note) VALUES ($1, $2, NULL, $3, 'deleted')")
+            .bind(job_type)
+            .bind(version + 1)
+            .bind(&actor.name)
+            .execute(&mut *tx)
+            .await?;
+        record(&mut tx, actor, "policy.delete", Some(job_type), json!({"version": version + 1})).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Every version of a type's policy, newest first.
+    pub async fn policy_history(&self, job_type: &str) -> Result<Vec<PolicyVersion>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM retry_policy_versions WHERE job_type = $1 ORDER BY version DESC")
+            .bind(job_type)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(PolicyVersion {
+                    job_type: row.try_get("job_type")?,
+                    version: row.try_get("version")?,
+                    policy: row.try_get("policy")?,
+                    created_at: ts(row, "created_at")?,
+                    created_by: row.try_get("created_by")?,
+                    note: row.try_get("note")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Saves an old version again as the newest one.
+    pub async fn restore_policy(&self, job_type: &str, version: i32, actor: &Actor) -> Result<StoredPolicy, StoreError> {
+        let row = sqlx::query("SELECT policy FROM retry_policy_versions WHERE job_type = $1 AND version = $2")
+            .bind(job_type)
+            .bind(version)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::Missing { what: format!("version {version} of the {job_type} policy") })?;
+        let value: Option<Value> = row.try_get("policy")?;
+        let value = value.ok_or_else(|| StoreError::invalid("version", "that version records a deletion"))?;
+        let patch = PolicyPatch::from_json(&value)?;
+        self.put_policy(job_type, &patch, actor, Some(&format!("restored version {version}"))).await
+    }
+
+    /// Jobs of a type waiting to retry, with their next run time: what a policy edit would move.
+    pub async fn waiting_retries(&self, job_type: &str, limit: i64) -> Result<Vec<(uuid::Uuid, i32, Option<Timestamp>)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, attempt, scheduled_at FROM jobs WHERE type = $1 AND state = 'retryable' ORDER BY scheduled_at LIMIT $2",
+        )
+        .bind(job_type)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("attempt")?, ts_opt(r, "scheduled_at")?)))
+            .collect()
+    }
+}
