@@ -1,0 +1,542 @@
+//! The Postgres store against a real database: lifecycle, failure decisions, maintenance,
+//! dead letters, policies, listing. Each test gets a fresh database.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use rebound_queue::job::{OnConflict, UniqueSpec};
+use rebound_queue::outcome::{HandlerError, Outcome};
+use rebound_queue::policy::PolicyPatch;
+use rebound_queue::store::{
+    Actor, AuditFilter, ClaimRequest, Completion, EnqueueOutcome, Failure, JobFilter, JobSelection, PruneConfig,
+    RedriveBudget, RedriveOptions, StoreError,
+};
+use rebound_queue::testing::TestDb;
+use rebound_queue::{JobState, NewJob, Store};
+use serde_json::json;
+use uuid::Uuid;
+
+fn claim_req(queues: &[&str], limit: u32) -> ClaimRequest {
+    ClaimRequest {
+        worker_id: "w1".into(),
+        queues: queues.iter().map(|q| q.to_string()).collect(),
+        limit,
+        visibility_timeout: Duration::from_secs(30),
+    }
+}
+
+fn patch(v: serde_json::Value) -> PolicyPatch {
+    PolicyPatch::from_json(&v).unwrap()
+}
+
+async fn claim_one(s: &Store, queue: &str) -> rebound_queue::Job {
+    let mut jobs = s.claim(&claim_req(&[queue], 1)).await.unwrap();
+    assert_eq!(jobs.len(), 1, "expected a job in {queue}");
+    jobs.remove(0)
+}
+
+fn failure(id: Uuid, error_type: &str) -> Failure {
+    Failure {
+        id,
+        attempt: None,
+        worker_id: Some("w1".into()),
+        outcome: Outcome::Retry(HandlerError::new(error_type, "boom")),
+        error_code: None,
+    }
+}
+
+/// Makes a retryable job due now, as if its backoff had elapsed.
+async fn make_due(s: &Store, id: Uuid) {
+    sqlx::query("UPDATE jobs SET scheduled_at = now() - interval '1 second' WHERE id = $1")
+        .bind(id)
+        .execute(s.pool())
+        .await
+        .unwrap();
+    s.promote_due(100).await.unwrap();
+}
+
+#[tokio::test]
+async fn enqueue_claim_complete_records_an_attempt() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let e = s.enqueue(NewJob::new("email.send", json!([1]))).await.unwrap();
+    assert_eq!(e.job.state, JobState::Available);
+    assert_eq!(e.job.attempt, 0);
+    assert_eq!(e.job.max_attempts, 3);
+    let job = claim_one(s, "default").await;
+    assert_eq!((job.id, job.state, job.attempt), (e.job.id, JobState::Active, 1));
+    assert!(job.lock_expires_at.is_some());
+    let done = s
+        .complete(&Completion { id: job.id, attempt: Some(1), worker_id: Some("w1".into()), result: Some(json!({"ok": true})) })
+        .await
+        .unwrap();
+    assert_eq!(done.state, JobState::Completed);
+    assert_eq!(done.result, Some(json!({"ok": true})));
+    assert!(done.completed_at.is_some());
+    let attempts = s.attempts(job.id).await.unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].outcome, "completed");
+    assert_eq!(attempts[0].worker_id.as_deref(), Some("w1"));
+}
+
+#[tokio::test]
+async fn invalid_transitions_are_typed_conflicts() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let job = s.enqueue(NewJob::new("a.b", json!([]))).await.unwrap().job;
+    // Ack of a job that is not active.
+    let err = s.complete(&Completion { id: job.id, attempt: None, worker_id: None, result: None }).await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { state: JobState::Available, .. }), "{err:?}");
+    let err = s.fail(&failure(job.id, "x")).await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }));
+    // Unknown job.
+    let err = s.complete(&Completion { id: Uuid::now_v7(), attempt: None, worker_id: None, result: None }).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound(_)));
+    // Cancel, then everything is refused.
+    let c = s.cancel(job.id, None).await.unwrap();
+    assert_eq!(c.state, JobState::Cancelled);
+    assert!(matches!(s.cancel(job.id, None).await.unwrap_err(), StoreError::Conflict { .. }));
+    assert!(s.claim(&claim_req(&["default"], 10)).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn stale_attempt_results_are_refused() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let id = s.enqueue(NewJob::new("a.b", json!([]))).await.unwrap().job.id;
+    claim_one(s, "default").await;
+    let done = s.complete_batch(&[Completion { id, attempt: Some(7), worker_id: None, result: None }]).await.unwrap();
+    assert!(done.is_empty(), "a completion for another attempt must not complete this run");
+    assert_eq!(s.job(id).await.unwrap().state, JobState::Active);
+}
+
+#[tokio::test]
+async fn claim_order_is_queue_order_then_priority_then_fifo() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let mut low = NewJob::new("t", json!(["low"])).queue("q1");
+    low.priority = -5;
+    let first = NewJob::new("t", json!(["first"])).queue("q1");
+    let second = NewJob::new("t", json!(["second"])).queue("q1");
+    let mut high = NewJob::new("t", json!(["high"])).queue("q1");
+    high.priority = 10;
+    let other = NewJob::new("t", json!(["other"])).queue("q0");
+    for j in [low, first, second, high, other] {
+        s.enqueue(j).await.unwrap();
+    }
+    let jobs = s.claim(&claim_req(&["q1", "q0"], 10)).await.unwrap();
+    let order: Vec<String> = jobs.iter().map(|j| j.args[0].as_str().unwrap().to_string()).collect();
+    assert_eq!(order, vec!["high", "first", "second", "low", "other"]);
+}
+
+#[tokio::test]
+async fn two_claimers_never_get_the_same_job() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let jobs: Vec<NewJob> = (0..400).map(|i| NewJob::new("t", json!([i]))).collect();
+    s.enqueue_batch(jobs).await.unwrap();
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let mut req = claim_req(&["default"], 7);
+                req.worker_id = format!("w{w}");
+                let got = s.claim(&req).await.unwrap();
+                if got.is_empty() {
+                    break;
+                }
+                mine.extend(got.into_iter().map(|j| j.id));
+            }
+            mine
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let distinct: HashSet<_> = all.iter().collect();
+    assert_eq!(all.len(), 400);
+    assert_eq!(distinct.len(), 400, "a job was claimed twice");
+}
+
+#[tokio::test]
+async fn paused_queues_accept_but_do_not_hand_out() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let actor = Actor::new("ops");
+    let info = s.set_queue_paused("mail", true, &actor).await.unwrap();
+    assert!(info.paused);
+    s.enqueue(NewJob::new("t", json!([])).queue("mail")).await.unwrap();
+    assert!(s.claim(&claim_req(&["mail"], 10)).await.unwrap().is_empty());
+    let info = s.set_queue_paused("mail", false, &actor).await.unwrap();
+    assert_eq!(info.available, 1);
+    assert_eq!(s.claim(&claim_req(&["mail"], 10)).await.unwrap().len(), 1);
+    let audit = s.audit_log(&AuditFilter { action: Some("queue.".into()), ..Default::default() }).await.unwrap();
+    assert_eq!(audit.len(), 2);
+    assert_eq!(audit[0].action, "queue.resume");
+    assert!(s.queue_names().await.unwrap().contains(&"mail".to_string()));
+}
+
+#[tokio::test]
+async fn failures_follow_the_policy_to_the_dead_letter_queue() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let job = NewJob::new("pay.charge", json!([]))
+        .retry(patch(json!({"max_attempts": 3, "initial_interval": "PT10S", "backoff_coefficient": 2.0, "jitter": false, "on_exhaustion": "dead_letter"})));
+    let id = s.enqueue(job).await.unwrap().job.id;
+    let mut delays = Vec::new();
+    for attempt in 1..=3 {
+        let job = claim_one(s, "default").await;
+        assert_eq!(job.attempt, attempt);
+        let r = s.fail(&failure(id, "net.timeout")).await.unwrap();
+        if attempt < 3 {
+            assert_eq!(r.job.state, JobState::Retryable);
+            delays.push(r.job.retry_delay_ms.unwrap());
+            assert!(r.job.scheduled_at > jiff::Timestamp::now());
+            make_due(s, id).await;
+        } else {
+            assert_eq!(r.job.state, JobState::Discarded);
+            assert!(r.job.dead_letter);
+            assert!(r.job.completed_at.is_some() && r.job.discarded_at.is_some());
+        }
+    }
+    assert_eq!(delays, vec![10_000, 20_000]);
+    let attempts = s.attempts(id).await.unwrap();
+    let outcomes: Vec<&str> = attempts.iter().map(|a| a.outcome.as_str()).collect();
+    assert_eq!(outcomes, vec!["retried", "retried", "exhausted"]);
+    assert_eq!(attempts[0].delay_ms, Some(10_000));
+    assert!(attempts.iter().all(|a| a.error_type.as_deref() == Some("net.timeout")));
+    let job = s.job(id).await.unwrap();
+    assert_eq!(job.last_error.as_ref().unwrap()["type"], "net.timeout");
+    assert_eq!(job.last_error.as_ref().unwrap()["attempt"], 3);
+    let dl = s.list_jobs(&JobFilter::dead_letters(), None, 10).await.unwrap();
+    assert_eq!(dl.items.len(), 1);
+}
+
+#[tokio::test]
+async fn a_live_policy_edit_applies_to_the_next_failure_of_jobs_in_flight() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let actor = Actor::new("ops");
+    s.put_policy("report.build", &patch(json!({"initial_interval": "PT5S", "jitter": false, "max_attempts": 5})), &actor, None)
+        .await
+        .unwrap();
+    let id = s.enqueue(NewJob::new("report.build", json!([]))).await.unwrap().job.id;
+    assert_eq!(s.job(id).await.unwrap().max_attempts, 5);
+    claim_one(s, "default").await;
+    assert_eq!(s.fail(&failure(id, "x")).await.unwrap().job.retry_delay_ms, Some(5_000));
+    make_due(s, id).await;
+    claim_one(s, "default").await;
+    // Edited while the job is running.
+    let v2 = s
+        .put_policy("report.build", &patch(json!({"initial_interval": "PT1M", "backoff_strategy": "constant", "jitter": false, "max_attempts": 2})), &actor, Some("slower"))
+        .await
+        .unwrap();
+    assert_eq!(v2.version, 2);
+    let r = s.fail(&failure(id, "x")).await.unwrap();
+    // max_attempts 2 reached on attempt 2: exhausted under the new policy.
+    assert_eq!(r.job.state, JobState::Discarded);
+    assert_eq!(r.job.max_attempts, 2);
+    assert_eq!(r.policy.max_attempts, 2);
+    let history = s.policy_history("report.build").await.unwrap();
+    assert_eq!(history.iter().map(|v| v.version).collect::<Vec<_>>(), vec![2, 1]);
+    assert_eq!(history[0].note.as_deref(), Some("slower"));
+    let restored = s.restore_policy("report.build", 1, &actor).await.unwrap();
+    assert_eq!(restored.version, 3);
+    assert_eq!(restored.policy["initial_interval"], "PT5S");
+}
+
+#[tokio::test]
+async fn invalid_policies_are_rejected_whole() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let actor = Actor::new("ops");
+    let bad = patch(json!({"initial_interval": "PT10M", "max_interval": "PT1M"}));
+    let err = s.put_policy("a.b", &bad, &actor, None).await.unwrap_err();
+    assert!(matches!(&err, StoreError::InvalidPolicy(e) if e.field == "max_interval"), "{err:?}");
+    assert!(s.policy("a.b").await.unwrap().is_none());
+    assert!(s.policy_history("a.b").await.unwrap().is_empty());
+    assert!(s.audit_log(&AuditFilter::default()).await.unwrap().is_empty());
+    // A bad job override is refused at enqueue, naming the field under options.retry.
+    let err = s.enqueue(NewJob::new("a.b", json!([])).retry(patch(json!({"max_interval": "PT0.1S"})))).await.unwrap_err();
+    assert!(matches!(&err, StoreError::InvalidPolicy(e) if e.field.starts_with("options.retry.")), "{err:?}");
+}
+
+#[tokio::test]
+async fn handler_outcomes_and_non_retryable_errors() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    s.put_policy("t", &patch(json!({"non_retryable_errors": ["auth.*"], "max_attempts": 10})), &Actor::new("ops"), None)
+        .await
+        .unwrap();
+    let cases: Vec<(Outcome, JobState, bool, &str)> = vec![
+        (Outcome::Retry(HandlerError::new("auth.expired", "m")), JobState::Discarded, false, "non_retryable"),
+        (Outcome::Retry(HandlerError::new("authx", "m")), JobState::Retryable, false, "retried"),
+        (Outcome::Discard(HandlerError::new("x", "m")), JobState::Discarded, false, "discarded"),
+        (Outcome::Fail(HandlerError::new("x", "m")), JobState::Discarded, false, "failed"),
+        (Outcome::DeadLetter(HandlerError::new("x", "m")), JobState::Discarded, true, "dead_lettered"),
+    ];
+    for (outcome, state, dead, recorded) in cases {
+        let id = s.enqueue(NewJob::new("t", json!([]))).await.unwrap().job.id;
+        claim_one(s, "default").await;
+        let r = s.fail(&Failure { id, attempt: Some(1), worker_id: None, outcome, error_code: None }).await.unwrap();
+        assert_eq!((r.job.state, r.job.dead_letter), (state, dead), "{recorded}");
+        assert_eq!(s.attempts(id).await.unwrap()[0].outcome, recorded);
+        if state == JobState::Retryable {
+            s.cancel(id, None).await.unwrap();
+        }
+    }
+    // A snooze is not counted against the budget.
+    let id = s.enqueue(NewJob::new("t", json!([]))).await.unwrap().job.id;
+    claim_one(s, "default").await;
+    let at = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(60);
+    let r = s.fail(&Failure { id, attempt: None, worker_id: None, outcome: Outcome::RetryAfter { at, error: None }, error_code: None }).await.unwrap();
+    assert_eq!((r.job.state, r.job.attempt), (JobState::Scheduled, 0));
+}
+
+#[tokio::test]
+async fn the_rescuer_turns_expired_locks_into_stalled_attempts() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let id = s.enqueue(NewJob::new("t", json!([]))).await.unwrap().job.id;
+    let mut req = claim_req(&["default"], 1);
+    req.visibility_timeout = Duration::from_millis(1);
+    s.claim(&req).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let report = s.rescue_expired(100).await.unwrap();
+    assert_eq!(report.stalled, 1);
+    let job = s.job(id).await.unwrap();
+    // A crash is no evidence the job is bad: it is available again at once, the attempt counted.
+    assert_eq!((job.state, job.attempt), (JobState::Available, 1));
+    let a = s.attempts(id).await.unwrap();
+    assert_eq!(a[0].error_type.as_deref(), Some("rebound.stalled"));
+    assert_eq!(a[0].worker_id.as_deref(), Some("w1"));
+    // Heartbeats keep a lock alive.
+    let j = claim_one(s, "default").await;
+    let extended = s.heartbeat(Some("w1"), &[j.id], Some(Duration::from_secs(60))).await.unwrap();
+    assert_eq!(extended, vec![j.id]);
+    assert!(s.heartbeat(Some("other"), &[j.id], None).await.unwrap().is_empty());
+    assert_eq!(s.rescue_expired(100).await.unwrap().stalled, 0);
+}
+
+#[tokio::test]
+async fn per_attempt_timeouts_are_failed_attempts_with_backoff() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let mut job = NewJob::new("t", json!([]));
+    job.timeout_ms = Some(1);
+    let id = s.enqueue(job).await.unwrap().job.id;
+    claim_one(s, "default").await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(s.rescue_expired(100).await.unwrap().timed_out, 1);
+    let job = s.job(id).await.unwrap();
+    assert_eq!(job.state, JobState::Retryable);
+    assert_eq!(job.last_error.unwrap()["type"], "rebound.timeout");
+}
+
+#[tokio::test]
+async fn scheduled_jobs_wait_then_are_promoted_and_expired_jobs_never_run() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let mut later = NewJob::new("t", json!(["later"]));
+    later.scheduled_at = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600));
+    let later = s.enqueue(later).await.unwrap().job;
+    assert_eq!(later.state, JobState::Scheduled);
+    assert!(s.claim(&claim_req(&["default"], 10)).await.unwrap().is_empty());
+    assert_eq!(s.promote_due(100).await.unwrap(), 0);
+    make_due(s, later.id).await;
+    assert_eq!(s.job(later.id).await.unwrap().state, JobState::Available);
+
+    let mut stale = NewJob::new("t", json!(["stale"])).queue("ttl");
+    stale.expires_at = Some(jiff::Timestamp::now() - jiff::SignedDuration::from_secs(1));
+    let stale = s.enqueue(stale).await.unwrap().job;
+    assert!(s.claim(&claim_req(&["ttl"], 10)).await.unwrap().is_empty());
+    assert_eq!(s.expire_due(100).await.unwrap(), 1);
+    let stale = s.job(stale.id).await.unwrap();
+    assert_eq!(stale.state, JobState::Discarded);
+    assert!(stale.completed_at.is_none(), "an expired job never ran to an end");
+}
+
+#[tokio::test]
+async fn unique_keys_reject_ignore_or_replace() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let unique = |on_conflict| {
+        let mut j = NewJob::new("t", json!(["same"]));
+        j.unique = Some(UniqueSpec { key: UniqueSpec::key_from_fields(&j, &[]).unwrap(), on_conflict, states: vec![], period: None });
+        j
+    };
+    let first = s.enqueue(unique(OnConflict::Reject)).await.unwrap().job;
+    assert!(matches!(s.enqueue(unique(OnConflict::Reject)).await.unwrap_err(), StoreError::Duplicate { .. }));
+    let ignored = s.enqueue(unique(OnConflict::Ignore)).await.unwrap();
+    assert_eq!((ignored.job.id, ignored.outcome), (first.id, EnqueueOutcome::Existing));
+    let replaced = s.enqueue(unique(OnConflict::Replace)).await.unwrap();
+    assert_eq!(replaced.outcome, EnqueueOutcome::Replaced { old: first.id });
+    assert_eq!(s.job(first.id).await.unwrap().state, JobState::Cancelled);
+    // Once the job is finished, the key is free again (default states are the live ones).
+    s.cancel(replaced.job.id, None).await.unwrap();
+    assert_eq!(s.enqueue(unique(OnConflict::Reject)).await.unwrap().outcome, EnqueueOutcome::Created);
+}
+
+#[tokio::test]
+async fn batch_enqueue_is_all_or_nothing_and_keeps_order() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let dup = Uuid::now_v7();
+    let mut a = NewJob::new("t", json!([0]));
+    a.id = Some(dup);
+    s.enqueue(a.clone()).await.unwrap();
+    let batch = vec![NewJob::new("t", json!([1])), a];
+    let err = s.enqueue_batch(batch).await.unwrap_err();
+    assert!(matches!(&err, StoreError::Duplicate { reason, .. } if reason.starts_with("jobs[1]")), "{err:?}");
+    let bad = vec![NewJob::new("t", json!([1])), NewJob::new("Bad Type", json!([]))];
+    let err = s.enqueue_batch(bad).await.unwrap_err();
+    assert!(matches!(&err, StoreError::InvalidJob(e) if e.field == "jobs[1].type"), "{err:?}");
+    assert_eq!(s.count_jobs(&JobFilter::default(), 100).await.unwrap(), 1);
+
+    let ok: Vec<NewJob> = (0..5).map(|i| NewJob::new("t", json!([i])).queue("b")).collect();
+    let out = s.enqueue_batch(ok).await.unwrap();
+    assert_eq!(out.iter().map(|e| e.job.args[0].as_i64().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+    let claimed = s.claim(&claim_req(&["b"], 5)).await.unwrap();
+    assert_eq!(claimed.iter().map(|j| j.args[0].as_i64().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+}
+
+#[tokio::test]
+async fn dead_letters_are_redriven_by_id_or_filter_and_purged() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let actor = Actor::new("ops");
+    let mut ids = Vec::new();
+    for (i, t) in ["mail.send", "mail.send", "pay.charge"].iter().enumerate() {
+        let id = s.enqueue(NewJob::new(*t, json!([i]))).await.unwrap().job.id;
+        claim_one(s, "default").await;
+        s.fail(&Failure { id, attempt: None, worker_id: None, outcome: Outcome::DeadLetter(HandlerError::new("smtp.rejected", format!("rejected {i}"))), error_code: None })
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    let groups = s.dead_letter_groups(&JobFilter::default(), 10).await.unwrap();
+    assert_eq!(groups.len(), 1, "messages differing only in digits share a signature");
+    assert_eq!(groups[0].count, 3);
+
+    let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: actor.clone(), reason: Some("smtp fixed".into()) };
+    assert_eq!(s.redrive(&JobSelection::Ids(vec![ids[2]]), &opts).await.unwrap(), 1);
+    let j = s.job(ids[2]).await.unwrap();
+    assert_eq!((j.state, j.attempt, j.dead_letter), (JobState::Available, 0, false));
+    // Its history is kept.
+    assert_eq!(s.attempts(ids[2]).await.unwrap().len(), 1);
+
+    let by_type = JobSelection::Filter(JobFilter { job_type: Some("mail.send".into()), ..Default::default() });
+    let staggered = RedriveOptions { budget: RedriveBudget::OneMore, stagger: Some(Duration::from_secs(60)), ..opts.clone() };
+    assert_eq!(s.redrive(&by_type, &staggered).await.unwrap(), 2);
+    let a = s.job(ids[0]).await.unwrap();
+    let b = s.job(ids[1]).await.unwrap();
+    assert_eq!((a.state, b.state), (JobState::Available, JobState::Scheduled), "spread over the window");
+    assert_eq!(a.attempt, 1, "one more attempt keeps the count");
+    // One more means one more: failing again exhausts at once.
+    claim_one(s, "default").await; // ids[2] (fresh)
+    let again = claim_one(s, "default").await;
+    assert_eq!(again.id, ids[0]);
+    let r = s.fail(&failure(ids[0], "smtp.rejected")).await.unwrap();
+    assert_eq!(r.job.state, JobState::Discarded);
+
+    let entries = s.audit_log(&AuditFilter { action: Some("dead_letter.".into()), ..Default::default() }).await.unwrap();
+    assert_eq!(entries.len(), 2);
+    assert_eq!(entries[1].details["reason"], "smtp fixed");
+    assert_eq!(entries[1].target.as_deref(), Some(ids[2].to_string().as_str()));
+
+    let purged = s.purge_dead_letters(&JobSelection::Filter(JobFilter::default()), &actor, Some("cleanup")).await.unwrap();
+    assert_eq!(purged, 0, "ids[0] was plain-discarded (policy default on_exhaustion), not a dead letter");
+    sqlx::query("UPDATE jobs SET dead_letter = true, dead_lettered_at = now() WHERE id = $1").bind(ids[0]).execute(s.pool()).await.unwrap();
+    assert_eq!(s.purge_dead_letters(&JobSelection::Ids(vec![ids[0]]), &actor, None).await.unwrap(), 1);
+    assert!(s.get_job(ids[0]).await.unwrap().is_none());
+    assert!(s.attempts(ids[0]).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn listing_filters_and_keyset_pages() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let jobs: Vec<NewJob> = (0..25).map(|i| NewJob::new(if i % 2 == 0 { "even.job" } else { "odd.job" }, json!([{"n": i}]))).collect();
+    s.enqueue_batch(jobs).await.unwrap();
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = s.list_jobs(&JobFilter::default(), after, 10).await.unwrap();
+        seen.extend(page.items.iter().map(|j| j.id));
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 25);
+    let mut sorted = seen.clone();
+    sorted.sort_by(|a, b| b.cmp(a));
+    assert_eq!(seen, sorted, "newest first");
+    let even = s.list_jobs(&JobFilter { job_type: Some("even.job".into()), ..Default::default() }, None, 100).await.unwrap();
+    assert_eq!(even.items.len(), 13);
+    let text = s.list_jobs(&JobFilter { text: Some("\"n\": 7}".into()), ..Default::default() }, None, 100).await.unwrap();
+    assert_eq!(text.items.len(), 1);
+    assert_eq!(s.count_jobs(&JobFilter { states: vec![JobState::Available], ..Default::default() }, 10).await.unwrap(), 10);
+    let stats = s.stats(None).await.unwrap();
+    assert_eq!(stats.by_state(JobState::Available), 25);
+}
+
+#[tokio::test]
+async fn release_hands_jobs_back_without_counting() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let id = s.enqueue(NewJob::new("t", json!([]))).await.unwrap().job.id;
+    claim_one(s, "default").await;
+    let released = s.release(&[id], Some("w1"), "shutdown").await.unwrap();
+    assert_eq!(released.len(), 1);
+    let j = s.job(id).await.unwrap();
+    assert_eq!((j.state, j.attempt), (JobState::Available, 0));
+    assert_eq!(s.attempts(id).await.unwrap()[0].outcome, "released");
+}
+
+#[tokio::test]
+async fn notifications_wake_listeners() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let mut listener = s.listen().await.unwrap();
+    s.enqueue(NewJob::new("t", json!([])).queue("wake")).await.unwrap();
+    let got = listener.next(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(got.as_deref(), Some("wake"));
+}
+
+#[tokio::test]
+async fn leadership_is_exclusive_and_passes_on() {
+    let db = TestDb::new().await;
+    let a = Store::connect(&db.url, 2).await.unwrap();
+    let b = Store::connect(&db.url, 2).await.unwrap();
+    let mut lead = a.try_lead().await.unwrap().expect("first to ask leads");
+    assert!(lead.still_held().await);
+    assert!(b.try_lead().await.unwrap().is_none());
+    lead.release().await.unwrap();
+    assert!(b.try_lead().await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn pruning_respects_retention_and_keeps_recent_dead_letters() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    for i in 0..3 {
+        let id = s.enqueue(NewJob::new("t", json!([i]))).await.unwrap().job.id;
+        claim_one(s, "default").await;
+        s.complete(&Completion { id, attempt: None, worker_id: None, result: None }).await.unwrap();
+    }
+    sqlx::query("UPDATE jobs SET completed_at = now() - interval '2 days'").execute(s.pool()).await.unwrap();
+    for i in 0..3 {
+        let id = s.enqueue(NewJob::new("t", json!([i]))).await.unwrap().job.id;
+        claim_one(s, "default").await;
+        s.fail(&Failure { id, attempt: None, worker_id: None, outcome: Outcome::DeadLetter(HandlerError::new("x", "y")), error_code: None }).await.unwrap();
+    }
+    let cfg = PruneConfig { dead_letters_per_queue: 2, ..Default::default() };
+    let report = s.prune(&cfg).await.unwrap();
+    assert_eq!(report.completed, 3);
+    assert_eq!(report.dead_letters, 1, "only the oldest beyond the cap");
+    assert_eq!(s.count_jobs(&JobFilter::dead_letters(), 100).await.unwrap(), 2);
+}
