@@ -219,10 +219,18 @@ impl Store {
         rows.iter().map(token_from_row).collect()
     }
 
-    /// The live token with this hash, marking it used.
+    /// The live token with this hash, marking it used. `last_used_at` is refreshed at most
+    /// once a minute: every API request verifies its token, and writing the same row on each
+    /// one would serialize all requests of a client on that row's lock.
     pub async fn verify_token(&self, token_hash: &str) -> Result<Option<ApiToken>, StoreError> {
         let row = sqlx::query(
-            "UPDATE api_tokens SET last_used_at = now() WHERE token_hash = $1 AND revoked_at IS NULL RETURNING *",
+            "WITH live AS (
+                 SELECT * FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL
+             ), touched AS (
+                 UPDATE api_tokens t SET last_used_at = now() FROM live
+                 WHERE t.id = live.id AND (live.last_used_at IS NULL OR live.last_used_at < now() - interval '1 minute')
+             )
+             SELECT * FROM live",
         )
         .bind(token_hash)
         .fetch_optional(&self.pool)

@@ -133,7 +133,8 @@ pub(crate) async fn apply_failures(conn: &mut PgConnection, runs: Vec<FailedRun>
             decision.next = NextStep::Retry { run_at: now, delay: Duration::ZERO };
         }
         let (state, delay, run_at, delta, dead_letter) = match &decision.next {
-            NextStep::Retry { delay, .. } if delay.is_zero() => (JobState::Available, Some(0), None, 0, false),
+            // Sub-millisecond backoff is no backoff: skip the round trip through the scheduler.
+            NextStep::Retry { delay, .. } if millis(*delay) == 0 => (JobState::Available, Some(0), None, 0, false),
             NextStep::Retry { delay, .. } => (JobState::Retryable, Some(millis(*delay)), None, 0, false),
             NextStep::Snooze { run_at, delay } => {
                 let state = if delay.is_zero() { JobState::Available } else { JobState::Scheduled };

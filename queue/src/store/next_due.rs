@@ -1,0 +1,52 @@
+//! When the scheduler next has work: lets a maintenance loop sleep until the next scheduled or
+//! retryable job is due instead of polling on a fixed tick, so a retry due in 1 s becomes
+//! available at 1 s rather than up to a tick later.
+
+use std::time::Duration;
+
+use super::{Store, StoreError};
+
+impl Store {
+    /// Time until the earliest `scheduled` or `retryable` job is due, by the database's clock;
+    /// zero if one is already due, `None` if none is waiting.
+    pub async fn time_until_next_due(&self) -> Result<Option<Duration>, StoreError> {
+        let ms: Option<f64> = sqlx::query_scalar(
+            "SELECT EXTRACT(EPOCH FROM (min(scheduled_at) - now()))::float8 * 1000
+             FROM jobs WHERE state IN ('scheduled', 'retryable')",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(ms.map(|ms| if ms > 0.0 { Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX) } else { Duration::ZERO }))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::NewJob;
+    use crate::testing::TestDb;
+
+    #[tokio::test]
+    async fn time_until_the_earliest_waiting_job() {
+        let db = TestDb::new().await;
+        let s = &db.store;
+        assert_eq!(s.time_until_next_due().await.unwrap(), None);
+        s.enqueue(NewJob::new("a", serde_json::json!([]))).await.unwrap();
+        assert_eq!(s.time_until_next_due().await.unwrap(), None, "available jobs are not waiting");
+        let mut later = NewJob::new("a", serde_json::json!([]));
+        later.scheduled_at = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600));
+        s.enqueue(later).await.unwrap();
+        let until = s.time_until_next_due().await.unwrap().unwrap();
+        assert!(until > Duration::from_secs(3500) && until <= Duration::from_secs(3600), "{until:?}");
+        let mut past = NewJob::new("a", serde_json::json!([]));
+        past.scheduled_at = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3));
+        s.enqueue(past).await.unwrap();
+        sqlx::query("UPDATE jobs SET scheduled_at = now() - interval '1 minute' WHERE state = 'scheduled' AND scheduled_at < now() + interval '1 minute'")
+            .execute(s.pool())
+            .await
+            .unwrap();
+        assert_eq!(s.time_until_next_due().await.unwrap(), Some(Duration::ZERO), "an overdue job is due now");
+    }
+}

@@ -1,0 +1,195 @@
+//! Command line and environment: the subcommands and the settings of `serve`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Rebound's server: the Open Job Spec HTTP API, the dashboard, metrics, and operations.
+#[derive(Debug, Parser)]
+#[command(name = "rebound-server", version, about)]
+pub struct Cli {
+    /// Postgres connection URL.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API and the dashboard.
+    Serve(ServeArgs),
+    /// Apply pending database migrations, then exit.
+    Migrate,
+    /// Manage dashboard operators.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Manage API bearer tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+/// How API clients authenticate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ApiAuth {
+    /// Bearer tokens created with `rebound-server token create`.
+    #[default]
+    Token,
+    /// No authentication: only for loopback use and the conformance run.
+    None,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "REBOUND_LISTEN", default_value = "127.0.0.1:3000")]
+    pub listen: SocketAddr,
+
+    /// How API clients authenticate.
+    #[arg(long, env = "REBOUND_API_AUTH", value_enum, default_value_t = ApiAuth::Token)]
+    pub api_auth: ApiAuth,
+
+    /// Enable test-only behaviour for the OJS conformance runner: `POST /ojs/v1/admin/reset`
+    /// (wipes every job) and heartbeat directives from `options.metadata.test_directive`.
+    /// Never use in production.
+    #[arg(long)]
+    pub test_mode: bool,
+
+    /// How long a fetched job stays claimed without a heartbeat when neither the job nor the
+    /// fetch sets `visibility_timeout_ms` (e.g. "300s", "5m", "PT5M").
+    #[arg(long, env = "REBOUND_VISIBILITY_TIMEOUT", default_value = "300s", value_parser = parse_duration)]
+    pub visibility_timeout: Duration,
+
+    /// Apply pending migrations before serving.
+    #[arg(long)]
+    pub migrate: bool,
+
+    /// Largest accepted request body, in bytes (OJS requires envelopes up to 1 MiB).
+    #[arg(long, env = "REBOUND_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Requests taking longer are abandoned with 408.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Size of the database connection pool.
+    #[arg(long, env = "REBOUND_DB_POOL", default_value_t = 20)]
+    pub db_pool: u32,
+
+    /// How often the maintenance leader promotes due jobs, rescues expired claims and expires
+    /// jobs past their TTL.
+    #[arg(long, default_value = "250ms", value_parser = parse_duration)]
+    pub maintenance_interval: Duration,
+
+    /// Do not run maintenance in this process (a worker does it).
+    #[arg(long)]
+    pub no_maintenance: bool,
+}
+
+/// A dashboard role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RoleArg {
+    Viewer,
+    Operator,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Create an operator, or reset an existing one's password and role. The password is read
+    /// from REBOUND_PASSWORD, else from the first line of standard input.
+    Add {
+        username: String,
+        #[arg(long, value_enum, default_value_t = RoleArg::Viewer)]
+        role: RoleArg,
+    },
+    /// List operators.
+    List,
+    /// Disable an operator and end their sessions.
+    Disable { username: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token and print it once; only its hash is stored.
+    Create { name: String },
+    /// Revoke a token by name.
+    Revoke { name: String },
+    /// List tokens (never their secrets).
+    List,
+}
+
+/// A duration in jiff's friendly ("300s", "5m", "1h 30m") or ISO-8601 ("PT5M") form.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d: jiff::SignedDuration = s.parse().map_err(|e| format!("{s:?} is not a duration such as \"30s\" or \"PT30S\": {e}"))?;
+    Duration::try_from(d).map_err(|_| format!("{s:?} must not be negative"))
+}
+
+/// The settings the running server needs (the part of [`ServeArgs`] that is not about starting).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerConfig {
+    pub api_auth: ApiAuth,
+    pub test_mode: bool,
+    pub visibility_timeout: Duration,
+    pub max_body_bytes: usize,
+    pub request_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            api_auth: ApiAuth::Token,
+            test_mode: false,
+            visibility_timeout: Duration::from_secs(300),
+            max_body_bytes: 4 * 1024 * 1024,
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl From<&ServeArgs> for ServerConfig {
+    fn from(a: &ServeArgs) -> Self {
+        ServerConfig {
+            api_auth: a.api_auth,
+            test_mode: a.test_mode,
+            visibility_timeout: a.visibility_timeout,
+            max_body_bytes: a.max_body_bytes,
+            request_timeout: a.request_timeout,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_in_both_forms() {
+        assert_eq!(parse_duration("300s"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("PT5M"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("-5s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn serve_defaults() {
+        let cli = Cli::try_parse_from(["rebound-server", "serve"]).expect("parses");
+        let Command::Serve(args) = cli.command else { panic!("not serve") };
+        let cfg = ServerConfig::from(&args);
+        assert_eq!(cfg.api_auth, ApiAuth::Token);
+        assert_eq!(cfg.visibility_timeout, Duration::from_secs(300));
+        assert!(!cfg.test_mode);
+        let cli = Cli::try_parse_from(["rebound-server", "serve", "--api-auth", "none", "--test-mode", "--listen", "127.0.0.1:0"])
+            .expect("parses");
+        let Command::Serve(args) = cli.command else { panic!("not serve") };
+        assert_eq!((args.api_auth, args.test_mode), (ApiAuth::None, true));
+    }
+}

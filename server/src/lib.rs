@@ -1,0 +1,76 @@
+//! `rebound-server`: the process operators and other languages talk to.
+//!
+//! * [`ojs`]: the Open Job Spec HTTP API under `/ojs` and Rebound's admin endpoints.
+//! * [`auth`]: bearer tokens for API clients; [`passwords`]: argon2 for dashboard operators.
+//! * [`metrics`]: `/metrics`; [`health`]: `/healthz`, `/readyz`.
+//! * [`maintenance`]: the scheduler / rescuer / TTL loop, run while this process leads.
+//! * [`dashboard`]: where the Leptos dashboard is mounted.
+//! * [`config`]: the command line; [`commands`]: what each subcommand does.
+//!
+//! The library exposes [`router`] so tests can drive the whole server in process.
+
+pub mod auth;
+pub mod commands;
+pub mod config;
+pub mod dashboard;
+pub mod dashboard_auth;
+pub mod health;
+pub mod maintenance;
+pub mod metrics;
+pub mod ojs;
+pub mod passwords;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::http::{HeaderValue, Request};
+use axum::routing::get;
+use rebound_queue::Store;
+use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+use uuid::Uuid;
+
+use crate::config::ServerConfig;
+use crate::metrics::Metrics;
+
+/// What every handler can reach.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    pub store: Store,
+    pub config: Arc<ServerConfig>,
+    pub metrics: Arc<Metrics>,
+    pub started_at: Instant,
+}
+
+impl AppState {
+    /// State for a server on `store` with `config`, and fresh metrics.
+    pub fn new(store: Store, config: ServerConfig) -> Self {
+        AppState { store, config: Arc::new(config), metrics: Arc::new(Metrics::default()), started_at: Instant::now() }
+    }
+}
+
+/// Request ids in the form OJS recommends, `req_<UUIDv7>`, unless the client sent one.
+#[derive(Clone, Copy, Debug, Default)]
+struct RequestIdV7;
+
+impl MakeRequestId for RequestIdV7 {
+    fn make_request_id<B>(&mut self, _request: &Request<B>) -> Option<RequestId> {
+        HeaderValue::from_str(&format!("req_{}", Uuid::now_v7())).ok().map(RequestId::new)
+    }
+}
+
+/// The whole server: the OJS API under `/ojs`, the probes, `/metrics`, then the dashboard.
+/// Every response carries `X-Request-Id` (the client's, if it sent one).
+pub fn router(state: AppState) -> Router {
+    let app = Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(metrics::serve_metrics))
+        .with_state(state.clone())
+        .nest("/ojs", ojs::router(state.clone()));
+    dashboard::mount(app, state)
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(TraceLayer::new_for_http())
+        .layer(SetRequestIdLayer::x_request_id(RequestIdV7))
+}

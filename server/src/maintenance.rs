@@ -1,0 +1,111 @@
+//! The maintenance loop the server runs while it holds leadership: TTL expiry, the rescuer
+//! (expired claims and per-attempt timeouts) and the scheduler (due scheduled/retryable jobs
+//! become available). Workers run the same services under the same advisory lock, so exactly
+//! one process does it at a time; without a worker, the server alone keeps delayed jobs and
+//! crashed claims moving. Pruning is left to the worker.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rebound_queue::store::{Leadership, RescueReport};
+use rebound_queue::{Store, StoreError};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// Rows each service handles per pass; a backlog drains over consecutive passes.
+const BATCH: i64 = 1000;
+/// How often a non-leader tries to take over.
+const FOLLOWER_RETRY: Duration = Duration::from_secs(1);
+/// Shortest sleep between passes, so a job due "now" does not spin the loop.
+const MIN_WAIT: Duration = Duration::from_millis(5);
+/// How often the leader checks it still holds the lock (its connection may have been lost).
+const LEADERSHIP_CHECK: Duration = Duration::from_secs(5);
+
+/// What one pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassReport {
+    pub expired: u64,
+    pub rescued: RescueReport,
+    pub promoted: u64,
+}
+
+/// One pass of every service. Expiry runs first so an expired job is not promoted, and the
+/// rescuer before the scheduler so a rescued job due at once is not left for the next pass.
+pub async fn run_pass(store: &Store, metrics: &Metrics) -> Result<PassReport, StoreError> {
+    let expired = store.expire_due(BATCH).await?;
+    let rescued = store.rescue_expired(BATCH).await?;
+    let promoted = store.promote_due(BATCH).await?;
+    metrics.maintenance(promoted, &rescued, expired);
+    if expired + rescued.stalled + rescued.timed_out + promoted > 0 {
+        tracing::debug!(expired, stalled = rescued.stalled, timed_out = rescued.timed_out, promoted, "maintenance pass");
+    }
+    Ok(PassReport { expired, rescued, promoted })
+}
+
+/// How long the leader sleeps after a pass: not at all while a backlog drains, until the next
+/// scheduled job is due if that comes before the next tick, else one tick (jobs scheduled
+/// by other processes are noticed within a tick).
+async fn next_wait(store: &Store, report: &PassReport, interval: Duration) -> Duration {
+    let backlog = report.promoted >= BATCH as u64 || report.expired >= BATCH as u64
+        || report.rescued.stalled + report.rescued.timed_out >= BATCH as u64;
+    if backlog {
+        return Duration::ZERO;
+    }
+    match store.time_until_next_due().await {
+        // A little after the due time, so the promotion's `now()` is past it.
+        Ok(Some(until)) => interval.min(until + MIN_WAIT),
+        Ok(None) => interval,
+        Err(e) => {
+            tracing::warn!(error = %e, "maintenance: cannot read the next due time");
+            interval
+        }
+    }
+}
+
+/// Runs until `shutdown` is cancelled: tries to lead, and while leading runs a pass every
+/// `interval`. Leadership is released on shutdown so a worker takes over at once.
+pub async fn run(store: Store, metrics: Arc<Metrics>, interval: Duration, shutdown: CancellationToken) {
+    let mut leadership: Option<Leadership> = None;
+    let mut checked_at = Instant::now();
+    loop {
+        if leadership.is_none() {
+            match store.try_lead().await {
+                Ok(Some(l)) => {
+                    tracing::info!("this server now runs maintenance (scheduler, rescuer, TTL expiry)");
+                    leadership = Some(l);
+                    checked_at = Instant::now();
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "maintenance: cannot try for leadership"),
+            }
+        }
+        let mut wait = FOLLOWER_RETRY;
+        if let Some(lead) = leadership.as_mut() {
+            if checked_at.elapsed() >= LEADERSHIP_CHECK {
+                checked_at = Instant::now();
+                if !lead.still_held().await {
+                    tracing::warn!("maintenance leadership lost (database connection closed); will try again");
+                    leadership = None;
+                    continue;
+                }
+            }
+            wait = match run_pass(&store, &metrics).await {
+                Ok(report) => next_wait(&store, &report, interval).await,
+                Err(e) => {
+                    tracing::warn!(error = %e, "maintenance pass failed; retrying next tick");
+                    interval
+                }
+            };
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+    if let Some(lead) = leadership
+        && let Err(e) = lead.release().await
+    {
+        tracing::warn!(error = %e, "could not release maintenance leadership; it ends with the connection");
+    }
+}

@@ -1,0 +1,68 @@
+//! The dead-letter queue: list (keyset-paginated with an opaque cursor), retry, delete.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use rebound_queue::job::validate_queue;
+use rebound_queue::store::{JobFilter, JobSelection, RedriveBudget, RedriveOptions};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::body::path_uuid;
+use super::envelope::{job_json, job_json_with_errors};
+use super::error::ApiError;
+use super::query::QueryParams;
+use crate::AppState;
+use crate::auth::Caller;
+
+/// Counting stops here; `total` is then "at least this many".
+const COUNT_CAP: i64 = 100_000;
+
+/// `GET /ojs/v1/dead-letter?queue=&type=&limit=&cursor=`. `offset` is accepted only as 0:
+/// pages are keyset-based (page 1000 costs what page 1 does), follow `next_cursor`.
+pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
+    q.only(&["queue", "type", "limit", "cursor", "offset"])?;
+    let mut filter = JobFilter::dead_letters();
+    if let Some(queue) = q.one("queue")? {
+        validate_queue(queue).map_err(|e| ApiError::invalid_field("queue", e.reason))?;
+        filter.queue = Some(queue.to_owned());
+    }
+    if let Some(t) = q.one("type")? {
+        rebound_queue::job::validate_type(t).map_err(|e| ApiError::invalid_field("type", e.reason))?;
+        filter.job_type = Some(t.to_owned());
+    }
+    let limit = q.i64_in("limit", 1, 200)?.unwrap_or(50);
+    // offset=0 is the first page, as without it; anything else would be an OFFSET scan.
+    q.i64_in("offset", 0, 0).map_err(|_| ApiError::invalid_field("offset", "only 0 is supported; page with cursor=<next_cursor> instead"))?;
+    let cursor = q.uuid("cursor")?;
+    let page = state.store.list_jobs(&filter, cursor, limit).await?;
+    let total = state.store.count_jobs(&filter, COUNT_CAP).await?;
+    let ids: Vec<Uuid> = page.items.iter().map(|j| j.id).collect();
+    let attempts = state.store.attempts_for(&ids).await?;
+    let jobs: Vec<Value> = page.items.iter().map(|j| job_json_with_errors(j, &attempts)).collect();
+    let mut pagination = json!({ "total": total, "limit": limit, "has_more": page.next.is_some() });
+    if let (Some(next), Some(p)) = (page.next, pagination.as_object_mut()) {
+        p.insert("next_cursor".into(), Value::String(next.to_string()));
+    }
+    Ok(Json(json!({ "jobs": jobs, "pagination": pagination })))
+}
+
+/// `POST /ojs/v1/dead-letter/{id}/retry`: back to `available` with a fresh attempt budget.
+pub async fn retry(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let id = path_uuid(&id)?;
+    let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: caller.actor(), reason: Some("OJS dead-letter retry".into()) };
+    if state.store.redrive(&JobSelection::Ids(vec![id]), &opts).await? == 0 {
+        return Err(ApiError::not_found("dead-letter job", id));
+    }
+    let job = state.store.job(id).await?;
+    Ok(Json(json!({ "job": job_json(&job) })))
+}
+
+/// `DELETE /ojs/v1/dead-letter/{id}`: removes a dead letter for good.
+pub async fn delete(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let id = path_uuid(&id)?;
+    let deleted = state.store.purge_dead_letters(&JobSelection::Ids(vec![id]), &caller.actor(), Some("OJS dead-letter delete")).await?;
+    if deleted == 0 {
+        return Err(ApiError::not_found("dead-letter job", id));
+    }
+    Ok(Json(json!({ "deleted": true, "job_id": id.to_string() })))
+}

@@ -1,0 +1,72 @@
+//! The Open Job Spec HTTP binding under `/ojs`, plus Rebound's admin endpoints.
+//!
+//! One module per resource; every handler parses the request, calls the store, and maps the
+//! answer. [`response`] gives every response the OJS headers and error shape.
+
+pub mod body;
+mod dead_letter;
+pub mod envelope;
+pub mod error;
+mod events;
+mod jobs;
+mod manifest;
+mod policies;
+pub mod query;
+mod queues;
+pub mod response;
+mod test_mode;
+mod workers;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::routing::{get, post};
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+
+use crate::{AppState, auth};
+
+pub use jobs::MAX_BATCH;
+
+/// The routes under `/ojs` (nest them there). Everything but the manifest and the health check
+/// needs a bearer token unless `--api-auth none`. The reset route exists only in test mode.
+pub fn router(state: AppState) -> Router {
+    let mut protected = Router::new()
+        .route("/v1/jobs", post(jobs::enqueue))
+        .route("/v1/jobs/batch", post(jobs::enqueue_batch))
+        .route("/v1/jobs/{id}", get(jobs::get).delete(jobs::cancel))
+        .route("/v1/jobs/{id}/activate", post(jobs::activate))
+        .route("/v1/workers/fetch", post(workers::fetch))
+        .route("/v1/workers/ack", post(workers::ack))
+        .route("/v1/workers/nack", post(workers::nack))
+        .route("/v1/workers/heartbeat", post(workers::heartbeat))
+        .route("/v1/dead-letter", get(dead_letter::list))
+        .route("/v1/dead-letter/{id}", axum::routing::delete(dead_letter::delete))
+        .route("/v1/dead-letter/{id}/retry", post(dead_letter::retry))
+        .route("/v1/queues", get(queues::list))
+        .route("/v1/queues/{name}/stats", get(queues::stats))
+        .route("/v1/queues/{name}/pause", post(queues::pause))
+        .route("/v1/queues/{name}/resume", post(queues::resume))
+        .route("/v1/events", get(events::list))
+        .route("/v1/admin/policies", get(policies::list))
+        .route("/v1/admin/policies/preview", post(policies::preview))
+        .route("/v1/admin/policies/{type}", get(policies::get).put(policies::put).delete(policies::delete))
+        .route("/v1/admin/policies/{type}/versions", get(policies::versions));
+    if state.config.test_mode {
+        protected = protected.route("/v1/admin/reset", post(test_mode::reset));
+    }
+    let protected = protected.route_layer(from_fn_with_state(state.clone(), auth::require_token));
+
+    Router::new()
+        .route("/manifest", get(manifest::manifest))
+        .route("/v1/health", get(manifest::health))
+        .merge(protected)
+        .fallback(response::no_route)
+        // axum's extractors have their own 2 MB default; the configured limit replaces it.
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(RequestBodyLimitLayer::new(state.config.max_body_bytes))
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, state.config.request_timeout))
+        .layer(from_fn(response::ojs_response))
+        .with_state(state)
+}

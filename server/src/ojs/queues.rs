@@ -1,0 +1,63 @@
+//! Queues: list, stats, pause, resume.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use rebound_queue::job::validate_queue;
+use rebound_queue::store::QueueInfo;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use crate::AppState;
+use crate::auth::Caller;
+
+fn queue_json(q: &QueueInfo) -> Value {
+    let mut v = json!({
+        "name": q.name,
+        "status": if q.paused { "paused" } else { "active" },
+        "paused": q.paused,
+        "scheduled": q.scheduled,
+        "available": q.available,
+        "pending": q.pending,
+        "active": q.active,
+        "retryable": q.retryable,
+        "completed": q.completed,
+        "cancelled": q.cancelled,
+        "discarded": q.discarded,
+        "dead_letters": q.dead_letters,
+    });
+    if let (Some(t), Some(m)) = (q.paused_at, v.as_object_mut()) {
+        m.insert("paused_at".into(), Value::String(t.to_string()));
+    }
+    v
+}
+
+fn queue_name(raw: &str) -> Result<&str, ApiError> {
+    validate_queue(raw).map_err(|e| ApiError::invalid_field("name", e.reason))?;
+    Ok(raw)
+}
+
+/// `GET /ojs/v1/queues`: every queue with jobs or settings, with its counts.
+pub async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let queues = state.store.queues().await?;
+    let items: Vec<Value> = queues.iter().map(queue_json).collect();
+    Ok(Json(json!({ "queues": items, "pagination": { "total": items.len(), "has_more": false } })))
+}
+
+/// `GET /ojs/v1/queues/{name}/stats`: counts by state (zeroes for an unused queue).
+pub async fn stats(State(state): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let q = state.store.queue(queue_name(&name)?).await?;
+    Ok(Json(json!({ "queue": queue_json(&q) })))
+}
+
+/// `POST /ojs/v1/queues/{name}/pause`: nothing is fetched from it until resumed; enqueues
+/// are still accepted.
+pub async fn pause(State(state): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let q = state.store.set_queue_paused(queue_name(&name)?, true, &caller.actor()).await?;
+    Ok(Json(json!({ "queue": queue_json(&q) })))
+}
+
+/// `POST /ojs/v1/queues/{name}/resume`.
+pub async fn resume(State(state): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let q = state.store.set_queue_paused(queue_name(&name)?, false, &caller.actor()).await?;
+    Ok(Json(json!({ "queue": queue_json(&q) })))
+}

@@ -1,0 +1,60 @@
+//! What every OJS response carries: `Content-Type: application/openjobspec+json` (exactly,
+//! without a charset: the suites compare it literally), `OJS-Version: 1.0`, and on errors the
+//! OJS error body with the request id. Framework answers that no handler built (unknown route,
+//! wrong method, body too large, timeout) are rewritten into that body here.
+
+use axum::body::Body;
+use axum::extract::{OriginalUri, Request};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::{HeaderName, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+
+/// The OJS media type.
+pub const OJS_MEDIA_TYPE: &str = "application/openjobspec+json";
+
+const OJS_VERSION: HeaderName = HeaderName::from_static("ojs-version");
+
+/// Largest framework error body read back when rewriting it (they are a line of text).
+const BARE_ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+/// Marks an error-status response whose body is deliberately not the OJS error shape (the
+/// health endpoint's `503 {"status": "degraded"}`), so the middleware leaves it alone.
+#[derive(Clone, Copy, Debug)]
+pub struct OwnBody;
+
+/// Middleware for the `/ojs` routes.
+pub async fn ojs_response(req: Request, next: Next) -> Response {
+    let request_id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let method = req.method().to_string();
+    // Inside the nested `/ojs` router the URI has the prefix stripped; report the real one.
+    let path = req.extensions().get::<OriginalUri>().map_or_else(|| req.uri().path().to_owned(), |u| u.path().to_owned());
+    let mut res = next.run(req).await;
+    let status = res.status();
+    let is_error = status.is_client_error() || status.is_server_error();
+    if is_error && res.extensions().get::<OwnBody>().is_none() {
+        let error = match res.extensions().get::<ApiError>() {
+            Some(e) => e.clone(),
+            None => {
+                let (parts, body) = res.into_parts();
+                let text = axum::body::to_bytes(body, BARE_ERROR_BODY_LIMIT).await.unwrap_or_default();
+                res = Response::from_parts(parts, Body::empty());
+                ApiError::from_status(status, &method, &path, &String::from_utf8_lossy(&text))
+            }
+        };
+        let body = serde_json::to_vec(&error.body(request_id.as_deref())).unwrap_or_default();
+        res.headers_mut().remove(CONTENT_LENGTH);
+        *res.body_mut() = Body::from(body);
+    }
+    let headers = res.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(OJS_MEDIA_TYPE));
+    headers.insert(OJS_VERSION, HeaderValue::from_static("1.0"));
+    res
+}
+
+/// The fallback of the `/ojs` routes.
+pub async fn no_route(method: Method, OriginalUri(uri): OriginalUri) -> Response {
+    ApiError::no_route(method.as_str(), uri.path()).into_response()
+}

@@ -1,0 +1,34 @@
+//! Behaviour that exists only with `--test-mode`, for the OJS conformance runner: wiping all
+//! state between cases, and heartbeat directives requested by the job itself
+//! (`options.metadata.test_directive`), which is the suites' only way to provoke `quiet` and
+//! `terminate`. Without the flag the reset route is not mounted and directives are never read.
+
+use axum::Json;
+use axum::extract::State;
+use rebound_queue::{Store, StoreError};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::error::ApiError;
+use crate::AppState;
+
+/// `POST /ojs/v1/admin/reset`: deletes every job, attempt, policy, queue setting and audit entry.
+pub async fn reset(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    tracing::info!("test mode: wiping all jobs and settings");
+    state.store.reset_all().await?;
+    Ok(Json(json!({ "reset": true })))
+}
+
+/// The strongest directive any of `job_ids` asks for: `terminate` > `quiet` > `running`.
+pub async fn directive(store: &Store, job_ids: &[Uuid]) -> Result<&'static str, StoreError> {
+    let mut answer = "running";
+    for id in job_ids.iter().take(100) {
+        let Some(job) = store.get_job(*id).await? else { continue };
+        match job.extra.pointer("/options/metadata/test_directive").and_then(Value::as_str) {
+            Some("terminate") => return Ok("terminate"),
+            Some("quiet") => answer = "quiet",
+            _ => {}
+        }
+    }
+    Ok(answer)
+}

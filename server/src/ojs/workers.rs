@@ -1,0 +1,226 @@
+//! The worker protocol: fetch, ack, nack, heartbeat.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use jiff::Timestamp;
+use rebound_queue::job::validate_queue;
+use rebound_queue::outcome::NextStep;
+use rebound_queue::store::{ClaimRequest, Completion, Failure, WorkerRegistration};
+use rebound_queue::{HandlerError, Job, Outcome};
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+use super::body::{Fields, JsonObject, json_kind, parse_uuid};
+use super::envelope::job_json;
+use super::error::ApiError;
+use super::test_mode;
+use crate::AppState;
+use crate::metrics::JobCounter;
+
+/// Longest accepted visibility timeout (a day): a longer claim is a stuck job in disguise.
+const MAX_VISIBILITY_MS: i64 = 24 * 3600 * 1000;
+/// Most jobs one fetch may claim.
+const MAX_FETCH: i64 = 1000;
+/// The worker id recorded for fetches that name none.
+const ANONYMOUS_WORKER: &str = "anonymous";
+
+fn worker_id<'a>(f: &Fields<'a>, required: bool) -> Result<Option<&'a str>, ApiError> {
+    match f.str("worker_id")? {
+        Some(w) if w.is_empty() || w.len() > 200 => Err(f.error("worker_id", "must be 1 to 200 characters")),
+        None if required => Err(f.error("worker_id", "is required")),
+        other => Ok(other),
+    }
+}
+
+fn visibility(f: &Fields<'_>) -> Result<Option<Duration>, ApiError> {
+    Ok(f.i64_in("visibility_timeout_ms", 1, MAX_VISIBILITY_MS)?.map(|ms| Duration::from_millis(ms.unsigned_abs())))
+}
+
+/// `POST /ojs/v1/workers/fetch`: claims up to `count` jobs from `queues`, in queue order.
+pub async fn fetch(State(state): State<AppState>, body: JsonObject) -> Result<Json<Value>, ApiError> {
+    let f = body.fields();
+    let names = f.strings("queues")?.ok_or_else(|| f.error("queues", "is required"))?;
+    if names.is_empty() || names.len() > 100 {
+        return Err(f.error("queues", "must list 1 to 100 queues"));
+    }
+    let mut queues: Vec<String> = Vec::with_capacity(names.len());
+    for (i, name) in names.into_iter().enumerate() {
+        validate_queue(name).map_err(|e| f.error(&format!("queues[{i}]"), e.reason))?;
+        if !queues.iter().any(|q| q == name) {
+            queues.push(name.to_owned());
+        }
+    }
+    let count = f.i64_in("count", 1, MAX_FETCH)?.unwrap_or(1);
+    let req = ClaimRequest {
+        worker_id: worker_id(&f, false)?.unwrap_or(ANONYMOUS_WORKER).to_owned(),
+        queues,
+        limit: u32::try_from(count).unwrap_or(1),
+        visibility_timeout: visibility(&f)?.unwrap_or(state.config.visibility_timeout),
+    };
+    let jobs = state.store.claim(&req).await?;
+    for job in &jobs {
+        record_start_latency(&state, job);
+    }
+    Ok(Json(json!({ "jobs": jobs.iter().map(job_json).collect::<Vec<_>>() })))
+}
+
+fn record_start_latency(state: &AppState, job: &Job) {
+    let Some(started) = job.started_at else { return };
+    let due = job.enqueued_at.unwrap_or(job.scheduled_at);
+    let waited = started.duration_since(due).as_secs_f64();
+    state.metrics.observe_start_latency(&job.queue, waited);
+}
+
+/// `POST /ojs/v1/workers/ack`: an active job completed.
+pub async fn ack(State(state): State<AppState>, body: JsonObject) -> Result<Json<Value>, ApiError> {
+    let f = body.fields();
+    let completion = Completion {
+        id: f.required_uuid("job_id")?,
+        attempt: None,
+        worker_id: worker_id(&f, false)?.map(str::to_owned),
+        result: f.get("result").cloned(),
+    };
+    let job = state.store.complete(&completion).await?;
+    state.metrics.count(JobCounter::Completed, &job.job_type, &job.queue);
+    let mut out = json!({
+        "acknowledged": true,
+        "id": job.id.to_string(),
+        "job_id": job.id.to_string(),
+        "state": job.state.as_str(),
+        "job": job_json(&job),
+    });
+    if let (Some(t), Some(m)) = (job.completed_at, out.as_object_mut()) {
+        m.insert("completed_at".into(), Value::String(t.to_string()));
+    }
+    Ok(Json(out))
+}
+
+/// The `error` of a nack, as the store records it.
+fn handler_error(e: &Fields<'_>) -> Result<(HandlerError, String), ApiError> {
+    let code = e.str("code")?;
+    let error_type = e.str("type")?;
+    let code = match (code, error_type) {
+        (Some(c), _) => c,
+        (None, Some(t)) => t,
+        (None, None) => return Err(e.error("code", "is required (or give error.type)")),
+    };
+    if code.is_empty() || code.len() > 200 {
+        return Err(e.error("code", "must be 1 to 200 characters"));
+    }
+    let message = e.required_str("message")?;
+    let details = match e.get("details") {
+        None => None,
+        Some(d @ Value::Object(_)) => Some(d.clone()),
+        Some(other) => return Err(e.error("details", format!("must be a JSON object, got {}", json_kind(other)))),
+    };
+    let error = HandlerError {
+        error_type: error_type.unwrap_or(code).to_owned(),
+        message: message.to_owned(),
+        details,
+        retryable: e.bool("retryable")?.unwrap_or(true),
+    };
+    Ok((error, code.to_owned()))
+}
+
+/// The fields every nack answer carries.
+fn nack_answer(job: &Job) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("id".into(), Value::String(job.id.to_string()));
+    m.insert("job_id".into(), Value::String(job.id.to_string()));
+    m.insert("state".into(), Value::String(job.state.as_str().to_owned()));
+    m.insert("attempt".into(), json!(job.attempt));
+    m.insert("max_attempts".into(), json!(job.max_attempts));
+    m
+}
+
+/// `POST /ojs/v1/workers/nack`: an active job failed (or, with `requeue: true`, is handed back
+/// without counting the attempt). The live retry policy decides what follows.
+pub async fn nack(State(state): State<AppState>, body: JsonObject) -> Result<Json<Value>, ApiError> {
+    let f = body.fields();
+    let id = f.required_uuid("job_id")?;
+    let worker = worker_id(&f, false)?;
+    let requeue = f.bool("requeue")?.unwrap_or(false);
+    let error = f.object("error")?;
+    if requeue {
+        let reason = match &error {
+            Some(e) => e.str("message")?.unwrap_or("requeued by the worker").to_owned(),
+            None => "requeued by the worker".to_owned(),
+        };
+        let job = state.store.release_one(id, None, &reason).await?;
+        let mut m = nack_answer(&job);
+        m.insert("job".into(), job_json(&job));
+        return Ok(Json(Value::Object(m)));
+    }
+    let error = error.ok_or_else(|| f.error("error", "is required"))?;
+    let (handler_error, code) = handler_error(&error)?;
+    let failure = Failure { id, attempt: None, worker_id: worker.map(str::to_owned), outcome: Outcome::Retry(handler_error), error_code: Some(code) };
+    let result = state.store.fail(&failure).await?;
+    let job = &result.job;
+    state.metrics.count(JobCounter::Failed, &job.job_type, &job.queue);
+    let follow_up = match result.decision.next {
+        NextStep::Retry { .. } => Some(JobCounter::Retried),
+        NextStep::Discard => Some(JobCounter::Discarded),
+        NextStep::DeadLetter => Some(JobCounter::DeadLettered),
+        NextStep::Snooze { .. } => None,
+    };
+    if let Some(counter) = follow_up {
+        state.metrics.count(counter, &job.job_type, &job.queue);
+    }
+    let mut m = nack_answer(job);
+    if let Some(ms) = job.retry_delay_ms.filter(|_| !job.state.is_terminal()) {
+        m.insert("retry_delay_ms".into(), json!(ms));
+        m.insert("next_attempt_at".into(), Value::String(job.scheduled_at.to_string()));
+    }
+    for (key, t) in [("discarded_at", job.discarded_at), ("completed_at", job.completed_at)] {
+        if let Some(t) = t {
+            m.insert(key.into(), Value::String(t.to_string()));
+        }
+    }
+    if job.dead_letter {
+        m.insert("dead_letter".into(), Value::Bool(true));
+    }
+    if let Some(e) = &job.last_error {
+        m.insert("error".into(), e.clone());
+    }
+    m.insert("job".into(), job_json(job));
+    Ok(Json(Value::Object(m)))
+}
+
+/// `POST /ojs/v1/workers/heartbeat`: extends the claims of `active_jobs` and answers the
+/// worker's directive (`running`, or in test mode what the job's metadata asks for).
+pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Result<Json<Value>, ApiError> {
+    let f = body.fields();
+    let worker = worker_id(&f, true)?.unwrap_or(ANONYMOUS_WORKER);
+    let raw_ids = f.strings("active_jobs")?.unwrap_or_default();
+    if raw_ids.len() > 10_000 {
+        return Err(f.error("active_jobs", "lists more than 10000 jobs"));
+    }
+    let ids = raw_ids
+        .iter()
+        .enumerate()
+        .map(|(i, s)| parse_uuid(s).map_err(|r| f.error(&format!("active_jobs[{i}]"), r)))
+        .collect::<Result<Vec<Uuid>, _>>()?;
+    let vis = visibility(&f)?;
+    // Any holder's claim is extended: OJS workers need not send the id they fetched with.
+    let extended = state.store.heartbeat(None, &ids, vis).await?;
+    state
+        .store
+        .register_worker(&WorkerRegistration {
+            id: worker.to_owned(),
+            host: "ojs-http".into(),
+            pid: 0,
+            queues: Vec::new(),
+            concurrency: 0,
+            version: "ojs/1.0".into(),
+        })
+        .await?;
+    state.store.worker_heartbeat(worker, i32::try_from(ids.len()).unwrap_or(i32::MAX), false).await?;
+    let directive = if state.config.test_mode { test_mode::directive(&state.store, &ids).await? } else { "running" };
+    Ok(Json(json!({
+        "state": directive,
+        "jobs_extended": extended.iter().map(Uuid::to_string).collect::<Vec<_>>(),
+        "server_time": Timestamp::now().to_string(),
+    })))
+}

@@ -1,0 +1,285 @@
+//! A table of hostile inputs per endpoint: each must get a 4xx with the OJS error body naming
+//! the field, never a 5xx, and nothing may be written.
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::common::TestServer;
+
+const JSON: &str = "application/openjobspec+json";
+
+/// One hostile request and what must come back.
+struct Case {
+    name: &'static str,
+    method: &'static str,
+    path: String,
+    content_type: Option<&'static str>,
+    body: Vec<u8>,
+    status: u16,
+    /// `details.field` of the error; `None` when the error is about the body as a whole.
+    field: Option<&'static str>,
+    /// `error.code`, when it matters.
+    code: Option<&'static str>,
+}
+
+fn case(name: &'static str, method: &'static str, path: &str, body: Value, status: u16, field: &'static str) -> Case {
+    Case { name, method, path: path.to_owned(), content_type: Some(JSON), body: body.to_string().into_bytes(), status, field: Some(field), code: None }
+}
+
+fn raw(name: &'static str, method: &'static str, path: &str, body: &[u8], status: u16, code: &'static str) -> Case {
+    Case { name, method, path: path.to_owned(), content_type: Some(JSON), body: body.to_vec(), status, field: None, code: Some(code) }
+}
+
+fn get(name: &'static str, path: &str, status: u16, field: &'static str) -> Case {
+    Case { name, method: "GET", path: path.to_owned(), content_type: None, body: Vec::new(), status, field: Some(field), code: None }
+}
+
+fn job(options: Value) -> Value {
+    json!({"type": "hostile.test", "args": [], "options": options})
+}
+
+fn table() -> Vec<Case> {
+    let jobs = "/ojs/v1/jobs";
+    let batch = "/ojs/v1/jobs/batch";
+    let fetch = "/ojs/v1/workers/fetch";
+    let ack = "/ojs/v1/workers/ack";
+    let nack = "/ojs/v1/workers/nack";
+    let beat = "/ojs/v1/workers/heartbeat";
+    let policy = "/ojs/v1/admin/policies/email.send";
+    let preview = "/ojs/v1/admin/policies/preview";
+    let some_id = "019539a4-0000-7000-8000-000000000000";
+    let nested = format!("{}1{}", "[".repeat(300), "]".repeat(300));
+    let mut deep_job = br#"{"type":"a","args":"#.to_vec();
+    deep_job.extend_from_slice(nested.as_bytes());
+    deep_job.push(b'}');
+
+    vec![
+        // POST /ojs/v1/jobs: the body itself.
+        raw("malformed JSON", "POST", jobs, b"{ invalid json }", 400, "invalid_payload"),
+        raw("empty body", "POST", jobs, b"", 400, "invalid_payload"),
+        raw("whitespace body", "POST", jobs, b"  \n ", 400, "invalid_payload"),
+        raw("truncated JSON", "POST", jobs, br#"{"type": "a", "args": ["#, 400, "invalid_payload"),
+        raw("nesting beyond the parser's limit", "POST", jobs, &deep_job, 400, "invalid_payload"),
+        raw("invalid UTF-8", "POST", jobs, b"{\"type\": \"\xff\xfe\", \"args\": []}", 400, "invalid_payload"),
+        case("array body", "POST", jobs, json!([1, 2]), 400, "body"),
+        case("string body", "POST", jobs, json!("job"), 400, "body"),
+        Case { content_type: Some("text/plain"), status: 415, field: Some("Content-Type"), ..case("wrong content type", "POST", jobs, json!({"type": "a", "args": []}), 415, "Content-Type") },
+        // POST /ojs/v1/jobs: fields.
+        case("missing type", "POST", jobs, json!({"args": []}), 400, "type"),
+        case("type of the wrong type", "POST", jobs, json!({"type": 5, "args": []}), 400, "type"),
+        case("malformed type", "POST", jobs, json!({"type": "Email Send!", "args": []}), 400, "type"),
+        case("missing args", "POST", jobs, json!({"type": "a"}), 400, "args"),
+        case("args not an array", "POST", jobs, json!({"type": "a", "args": {"x": 1}}), 400, "args"),
+        case("meta not an object", "POST", jobs, json!({"type": "a", "args": [], "meta": [1]}), 400, "meta"),
+        case("uppercase id", "POST", jobs, json!({"type": "a", "args": [], "id": "019461A8-1A2B-7C3D-8E4F-5A6B7C8D9E0F"}), 400, "id"),
+        case("UUIDv4 id", "POST", jobs, json!({"type": "a", "args": [], "id": "550e8400-e29b-41d4-a716-446655440000"}), 400, "id"),
+        case("options not an object", "POST", jobs, json!({"type": "a", "args": [], "options": "fast"}), 400, "options"),
+        case("priority too high", "POST", jobs, job(json!({"priority": 101})), 400, "options.priority"),
+        case("priority huge", "POST", jobs, job(json!({"priority": 99_999_999_999_i64})), 400, "options.priority"),
+        case("priority a string", "POST", jobs, job(json!({"priority": "high"})), 400, "options.priority"),
+        case("priority fractional", "POST", jobs, job(json!({"priority": 1.5})), 400, "options.priority"),
+        case("queue malformed", "POST", jobs, job(json!({"queue": "Bad Queue"})), 400, "options.queue"),
+        case("queue too long", "POST", jobs, job(json!({"queue": "q".repeat(129)})), 400, "options.queue"),
+        case("negative timeout", "POST", jobs, job(json!({"timeout_ms": -5})), 400, "options.timeout_ms"),
+        case("visibility timeout a string", "POST", jobs, job(json!({"visibility_timeout_ms": "30s"})), 400, "options.visibility_timeout_ms"),
+        case("delay_until not a time", "POST", jobs, job(json!({"delay_until": "tomorrow"})), 400, "options.delay_until"),
+        case("scheduled_at without offset", "POST", jobs, job(json!({"scheduled_at": "2030-01-01T00:00:00"})), 400, "options.scheduled_at"),
+        case("relative time in months", "POST", jobs, job(json!({"scheduled_at": "+P1M"})), 400, "options.scheduled_at"),
+        case("relative time negative", "POST", jobs, job(json!({"expires_at": "+-PT1S"})), 400, "options.expires_at"),
+        case("expires_at a number", "POST", jobs, job(json!({"expires_at": 12})), 400, "options.expires_at"),
+        case("tags with a number", "POST", jobs, job(json!({"tags": ["ok", 1]})), 400, "options.tags[1]"),
+        case("pending not a boolean", "POST", jobs, job(json!({"pending": "yes"})), 400, "options.pending"),
+        case("negative max_attempts", "POST", jobs, job(json!({"retry": {"max_attempts": -1}})), 422, "options.retry.max_attempts"),
+        case("coefficient below one", "POST", jobs, job(json!({"retry": {"backoff_coefficient": 0.5}})), 422, "options.retry.backoff_coefficient"),
+        case("duration not ISO-8601", "POST", jobs, job(json!({"retry": {"initial_interval": "1s"}})), 422, "options.retry.initial_interval"),
+        case("zero duration", "POST", jobs, job(json!({"retry": {"max_interval": "PT0S"}})), 422, "options.retry.max_interval"),
+        case("unknown retry field", "POST", jobs, job(json!({"retry": {"maxAttempts": 3}})), 422, "options.retry.maxAttempts"),
+        case("retry not an object", "POST", jobs, job(json!({"retry": 3})), 422, "options.retry"),
+        case("initial above max interval", "POST", jobs, job(json!({"retry": {"initial_interval": "PT10M", "max_interval": "PT1M"}})), 422, "options.retry.max_interval"),
+        case("unknown unique state", "POST", jobs, job(json!({"unique": {"states": ["done"]}})), 400, "options.unique.states[0]"),
+        case("unique period not ISO", "POST", jobs, job(json!({"unique": {"period": "1h"}})), 400, "options.unique.period"),
+        case("unique key unknown", "POST", jobs, job(json!({"unique": {"keys": ["args", "color"]}})), 400, "options.unique.keys"),
+        case("unique on_conflict unknown", "POST", jobs, job(json!({"unique": {"on_conflict": "merge"}})), 400, "options.unique.on_conflict"),
+        // POST /ojs/v1/jobs/batch: one bad job rejects them all.
+        case("batch without jobs", "POST", batch, json!({}), 400, "jobs"),
+        case("batch jobs not an array", "POST", batch, json!({"jobs": {}}), 400, "jobs"),
+        case("empty batch", "POST", batch, json!({"jobs": []}), 400, "jobs"),
+        case("batch item not an object", "POST", batch, json!({"jobs": [1]}), 400, "jobs[0]"),
+        case("second batch job invalid", "POST", batch, json!({"jobs": [{"type": "a", "args": []}, {"type": "B!", "args": []}]}), 400, "jobs[1].type"),
+        case("second batch job bad policy", "POST", batch, json!({"jobs": [{"type": "a", "args": []}, job(json!({"retry": {"max_attempts": -2}}))]}), 422, "jobs[1].options.retry.max_attempts"),
+        // Workers.
+        case("fetch without queues", "POST", fetch, json!({"worker_id": "w"}), 400, "queues"),
+        case("fetch queues a string", "POST", fetch, json!({"queues": "default"}), 400, "queues"),
+        case("fetch no queues", "POST", fetch, json!({"queues": []}), 400, "queues"),
+        case("fetch queue a number", "POST", fetch, json!({"queues": [1]}), 400, "queues[0]"),
+        case("fetch queue malformed", "POST", fetch, json!({"queues": ["default", "Bad Q"]}), 400, "queues[1]"),
+        case("fetch count zero", "POST", fetch, json!({"queues": ["default"], "count": 0}), 400, "count"),
+        case("fetch count huge", "POST", fetch, json!({"queues": ["default"], "count": 1_000_000}), 400, "count"),
+        case("fetch count a string", "POST", fetch, json!({"queues": ["default"], "count": "1"}), 400, "count"),
+        case("fetch visibility zero", "POST", fetch, json!({"queues": ["default"], "visibility_timeout_ms": 0}), 400, "visibility_timeout_ms"),
+        case("fetch empty worker id", "POST", fetch, json!({"queues": ["default"], "worker_id": ""}), 400, "worker_id"),
+        case("ack without job id", "POST", ack, json!({}), 400, "job_id"),
+        case("ack job id not a UUID", "POST", ack, json!({"job_id": "job-1"}), 400, "job_id"),
+        case("ack job id a number", "POST", ack, json!({"job_id": 7}), 400, "job_id"),
+        case("nack without error", "POST", nack, json!({"job_id": some_id}), 400, "error"),
+        case("nack error not an object", "POST", nack, json!({"job_id": some_id, "error": "boom"}), 400, "error"),
+        case("nack error without message", "POST", nack, json!({"job_id": some_id, "error": {"code": "x"}}), 400, "error.message"),
+        case("nack error without code", "POST", nack, json!({"job_id": some_id, "error": {"message": "x"}}), 400, "error.code"),
+        case("nack details not an object", "POST", nack, json!({"job_id": some_id, "error": {"code": "x", "message": "m", "details": "d"}}), 400, "error.details"),
+        case("nack retryable not a boolean", "POST", nack, json!({"job_id": some_id, "error": {"code": "x", "message": "m", "retryable": "no"}}), 400, "error.retryable"),
+        case("nack requeue not a boolean", "POST", nack, json!({"job_id": some_id, "requeue": "yes"}), 400, "requeue"),
+        case("heartbeat without worker", "POST", beat, json!({"active_jobs": []}), 400, "worker_id"),
+        case("heartbeat job a number", "POST", beat, json!({"worker_id": "w", "active_jobs": [1]}), 400, "active_jobs[0]"),
+        case("heartbeat job not a UUID", "POST", beat, json!({"worker_id": "w", "active_jobs": ["x"]}), 400, "active_jobs[0]"),
+        case("heartbeat negative visibility", "POST", beat, json!({"worker_id": "w", "visibility_timeout_ms": -1}), 400, "visibility_timeout_ms"),
+        // Job paths and listings.
+        get("job id not a UUID", "/ojs/v1/jobs/not-a-uuid", 400, "id"),
+        Case { method: "DELETE", ..get("cancel id not a UUID", "/ojs/v1/jobs/42", 400, "id") },
+        get("dead-letter limit zero", "/ojs/v1/dead-letter?limit=0", 400, "limit"),
+        get("dead-letter limit not a number", "/ojs/v1/dead-letter?limit=ten", 400, "limit"),
+        get("dead-letter offset", "/ojs/v1/dead-letter?offset=20", 400, "offset"),
+        get("dead-letter cursor not an id", "/ojs/v1/dead-letter?cursor=abc", 400, "cursor"),
+        get("dead-letter queue malformed", "/ojs/v1/dead-letter?queue=Bad%20Q", 400, "queue"),
+        get("dead-letter unknown filter", "/ojs/v1/dead-letter?state=discarded", 400, "state"),
+        get("dead-letter repeated limit", "/ojs/v1/dead-letter?limit=1&limit=2", 400, "limit"),
+        get("unknown event type", "/ojs/v1/events?types=job.completed,job.exploded", 400, "types"),
+        get("events since not a time", "/ojs/v1/events?since=yesterday", 400, "since"),
+        get("events limit too high", "/ojs/v1/events?limit=5000", 400, "limit"),
+        get("events queue malformed", "/ojs/v1/events?queues=BAD", 400, "queues"),
+        get("events job id not a UUID", "/ojs/v1/events?job_id=1", 400, "job_id"),
+        get("queue stats of a malformed name", "/ojs/v1/queues/Bad%20Queue/stats", 400, "name"),
+        Case { method: "POST", ..get("pause a malformed queue", "/ojs/v1/queues/-x/pause", 400, "name") },
+        // Retry policies.
+        case("policy max_attempts negative", "PUT", policy, json!({"max_attempts": -1}), 422, "max_attempts"),
+        case("policy max_attempts fractional", "PUT", policy, json!({"max_attempts": 2.5}), 422, "max_attempts"),
+        case("policy duration not ISO", "PUT", policy, json!({"initial_interval": "soon"}), 422, "initial_interval"),
+        case("policy jitter unknown", "PUT", policy, json!({"jitter": "maybe"}), 422, "jitter"),
+        case("policy on_exhaustion unknown", "PUT", policy, json!({"on_exhaustion": "explode"}), 422, "on_exhaustion"),
+        case("policy custom without schedule", "PUT", policy, json!({"backoff_strategy": "custom"}), 422, "schedule"),
+        case("policy pattern malformed", "PUT", policy, json!({"non_retryable_errors": ["a.*.b"]}), 422, "non_retryable_errors"),
+        case("policy interval inverted", "PUT", policy, json!({"initial_interval": "PT10M", "max_interval": "PT1M"}), 422, "max_interval"),
+        case("policy unknown field", "PUT", policy, json!({"retries": 3}), 422, "retries"),
+        case("policy body an array", "PUT", policy, json!([]), 400, "body"),
+        raw("policy body malformed", "PUT", policy, b"{max_attempts: 3}", 400, "invalid_payload"),
+        case("policy for a malformed type", "PUT", "/ojs/v1/admin/policies/Bad%20Type", json!({"max_attempts": 3}), 400, "type"),
+        Case {
+            path: format!("{policy}?note={}", "n".repeat(501)),
+            ..case("policy note too long", "PUT", policy, json!({"max_attempts": 3}), 400, "note")
+        },
+        case("preview without policy", "POST", preview, json!({}), 400, "policy"),
+        case("preview invalid policy", "POST", preview, json!({"policy": {"max_attempts": -1}}), 422, "policy.max_attempts"),
+        case("preview policy not an object", "POST", preview, json!({"policy": 3}), 422, "policy"),
+        case("preview limit zero", "POST", preview, json!({"policy": {}, "limit": 0}), 400, "limit"),
+        case("preview malformed type", "POST", preview, json!({"policy": {}, "job_type": "Bad!"}), 400, "job_type"),
+        case("preview unknown field", "POST", preview, json!({"policy": {}, "dry": true}), 400, "dry"),
+    ]
+}
+
+#[tokio::test]
+async fn hostile_inputs_get_4xx_naming_the_field_and_write_nothing() {
+    let server = TestServer::new().await;
+    let mut failures = Vec::new();
+    for c in table() {
+        let headers: Vec<(&str, &str)> = c.content_type.map(|ct| ("content-type", ct)).into_iter().collect();
+        let r = server.raw(c.method, &c.path, &headers, c.body.clone()).await;
+        let context = format!("{} ({} {})", c.name, c.method, c.path);
+        if r.status.as_u16() != c.status {
+            failures.push(format!("{context}: status {} (expected {}): {}", r.status, c.status, r.text));
+            continue;
+        }
+        r.assert_ojs_error(&context);
+        if let Some(field) = c.field
+            && r.error_field() != Some(field)
+        {
+            failures.push(format!("{context}: field {:?} (expected {field:?}): {}", r.error_field(), r.text));
+        }
+        if let Some(code) = c.code
+            && r.body["error"]["code"] != code
+        {
+            failures.push(format!("{context}: code {} (expected {code})", r.body["error"]["code"]));
+        }
+        if let Some(field) = c.field
+            && let Some(message) = r.body["error"]["message"].as_str()
+        {
+            let last = field.rsplit('.').next().unwrap_or(field);
+            let last = last.split('[').next().unwrap_or(last);
+            if !message.contains(last) {
+                failures.push(format!("{context}: message {message:?} does not name {last:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} hostile cases misbehaved:\n{}", failures.len(), failures.join("\n"));
+
+    // Nothing was written by any of them.
+    assert_eq!(server.job_count().await, 0, "a rejected request wrote a job");
+    assert!(server.db.store.policies().await.expect("policies").is_empty(), "a rejected request saved a policy");
+    assert!(server.db.store.queues().await.expect("queues").is_empty(), "a rejected request created a queue");
+}
+
+#[tokio::test]
+async fn oversized_bodies_get_413_with_the_ojs_body() {
+    let server = TestServer::new().await;
+    let limit = server.state.config.max_body_bytes;
+    let big = json!({"type": "a", "args": ["x".repeat(limit)]}).to_string().into_bytes();
+    let r = server.raw("POST", "/ojs/v1/jobs", &[("content-type", JSON)], big).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text);
+    r.assert_ojs_error("oversized body");
+    assert_eq!(r.body["error"]["type"], "payload_too_large");
+    assert_eq!(server.job_count().await, 0);
+
+    // Anything up to the limit is accepted (OJS requires envelopes of at least 1 MiB).
+    let near_limit = json!({"type": "a", "args": ["x".repeat(limit - 64)]}).to_string().into_bytes();
+    assert!(near_limit.len() <= limit && near_limit.len() > 2 * 1024 * 1024);
+    let r = server.raw("POST", "/ojs/v1/jobs", &[("content-type", JSON)], near_limit).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text.chars().take(300).collect::<String>());
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_get_ojs_errors() {
+    let server = TestServer::new().await;
+    let r = server.get("/ojs/v1/nothing-here").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    r.assert_ojs_error("unknown route");
+    assert!(r.body["error"]["message"].as_str().is_some_and(|m| m.contains("/ojs/v1/nothing-here")), "{}", r.text);
+    let r = server.call("PATCH", "/ojs/v1/jobs", Some(json!({}))).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+    r.assert_ojs_error("wrong method");
+    // The test-only reset does not exist outside test mode.
+    let r = server.post("/ojs/v1/admin/reset", json!({})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    r.assert_ojs_error("reset outside test mode");
+}
+
+#[tokio::test]
+async fn state_conflicts_and_missing_jobs() {
+    let server = TestServer::new().await;
+    let missing = "019539a4-0000-7000-8000-000000000001";
+    for (method, path, body) in [
+        ("POST", "/ojs/v1/workers/ack".to_owned(), Some(json!({"job_id": missing}))),
+        ("POST", "/ojs/v1/workers/nack".to_owned(), Some(json!({"job_id": missing, "error": {"code": "x", "message": "m"}}))),
+        ("DELETE", format!("/ojs/v1/jobs/{missing}"), None),
+        ("POST", format!("/ojs/v1/dead-letter/{missing}/retry"), Some(json!({}))),
+        ("DELETE", format!("/ojs/v1/dead-letter/{missing}"), None),
+        ("POST", format!("/ojs/v1/jobs/{missing}/activate"), Some(json!({}))),
+        ("GET", "/ojs/v1/admin/policies/never.saved".to_owned(), None),
+        ("DELETE", "/ojs/v1/admin/policies/never.saved".to_owned(), None),
+    ] {
+        let r = server.call(method, &path, body).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{method} {path}: {}", r.text);
+        r.assert_ojs_error(&path);
+        assert_eq!(r.body["error"]["code"], "not_found");
+    }
+    // A job that is not a dead letter cannot be re-driven or purged as one.
+    let job = server.enqueue(json!({"type": "a", "args": []})).await;
+    let id = job["id"].as_str().expect("id");
+    let r = server.post(&format!("/ojs/v1/dead-letter/{id}/retry"), json!({})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+    let r = server.call("DELETE", &format!("/ojs/v1/dead-letter/{id}"), None).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(server.job_count().await, 1);
+    // Activating a job that is not pending is a conflict.
+    let r = server.post(&format!("/ojs/v1/jobs/{id}/activate"), json!({})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(r.body["error"]["code"], "conflict");
+    assert_eq!(r.body["error"]["details"]["current_state"], "available");
+}

@@ -1,0 +1,10 @@
+//! Integration tests of the HTTP API, driving the whole router in process against a fresh
+//! Postgres database per test. (One test binary: linking the server is the slow part.)
+
+mod auth;
+mod common;
+mod hostile_inputs;
+mod jobs;
+mod maintenance;
+mod metrics;
+mod policies;

@@ -1,0 +1,452 @@
+//! The dashboard through the whole server router, on a fresh database: signing in and out,
+//! sessions stored hashed, server-rendered pages, and the rules on every mutation (a live
+//! session, the CSRF token, the operator role, the audit entry).
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use rebound_queue::outcome::{HandlerError, Outcome};
+use rebound_queue::store::{AuditFilter, ClaimRequest, Failure, Role};
+use rebound_queue::testing::TestDb;
+use rebound_queue::{Job, JobState, NewJob, PolicyPatch};
+use rebound_server::auth::hash_token;
+use rebound_server::config::{ApiAuth, ServerConfig};
+use rebound_server::dashboard_auth::SESSION_COOKIE;
+use rebound_server::passwords::hash_password;
+use rebound_server::{AppState, router};
+use serde_json::json;
+use tower::ServiceExt;
+
+struct Dashboard {
+    db: TestDb,
+    app: Router,
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    text: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// A signed-in browser: its session cookie and the session's CSRF token.
+struct Browser {
+    cookie: String,
+    csrf: String,
+}
+
+impl Dashboard {
+    async fn new() -> Dashboard {
+        let db = TestDb::new().await;
+        let state = AppState::new(db.store.clone(), ServerConfig { api_auth: ApiAuth::None, ..ServerConfig::default() });
+        Dashboard { app: router(state), db }
+    }
+
+    async fn user(&self, name: &str, password: &str, role: Role) {
+        let hash = hash_password(password).expect("hash");
+        self.db.store.upsert_operator(name, &hash, role, &rebound_queue::store::Actor::system("test")).await.expect("operator");
+    }
+
+    async fn send(&self, req: Request<Body>) -> Reply {
+        let res = self.app.clone().oneshot(req).await.expect("the router is infallible");
+        let status = res.status();
+        let headers = res.headers().clone();
+        let bytes = axum::body::to_bytes(res.into_body(), usize::MAX).await.expect("body");
+        Reply { status, headers, text: String::from_utf8_lossy(&bytes).into_owned() }
+    }
+
+    async fn get(&self, path: &str, browser: Option<&Browser>) -> Reply {
+        let mut req = Request::get(path);
+        if let Some(b) = browser {
+            req = req.header("cookie", format!("{SESSION_COOKIE}={}", b.cookie));
+        }
+        self.send(req.body(Body::empty()).expect("request")).await
+    }
+
+    /// A form post; `html` makes it look like a browser without JavaScript.
+    async fn post_form(&self, path: &str, browser: Option<&Browser>, form: &[(&str, &str)], html: bool) -> Reply {
+        let body = form.iter().map(|(k, v)| format!("{}={}", app::filters::urlencode(k), app::filters::urlencode(v))).collect::<Vec<_>>().join("&");
+        let mut req = Request::post(path).header("content-type", "application/x-www-form-urlencoded");
+        if let Some(b) = browser {
+            req = req.header("cookie", format!("{SESSION_COOKIE}={}", b.cookie));
+        }
+        if html {
+            req = req.header("accept", "text/html,application/xhtml+xml").header("referer", "http://localhost/dead-letters");
+        } else {
+            req = req.header("accept", "application/json");
+        }
+        self.send(req.body(Body::from(body)).expect("request")).await
+    }
+
+    async fn sign_in(&self, name: &str, password: &str) -> Browser {
+        let r = self.post_form("/auth/login", None, &[("username", name), ("password", password), ("next", "/jobs")], true).await;
+        assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+        assert_eq!(r.header("location"), Some("/jobs"));
+        let set_cookie = r.header("set-cookie").expect("a session cookie");
+        let cookie = set_cookie
+            .split(';')
+            .next()
+            .and_then(|kv| kv.strip_prefix(&format!("{SESSION_COOKIE}=")))
+            .expect("the session cookie")
+            .to_string();
+        let session = self.db.store.session(&hash_token(&cookie)).await.expect("db").expect("a live session");
+        Browser { cookie, csrf: session.csrf_token }
+    }
+
+    /// A dead letter of `job_type`: one attempt, failed.
+    async fn dead_letter(&self, job_type: &str) -> Job {
+        let patch = PolicyPatch::from_json(&json!({"max_attempts": 1, "on_exhaustion": "dead_letter"})).expect("patch");
+        let job = self.db.store.enqueue(NewJob::new(job_type, json!([{"order": 1}])).retry(patch)).await.expect("enqueue").job;
+        let claimed = self
+            .db
+            .store
+            .claim(&ClaimRequest { worker_id: "w1".into(), queues: vec!["default".into()], limit: 1, visibility_timeout: Duration::from_secs(60) })
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), 1);
+        let failure = Failure {
+            id: job.id,
+            attempt: None,
+            worker_id: Some("w1".into()),
+            outcome: Outcome::Retry(HandlerError::new("http.5xx", "gateway returned 503 after 31s")),
+            error_code: None,
+        };
+        let result = self.db.store.fail(&failure).await.expect("fail");
+        assert!(result.job.dead_letter);
+        result.job
+    }
+
+    async fn audit_actions(&self) -> Vec<(String, String, Option<String>)> {
+        self.db
+            .store
+            .audit_log(&AuditFilter { limit: 100, ..AuditFilter::default() })
+            .await
+            .expect("audit")
+            .into_iter()
+            .map(|e| (e.actor, e.action, e.target))
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn signed_out_pages_send_you_to_the_login_page() {
+    let d = Dashboard::new().await;
+    let r = d.get("/jobs?state=retryable", None).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+    assert_eq!(r.header("location"), Some("/login?next=%2Fjobs%3Fstate%3Dretryable"));
+    let login = d.get("/login", None).await;
+    assert_eq!(login.status, StatusCode::OK);
+    assert!(login.text.contains("Sign in to Rebound"), "{}", login.text);
+    assert!(login.text.contains(r#"action="/auth/login""#));
+    // Server functions answer 401, not a redirect.
+    let api = d.post_form("/api/list_jobs", None, &[("dead_letters_only", "false")], false).await;
+    assert_eq!(api.status, StatusCode::UNAUTHORIZED, "{}", api.text);
+    // The OJS API is not the dashboard's business.
+    assert_eq!(d.get("/healthz", None).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn login_starts_a_hashed_session_in_an_http_only_cookie() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+
+    let wrong = d.post_form("/auth/login", None, &[("username", "olivia"), ("password", "wrong horse"), ("next", "/jobs")], true).await;
+    assert_eq!(wrong.status, StatusCode::SEE_OTHER);
+    assert_eq!(wrong.header("location"), Some("/login?error=1&next=%2Fjobs"));
+    assert!(wrong.header("set-cookie").is_none());
+    let unknown = d.post_form("/auth/login", None, &[("username", "nobody"), ("password", "correct horse")], true).await;
+    assert_eq!(unknown.header("location"), Some("/login?error=1&next=%2F"));
+
+    let r = d.post_form("/auth/login", None, &[("username", "olivia"), ("password", "correct horse"), ("next", "//evil.example")], true).await;
+    assert_eq!(r.header("location"), Some("/"), "an off-site next is ignored");
+    let cookie = r.header("set-cookie").expect("cookie");
+    assert!(cookie.contains("; HttpOnly") && cookie.contains("; SameSite=Lax") && cookie.contains("; Path=/"), "{cookie}");
+
+    let b = d.sign_in("olivia", "correct horse").await;
+    assert_eq!(b.cookie.len(), 64);
+    // Only the SHA-256 of the token is stored.
+    assert!(d.db.store.session(&b.cookie).await.expect("db").is_none());
+    let session = d.db.store.session(&hash_token(&b.cookie)).await.expect("db").expect("session");
+    assert_eq!(session.operator.username, "olivia");
+    assert_ne!(session.csrf_token, b.cookie);
+    assert!(d.audit_actions().await.contains(&("olivia".into(), "operator.login".into(), Some("olivia".into()))));
+
+    // A signed-in page renders its data on the server.
+    let page = d.get("/jobs", Some(&b)).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.text.contains("olivia"), "the header names who is signed in");
+    assert!(page.text.contains(&format!(r#"name="csrf" value="{}""#, b.csrf)), "forms carry the CSRF token");
+}
+
+#[tokio::test]
+async fn pages_render_without_javascript() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let job = d.dead_letter("payment.charge").await;
+    let b = d.sign_in("olivia", "correct horse").await;
+
+    let detail = d.get(&format!("/jobs/{}", job.id), Some(&b)).await;
+    assert_eq!(detail.status, StatusCode::OK);
+    for expected in ["payment.charge", "dead letter", "gateway returned 503 after 31s", "exhausted", r#"value="redrive""#] {
+        assert!(detail.text.contains(expected), "job page lacks {expected:?}");
+    }
+    let dead = d.get("/dead-letters", Some(&b)).await;
+    assert!(dead.text.contains("http.5xx: gateway returned # after #s"), "grouped by signature");
+    for path in ["/", "/jobs", "/policies", "/policies/edit?type=payment.charge", "/queues", "/workers", "/audit"] {
+        let r = d.get(path, Some(&b)).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}");
+        assert!(!r.text.contains("Loading…"), "{path} must render its data, not a fallback");
+    }
+    let missing = d.get("/jobs/01a203c3-1a5d-733f-b465-1a65fa697edd", Some(&b)).await;
+    assert!(missing.text.contains("not found"));
+}
+
+#[tokio::test]
+async fn a_viewer_cannot_act_and_nothing_changes() {
+    let d = Dashboard::new().await;
+    d.user("victor", "viewer password", Role::Viewer).await;
+    let job = d.dead_letter("payment.charge").await;
+    let b = d.sign_in("victor", "viewer password").await;
+    let id = job.id.to_string();
+    let before = d.audit_actions().await;
+
+    let r = d.post_form("/api/act_on_job", Some(&b), &[("csrf", &b.csrf), ("id", &id), ("action", "redrive")], false).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text);
+    assert!(r.text.contains("viewer"), "{}", r.text);
+    // Without JavaScript the refusal is a page, still a 403.
+    let html = d.post_form("/api/redrive_dead_letters", Some(&b), &[("csrf", &b.csrf), ("scope", "filter")], true).await;
+    assert_eq!(html.status, StatusCode::FORBIDDEN);
+    assert!(html.text.contains("<h1>Not allowed</h1>"), "{}", html.text);
+    let policy = d.post_form("/api/save_policy", Some(&b), &[("csrf", &b.csrf), ("job_type", "payment.charge"), ("policy[max_attempts]", "9"), ("intent", "save")], false).await;
+    assert_eq!(policy.status, StatusCode::FORBIDDEN);
+
+    let after = d.db.store.job(job.id).await.expect("job");
+    assert_eq!(after.state, JobState::Discarded);
+    assert!(after.dead_letter);
+    assert!(d.db.store.policy("payment.charge").await.expect("db").is_none());
+    assert_eq!(d.audit_actions().await, before, "a refused action writes nothing");
+}
+
+#[tokio::test]
+async fn an_operator_acts_with_the_csrf_token_and_is_audited() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let job = d.dead_letter("payment.charge").await;
+    let b = d.sign_in("olivia", "correct horse").await;
+    let id = job.id.to_string();
+
+    for csrf in ["", "forged"] {
+        let r = d.post_form("/api/act_on_job", Some(&b), &[("csrf", csrf), ("id", &id), ("action", "redrive")], false).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "csrf {csrf:?}: {}", r.text);
+    }
+    assert!(d.db.store.job(job.id).await.expect("job").dead_letter, "a forged request changes nothing");
+
+    // Without JavaScript: the form post redirects back to the page it came from.
+    let r = d.post_form("/api/act_on_job", Some(&b), &[("csrf", &b.csrf), ("id", &id), ("action", "redrive"), ("budget", "one_more")], true).await;
+    assert_eq!(r.status, StatusCode::FOUND, "{}", r.text);
+    assert_eq!(r.header("location"), Some("http://localhost/dead-letters"));
+    let after = d.db.store.job(job.id).await.expect("job");
+    assert_eq!(after.state, JobState::Available);
+    assert!(!after.dead_letter);
+    assert_eq!(after.max_attempts, 2, "one more attempt");
+    let audit = d.audit_actions().await;
+    assert!(audit.contains(&("olivia".into(), "dead_letter.redrive".into(), Some(id.clone()))), "{audit:?}");
+
+    // The same action again is a conflict the page can show, not a silent no-op.
+    let again = d.post_form("/api/act_on_job", Some(&b), &[("csrf", &b.csrf), ("id", &id), ("action", "redrive")], false).await;
+    assert!(again.status.is_server_error() || again.status.is_client_error(), "{}", again.status);
+    assert!(again.text.contains("nothing done"), "{}", again.text);
+}
+
+#[tokio::test]
+async fn policy_edits_are_validated_by_field_and_saved_with_history() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let b = d.sign_in("olivia", "correct horse").await;
+
+    let bad = d
+        .post_form("/api/save_policy", Some(&b), &[("csrf", &b.csrf), ("job_type", "invoice.render"), ("policy[backoff_coefficient]", "0.5"), ("intent", "save")], false)
+        .await;
+    assert!(bad.text.contains("backoff_coefficient"), "{}", bad.text);
+    assert!(d.db.store.policy_history("invoice.render").await.expect("db").is_empty());
+
+    let preview = d.post_form("/api/preview_policy", Some(&b), &[("job_type", "invoice.render"), ("policy[max_attempts]", "3"), ("policy[initial_interval]", "PT2M"), ("policy[jitter]", "false")], false).await;
+    assert_eq!(preview.status, StatusCode::OK, "{}", preview.text);
+    let v: serde_json::Value = serde_json::from_str(&preview.text).expect("json");
+    assert_eq!(v["rows"].as_array().map(Vec::len), Some(2));
+    assert_eq!(v["rows"][1]["delay"], "4m");
+    assert_eq!(v["total_wait"], "6m");
+    // Layers that are fine alone but not together: the default max_interval is PT5M.
+    let clash = d.post_form("/api/preview_policy", Some(&b), &[("job_type", "invoice.render"), ("policy[initial_interval]", "PT10M")], false).await;
+    let v: serde_json::Value = serde_json::from_str(&clash.text).expect("json");
+    assert_eq!(v["problem"]["field"], "max_interval", "{}", clash.text);
+
+    let ok = d
+        .post_form("/api/save_policy", Some(&b), &[("csrf", &b.csrf), ("job_type", "invoice.render"), ("policy[initial_interval]", "PT2M"), ("intent", "save"), ("note", "faster")], false)
+        .await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.text);
+    let history = d.db.store.policy_history("invoice.render").await.expect("db");
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].created_by.as_deref(), Some("olivia"));
+    assert_eq!(history[0].note.as_deref(), Some("faster"));
+    assert!(d.audit_actions().await.contains(&("olivia".into(), "policy.update".into(), Some("invoice.render".into()))));
+
+    // The no-JavaScript Preview button sends the browser back to the editor with the values.
+    let r = d
+        .post_form("/api/save_policy", Some(&b), &[("csrf", &b.csrf), ("job_type", "invoice.render"), ("policy[max_attempts]", "7"), ("intent", "preview")], true)
+        .await;
+    assert_eq!(r.status, StatusCode::FOUND, "{}", r.text);
+    let location = r.header("location").unwrap_or_default();
+    assert!(location.starts_with("/policies/edit?type=invoice.render&preview=1&max_attempts=7"), "{location}");
+    assert_eq!(d.db.store.policy_history("invoice.render").await.expect("db").len(), 1, "a preview saves nothing");
+}
+
+#[tokio::test]
+async fn logout_needs_the_csrf_token_and_ends_the_session() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let b = d.sign_in("olivia", "correct horse").await;
+
+    let forged = d.post_form("/auth/logout", Some(&b), &[("csrf", "forged")], true).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    assert!(d.db.store.session(&hash_token(&b.cookie)).await.expect("db").is_some());
+
+    let r = d.post_form("/auth/logout", Some(&b), &[("csrf", &b.csrf)], true).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+    assert_eq!(r.header("location"), Some("/login?logged_out=1"));
+    assert!(r.header("set-cookie").is_some_and(|c| c.contains("Max-Age=0")));
+    assert!(d.db.store.session(&hash_token(&b.cookie)).await.expect("db").is_none());
+    assert_eq!(d.get("/jobs", Some(&b)).await.status, StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn bulk_actions_need_a_confirmation_and_act_on_the_filter() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let b = d.sign_in("olivia", "correct horse").await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let job = d.db.store.enqueue(NewJob::new("email.send", json!([{"n": i}])).queue("emails")).await.expect("enqueue").job;
+        ids.push(job.id);
+    }
+    let other = d.db.store.enqueue(NewJob::new("report.build", json!([]))).await.expect("enqueue").job;
+
+    let unconfirmed = d
+        .post_form("/api/bulk_jobs", Some(&b), &[("csrf", &b.csrf), ("action", "cancel"), ("scope", "filter"), ("filter[queue]", "emails")], false)
+        .await;
+    assert!(unconfirmed.text.contains("confirm"), "{}", unconfirmed.text);
+    assert_eq!(d.db.store.job(ids[0]).await.expect("job").state, JobState::Available);
+
+    // Ticked rows: just those.
+    let first = ids[0].to_string();
+    let r = d
+        .post_form("/api/bulk_jobs", Some(&b), &[("csrf", &b.csrf), ("action", "discard"), ("scope", "selected"), ("ids[]", &first), ("confirm", "yes")], false)
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.text.contains("Discarded 1 job."), "{}", r.text);
+    // Everything matching the filter: the other two emails, not the report.
+    let r = d
+        .post_form("/api/bulk_jobs", Some(&b), &[("csrf", &b.csrf), ("action", "cancel"), ("scope", "filter"), ("filter[queue]", "emails"), ("confirm", "yes")], false)
+        .await;
+    assert!(r.text.contains("Cancelled 2 jobs."), "{}", r.text);
+    assert_eq!(d.db.store.job(ids[0]).await.expect("job").state, JobState::Discarded);
+    assert_eq!(d.db.store.job(ids[2]).await.expect("job").state, JobState::Cancelled);
+    assert_eq!(d.db.store.job(other.id).await.expect("job").state, JobState::Available);
+    let audit = d.audit_actions().await;
+    assert!(audit.iter().any(|(who, what, _)| who == "olivia" && what == "job.bulk_cancel"));
+    assert!(audit.iter().any(|(who, what, _)| who == "olivia" && what == "job.bulk_discard"));
+}
+
+#[tokio::test]
+async fn purging_dead_letters_needs_the_typed_confirmation() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let b = d.sign_in("olivia", "correct horse").await;
+    let charge = d.dead_letter("payment.charge").await;
+    let refund = d.dead_letter("payment.refund").await;
+
+    let r = d.post_form("/api/purge_dead_letters", Some(&b), &[("csrf", &b.csrf), ("filter[job_type]", "payment.charge"), ("confirmation", "yes")], false).await;
+    assert!(r.text.contains("type the word purge"), "{}", r.text);
+    assert!(d.db.store.get_job(charge.id).await.expect("db").is_some());
+
+    let r = d.post_form("/api/purge_dead_letters", Some(&b), &[("csrf", &b.csrf), ("filter[job_type]", "payment.charge"), ("confirmation", "purge")], false).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.text.contains("Purged 1 dead letter."), "{}", r.text);
+    assert!(d.db.store.get_job(charge.id).await.expect("db").is_none());
+    assert!(d.db.store.get_job(refund.id).await.expect("db").is_some(), "outside the filter");
+    assert!(d.audit_actions().await.iter().any(|(who, what, _)| who == "olivia" && what == "dead_letter.purge"));
+}
+
+#[tokio::test]
+async fn staggered_redrive_of_a_selection() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let b = d.sign_in("olivia", "correct horse").await;
+    let a = d.dead_letter("payment.charge").await.id.to_string();
+    let c = d.dead_letter("payment.charge").await.id.to_string();
+    let untouched = d.dead_letter("payment.charge").await;
+
+    let r = d
+        .post_form(
+            "/api/redrive_dead_letters",
+            Some(&b),
+            &[("csrf", &b.csrf), ("scope", "selected"), ("ids[]", &a), ("ids[]", &c), ("how[budget]", "fresh"), ("how[stagger]", "600"), ("how[reason]", "fixed")],
+            false,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.text.contains("Re-drove 2 dead letters, spread over 10m."), "{}", r.text);
+    let mut states = Vec::new();
+    for id in [&a, &c] {
+        let job = d.db.store.job(id.parse().expect("uuid")).await.expect("job");
+        assert!(!job.dead_letter);
+        assert_eq!(job.attempt, 0, "a fresh budget");
+        states.push(job.state);
+    }
+    states.sort_by_key(|s| s.as_str());
+    assert_eq!(states, [JobState::Available, JobState::Scheduled], "spread: one now, one later");
+    assert!(d.db.store.job(untouched.id).await.expect("job").dead_letter);
+
+    // A row's own button re-drives just that row, whatever else is ticked.
+    let one = untouched.id.to_string();
+    let r = d.post_form("/api/redrive_dead_letters", Some(&b), &[("csrf", &b.csrf), ("scope", "filter"), ("one", &one)], false).await;
+    assert!(r.text.contains("Re-drove 1 dead letter."), "{}", r.text);
+}
+
+#[tokio::test]
+async fn queues_pause_and_resume_and_policies_restore() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let b = d.sign_in("olivia", "correct horse").await;
+
+    let r = d.post_form("/api/set_queue_paused", Some(&b), &[("csrf", &b.csrf), ("queue", "emails"), ("paused", "true")], false).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(d.db.store.queue("emails").await.expect("queue").paused);
+    let page = d.get("/queues", Some(&b)).await;
+    assert!(page.text.contains("paused") && page.text.contains("Resume"), "the queues page shows it");
+    d.post_form("/api/set_queue_paused", Some(&b), &[("csrf", &b.csrf), ("queue", "emails"), ("paused", "false")], false).await;
+    assert!(!d.db.store.queue("emails").await.expect("queue").paused);
+
+    for attempts in ["4", "9"] {
+        let r = d
+            .post_form("/api/save_policy", Some(&b), &[("csrf", &b.csrf), ("job_type", "email.send"), ("policy[max_attempts]", attempts), ("intent", "save")], false)
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    }
+    let editor = d.get("/policies/edit?type=email.send", Some(&b)).await;
+    assert!(editor.text.contains("max_attempts: 4 → 9"), "the history shows what changed");
+    let r = d.post_form("/api/restore_policy", Some(&b), &[("csrf", &b.csrf), ("job_type", "email.send"), ("version", "1")], false).await;
+    assert!(r.text.contains("Restored version 1 as version 3."), "{}", r.text);
+    let stored = d.db.store.policy("email.send").await.expect("db").expect("policy");
+    assert_eq!(stored.policy, json!({"max_attempts": 4}));
+    let audit = d.audit_actions().await;
+    assert!(audit.contains(&("olivia".into(), "queue.pause".into(), Some("emails".into()))));
+    assert!(audit.contains(&("olivia".into(), "queue.resume".into(), Some("emails".into()))));
+}
