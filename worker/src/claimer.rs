@@ -1,0 +1,206 @@
+//! The claim loop of one queue: claims as many jobs as it has free slots, in one statement,
+//! and hands them to the dispatcher.
+//!
+//! It waits for a free slot, then for work: a notification for its queue, or the poll
+//! interval (notifications can be lost across reconnects, and retries become due without
+//! one). A full batch means more may be waiting, so it claims again at once. Claims go through
+//! the claim retry; when that gives up, the loop backs off and tries again until shutdown:
+//! a database outage delays work, it never stops the worker. Shutdown ends the waits at
+//! once but never abandons a claim in flight (its jobs would be stranded until rescued).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rebound_queue::storage_retry::StorageRetry;
+use rebound_queue::store::ClaimRequest;
+use rebound_queue::{Job, Store, StoreError};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::executor::Dispatcher;
+use crate::outage::OutageBackoff;
+use crate::running::RunningJobs;
+
+/// One queue's claim loop.
+pub struct Claimer {
+    pub queue: String,
+    /// One permit per unit of the queue's concurrency.
+    pub slots: Arc<Semaphore>,
+    /// The queue's concurrency (the number of permits `slots` started with).
+    pub concurrency: usize,
+    /// How long to wait for more slots to free up before claiming for just a few.
+    pub gather: Duration,
+    pub batch_max: u32,
+    pub store: Store,
+    pub worker_id: String,
+    pub visibility_timeout: Duration,
+    pub poll_interval: Duration,
+    pub retry: StorageRetry,
+    /// Notified when jobs become available in this queue.
+    pub wake: Arc<Notify>,
+    pub running: Arc<RunningJobs>,
+    pub dispatcher: Dispatcher,
+}
+
+impl Claimer {
+    /// Claims until `shutdown` fires; returns how many jobs it claimed.
+    pub async fn run(self, shutdown: CancellationToken) -> u64 {
+        let mut claimed_total = 0u64;
+        let mut outage = OutageBackoff::like(&self.retry);
+        let batch_max = self.batch_max.max(1) as usize;
+        loop {
+            // A free slot first: claiming work we cannot start would only hold its lock.
+            let first = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                p = self.slots.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let mut slots = vec![first];
+            self.take_free_slots(&mut slots, batch_max);
+            // Short jobs free their slots moments apart. Claiming at the first free slot would
+            // mean many one-job claims, each a transaction of its own; waiting a moment for
+            // half a batch keeps claims large while adding at most `gather` of latency.
+            let target = (self.concurrency.min(batch_max) / 2).max(1);
+            if slots.len() < target && !self.gather.is_zero() {
+                let deadline = tokio::time::Instant::now() + self.gather;
+                while slots.len() < target {
+                    match tokio::time::timeout_at(deadline, self.slots.clone().acquire_owned()).await {
+                        Ok(Ok(p)) => slots.push(p),
+                        _ => break,
+                    }
+                }
+                self.take_free_slots(&mut slots, batch_max);
+            }
+            let wanted = slots.len();
+            let request = ClaimRequest {
+                worker_id: self.worker_id.clone(),
+                queues: vec![self.queue.clone()],
+                limit: wanted as u32,
+                visibility_timeout: self.visibility_timeout,
+            };
+            let jobs = match self.claim_through_retries(&request, &shutdown).await {
+                Ok(jobs) => {
+                    if outage.failures() > 0 {
+                        tracing::info!(queue = %self.queue, "claims work again");
+                    }
+                    outage.reset();
+                    jobs
+                }
+                Err(StoreError::Cancelled) => break,
+                Err(e) => {
+                    drop(slots);
+                    tracing::error!(queue = %self.queue, error = %e, failures = outage.failures() + 1,
+                        "claiming failed; backing off and trying again");
+                    if !outage.wait(&shutdown).await {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let got = jobs.len();
+            claimed_total += got as u64;
+            // The claim asked for at most one job per slot, so every job gets one.
+            for (job, slot) in jobs.into_iter().zip(slots.drain(..)) {
+                // Held before its task starts, so the first heartbeat already covers it.
+                let visibility = job.visibility_timeout_ms.filter(|ms| *ms > 0).map(|ms| Duration::from_millis(ms as u64)).unwrap_or(self.visibility_timeout);
+                let lost = self.running.hold(job.id, job.attempt, visibility);
+                self.dispatcher.dispatch(job, lost, slot);
+            }
+            drop(slots);
+            if got < wanted {
+                // The queue is drained (or paused): wait for news.
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    _ = self.wake.notified() => {}
+                    _ = tokio::time::sleep(self.poll_interval) => {}
+                }
+            }
+        }
+        tracing::debug!(queue = %self.queue, claimed = claimed_total, "claim loop stopped");
+        claimed_total
+    }
+
+    /// Adds free slots to `slots` without waiting, up to `max` in all.
+    fn take_free_slots(&self, slots: &mut Vec<OwnedSemaphorePermit>, max: usize) {
+        while slots.len() < max {
+            match self.slots.clone().try_acquire_owned() {
+                Ok(p) => slots.push(p),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Claims through transient errors with the claim retry's attempts and waits, like
+    /// [`StorageRetry::run`] but for one difference: shutdown interrupts the waits, never a
+    /// claim in flight. A claim that committed moved jobs to `active` under our name; dropping
+    /// its answer would strand them until the visibility timeout and cost them an attempt.
+    async fn claim_through_retries(&self, request: &ClaimRequest, shutdown: &CancellationToken) -> Result<Vec<Job>, StoreError> {
+        let policy = self.retry.as_policy();
+        let mut rng = fastrand::Rng::new();
+        let mut attempt: u32 = 1;
+        loop {
+            if shutdown.is_cancelled() {
+                return Err(StoreError::Cancelled);
+            }
+            let claim = self.store.claim(request);
+            tokio::pin!(claim);
+            let result = tokio::select! {
+                biased;
+                r = &mut claim => r,
+                _ = shutdown.cancelled() => {
+                    // Let the statement finish (bounded: with the database down it may be
+                    // waiting for a connection, and then it has claimed nothing), then hand
+                    // back whatever it claimed without counting the attempt.
+                    if let Ok(Ok(jobs)) = tokio::time::timeout(IN_FLIGHT_CLAIM_GRACE, claim).await {
+                        self.hand_back(&jobs).await;
+                    }
+                    return Err(StoreError::Cancelled);
+                }
+            };
+            match result {
+                Ok(jobs) => return Ok(jobs),
+                Err(e) if e.is_transient() && attempt < policy.max_attempts => {
+                    let wait = policy.jittered_delay_for(attempt, &mut rng);
+                    tracing::warn!(queue = %self.queue, attempt, wait_ms = wait.as_millis() as u64, error = %e, "transient error claiming jobs; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Err(StoreError::Cancelled),
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Releases jobs claimed as shutdown began.
+    async fn hand_back(&self, jobs: &[Job]) {
+        if jobs.is_empty() {
+            return;
+        }
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.id).collect();
+        let give_up = CancellationToken::new();
+        let timer = {
+            let give_up = give_up.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(IN_FLIGHT_CLAIM_GRACE).await;
+                give_up.cancel();
+            })
+        };
+        let reason = "worker shutting down before the job started; the attempt is not counted";
+        match self.retry.run("release", &give_up, || self.store.release(&ids, Some(&self.worker_id), reason)).await {
+            Ok(released) => tracing::info!(queue = %self.queue, count = released.len(), "handed back jobs claimed as shutdown began"),
+            Err(e) => tracing::warn!(queue = %self.queue, error = %e, "could not hand back jobs claimed as shutdown began; they will be rescued"),
+        }
+        timer.abort();
+    }
+}
+
+/// How long a claim already in flight at shutdown may take to finish, and its jobs to be
+/// handed back.
+const IN_FLIGHT_CLAIM_GRACE: Duration = Duration::from_secs(5);

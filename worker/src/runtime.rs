@@ -1,0 +1,303 @@
+//! [`Worker`]: builds the parts, runs them, and shuts them down in order.
+//!
+//! Shutdown (the token passed to [`Worker::run`] fires, e.g. on SIGTERM):
+//! 1. the claim loops stop and maintenance leadership is given up;
+//! 2. running jobs get `shutdown_grace` to finish; their results are written as usual;
+//! 3. jobs still running then are cut short and released without counting the attempt;
+//! 4. the completer writes everything that is left (within `final_flush_timeout`);
+//! 5. heartbeats stop and the worker deregisters.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rebound_queue::job::{JobValidationError, validate_queue};
+use rebound_queue::store::WorkerRegistration;
+use rebound_queue::{Store, StoreError};
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::claimer::Claimer;
+use crate::completer::{Completer, CompleterReport};
+use crate::executor::Dispatcher;
+use crate::handler::Handler;
+use crate::heartbeat::Heartbeat;
+use crate::identity;
+use crate::maintenance::Maintenance;
+use crate::notifier::Notifier;
+use crate::outage::OutageBackoff;
+use crate::panic_capture;
+use crate::registry::HandlerRegistry;
+use crate::running::RunningJobs;
+use crate::settings::RuntimeSettings;
+
+/// The worker was configured wrongly.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("no queues: add at least one with .queue(name, concurrency)")]
+    NoQueues,
+    #[error("queue {queue:?}: {reason}")]
+    Queue { queue: String, reason: String },
+    #[error("handler {pattern:?}: {source}")]
+    Handler { pattern: String, source: JobValidationError },
+}
+
+/// Configures a [`Worker`].
+pub struct WorkerBuilder {
+    store: Store,
+    queues: Vec<(String, u32)>,
+    registry: HandlerRegistry,
+    handler_errors: Vec<BuildError>,
+    settings: RuntimeSettings,
+    on_ready: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl WorkerBuilder {
+    /// Works `name` with up to `concurrency` jobs at once. Setting a queue again replaces it.
+    pub fn queue(mut self, name: impl Into<String>, concurrency: u32) -> Self {
+        let name = name.into();
+        self.queues.retain(|(q, _)| *q != name);
+        self.queues.push((name, concurrency));
+        self
+    }
+
+    /// Runs jobs of `pattern` (a type, or `prefix.*`) with `handler`.
+    pub fn handler(self, pattern: &str, handler: impl Handler) -> Self {
+        self.handler_arc(pattern, Arc::new(handler), None)
+    }
+
+    /// Like [`WorkerBuilder::handler`], for a shared handler and with the type's default
+    /// per-attempt timeout (used when a job sets none).
+    pub fn handler_arc(mut self, pattern: &str, handler: Arc<dyn Handler>, timeout: Option<Duration>) -> Self {
+        if let Err(source) = self.registry.register(pattern, handler, timeout) {
+            self.handler_errors.push(BuildError::Handler { pattern: pattern.to_string(), source });
+        }
+        self
+    }
+
+    /// Replaces all settings.
+    pub fn settings(mut self, settings: RuntimeSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Adjusts settings in place: `.configure(|s| s.poll_interval = Duration::from_millis(100))`.
+    pub fn configure(mut self, f: impl FnOnce(&mut RuntimeSettings)) -> Self {
+        f(&mut self.settings);
+        self
+    }
+
+    /// Called once the worker is registered and about to claim (systemd's READY=1).
+    pub fn on_ready(mut self, f: impl FnOnce() + Send + Sync + 'static) -> Self {
+        self.on_ready = Some(Box::new(f));
+        self
+    }
+
+    pub fn build(mut self) -> Result<Worker, BuildError> {
+        if let Some(e) = self.handler_errors.pop() {
+            return Err(e);
+        }
+        if self.queues.is_empty() {
+            return Err(BuildError::NoQueues);
+        }
+        for (queue, concurrency) in &self.queues {
+            validate_queue(queue).map_err(|e| BuildError::Queue { queue: queue.clone(), reason: e.reason })?;
+            if *concurrency == 0 {
+                return Err(BuildError::Queue { queue: queue.clone(), reason: "concurrency must be at least 1".into() });
+            }
+        }
+        let id = self.settings.worker_id.clone().unwrap_or_else(identity::new_worker_id);
+        Ok(Worker {
+            id,
+            store: self.store,
+            queues: self.queues,
+            registry: Arc::new(self.registry),
+            settings: self.settings,
+            on_ready: self.on_ready,
+        })
+    }
+}
+
+/// A configured worker. [`Worker::run`] runs it until its shutdown token fires.
+pub struct Worker {
+    id: String,
+    store: Store,
+    queues: Vec<(String, u32)>,
+    registry: Arc<HandlerRegistry>,
+    settings: RuntimeSettings,
+    on_ready: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunReport {
+    pub claimed: u64,
+    pub results: CompleterReport,
+    /// Whether the grace period ran out with jobs still running.
+    pub grace_expired: bool,
+}
+
+impl Worker {
+    pub fn builder(store: Store) -> WorkerBuilder {
+        WorkerBuilder {
+            store,
+            queues: Vec::new(),
+            registry: HandlerRegistry::new(),
+            handler_errors: Vec::new(),
+            settings: RuntimeSettings::default(),
+            on_ready: None,
+        }
+    }
+
+    /// The id jobs are claimed under.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn settings(&self) -> &RuntimeSettings {
+        &self.settings
+    }
+
+    /// Runs until `shutdown` fires, then shuts down gracefully (see the module docs). Database
+    /// outages never end the run: every part waits them out.
+    pub async fn run(mut self, shutdown: CancellationToken) -> RunReport {
+        panic_capture::install();
+        if !self.register(&shutdown).await {
+            return RunReport::default();
+        }
+        tracing::info!(worker_id = %self.id, queues = ?self.queues, handlers = ?self.registry.types(), "worker started");
+        if let Some(ready) = self.on_ready.take() {
+            ready();
+        }
+
+        let s = self.settings.clone();
+        let running = Arc::new(RunningJobs::new());
+        let hard_stop = CancellationToken::new();
+        let (completer, results) = Completer::new(self.store.clone(), self.id.clone(), running.clone(), s.completer.clone(), s.storage_retry.clone());
+        let completer_task = tokio::spawn(completer.run(hard_stop.clone()));
+
+        let background_stop = CancellationToken::new();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let heartbeat = Heartbeat {
+            store: self.store.clone(),
+            worker_id: self.id.clone(),
+            running: running.clone(),
+            interval: s.heartbeat_interval,
+            retry: s.storage_retry.clone(),
+            stopping: stopping.clone(),
+        };
+        let heartbeat_task = tokio::spawn(heartbeat.run(background_stop.clone()));
+
+        let maintenance_task = s.maintenance.clone().map(|m| tokio::spawn(Maintenance::new(self.store.clone(), m).run(shutdown.clone())));
+
+        let abort = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let dispatcher = Dispatcher::new(self.registry.clone(), results, Arc::from(self.id.as_str()), s.job_timeout, abort.clone(), tracker.clone());
+        let wakes: HashMap<String, Arc<Notify>> = self.queues.iter().map(|(q, _)| (q.clone(), Arc::new(Notify::new()))).collect();
+        let notifier = Notifier { store: self.store.clone(), wakes: wakes.clone(), wait: s.poll_interval.max(Duration::from_secs(1)), retry: s.claim_retry.clone() };
+        let notifier_task = tokio::spawn(notifier.run(shutdown.clone()));
+
+        let mut claimers = JoinSet::new();
+        for (queue, concurrency) in &self.queues {
+            let claimer = Claimer {
+                queue: queue.clone(),
+                slots: Arc::new(Semaphore::new(*concurrency as usize)),
+                concurrency: *concurrency as usize,
+                gather: s.claim_gather,
+                batch_max: s.claim_batch_max,
+                store: self.store.clone(),
+                worker_id: self.id.clone(),
+                visibility_timeout: s.visibility_timeout,
+                poll_interval: s.poll_interval,
+                retry: s.claim_retry.clone(),
+                wake: wakes.get(queue).cloned().unwrap_or_default(),
+                running: running.clone(),
+                dispatcher: dispatcher.clone(),
+            };
+            claimers.spawn(claimer.run(shutdown.clone()));
+        }
+        drop(dispatcher);
+
+        shutdown.cancelled().await;
+        stopping.store(true, Ordering::Relaxed);
+        tracing::info!(running = running.len(), grace_s = s.shutdown_grace.as_secs_f64(), "shutting down: no more claims; waiting for running jobs");
+        let mut report = RunReport::default();
+        while let Some(claimed) = claimers.join_next().await {
+            report.claimed += claimed.unwrap_or(0);
+        }
+        let _ = notifier_task.await;
+
+        tracker.close();
+        if tokio::time::timeout(s.shutdown_grace, tracker.wait()).await.is_err() {
+            report.grace_expired = true;
+            abort.cancel();
+            tracker.wait().await;
+        }
+        if let Some(task) = maintenance_task {
+            let _ = task.await;
+        }
+        // Every dispatcher (and so every result sender) is gone now: the completer drains.
+        let flush_deadline = tokio::time::sleep(s.completer.final_flush_timeout);
+        tokio::pin!(flush_deadline);
+        let mut completer_task = completer_task;
+        report.results = tokio::select! {
+            r = &mut completer_task => r.unwrap_or_default(),
+            _ = &mut flush_deadline => {
+                tracing::error!("job results could not be written in time; giving up on them");
+                hard_stop.cancel();
+                completer_task.await.unwrap_or_default()
+            }
+        };
+        background_stop.cancel();
+        let _ = heartbeat_task.await;
+        self.deregister().await;
+        tracing::info!(claimed = report.claimed, completed = report.results.completed, failed = report.results.failed,
+            released = report.results.released, "worker stopped");
+        report
+    }
+
+    /// Registers in `workers`, waiting out outages; false if shutdown came first.
+    async fn register(&self, shutdown: &CancellationToken) -> bool {
+        let registration = WorkerRegistration {
+            id: self.id.clone(),
+            host: identity::host_name(),
+            pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
+            queues: self.queues.iter().map(|(q, _)| q.clone()).collect(),
+            concurrency: i32::try_from(self.queues.iter().map(|(_, c)| u64::from(*c)).sum::<u64>()).unwrap_or(i32::MAX),
+            version: identity::VERSION.to_string(),
+        };
+        let mut outage = OutageBackoff::like(&self.settings.storage_retry);
+        loop {
+            match self.settings.storage_retry.run("register worker", shutdown, || self.store.register_worker(&registration)).await {
+                Ok(()) => return true,
+                Err(StoreError::Cancelled) => return false,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot register with the database yet; waiting for it");
+                    if !outage.wait(shutdown).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn deregister(&self) {
+        // Bounded: a worker that cannot reach the database on its way out is simply left to
+        // age out of the registry (the pruner forgets silent workers).
+        let give_up = CancellationToken::new();
+        let timer = {
+            let give_up = give_up.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                give_up.cancel();
+            })
+        };
+        if let Err(e) = self.settings.storage_retry.run("deregister worker", &give_up, || self.store.deregister_worker(&self.id)).await {
+            tracing::warn!(error = %e, "could not deregister; the worker row will age out");
+        }
+        timer.abort();
+    }
+}

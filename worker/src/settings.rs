@@ -1,0 +1,136 @@
+//! The runtime's knobs, with the defaults an operator gets when they set nothing.
+
+use std::time::Duration;
+
+use rebound_queue::storage_retry::StorageRetry;
+use rebound_queue::store::PruneConfig;
+
+/// Everything the runtime can be tuned with. [`RuntimeSettings::default`] is what the
+/// binary uses when the config file is silent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimeSettings {
+    /// Identifies this process in `locked_by`, `job_attempts.worker_id` and `workers`;
+    /// generated from host, pid and a random suffix when `None`.
+    pub worker_id: Option<String>,
+    /// How often each claim loop looks for work when no notification arrives. Notifications
+    /// make the common case immediate; polling covers lost notifications and due retries.
+    pub poll_interval: Duration,
+    /// How long a claim lasts without a heartbeat, for jobs that do not set their own.
+    pub visibility_timeout: Duration,
+    /// How often running jobs' locks are extended; never more than a third of the shortest
+    /// visibility timeout among running jobs, so two heartbeats may fail before a lock lapses.
+    pub heartbeat_interval: Duration,
+    /// Per-attempt timeout for jobs whose type and envelope set none.
+    pub job_timeout: Duration,
+    /// On shutdown, how long running jobs may take to finish before they are released.
+    pub shutdown_grace: Duration,
+    /// Most jobs claimed by one statement.
+    pub claim_batch_max: u32,
+    /// When only a few slots are free, how long the claim loop waits for more (up to half a
+    /// batch) before claiming, so short jobs are claimed in batches rather than one by one.
+    pub claim_gather: Duration,
+    pub completer: CompleterSettings,
+    /// Retry of complete / fail / release / heartbeat / registry writes (seed 000 defaults).
+    pub storage_retry: StorageRetry,
+    /// Retry of claims; longer waits, since the claim loop polls anyway.
+    pub claim_retry: StorageRetry,
+    /// `None`: this worker never runs maintenance (another process does).
+    pub maintenance: Option<MaintenanceSettings>,
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        RuntimeSettings {
+            worker_id: None,
+            poll_interval: Duration::from_secs(1),
+            visibility_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(5),
+            job_timeout: Duration::from_secs(30 * 60),
+            shutdown_grace: Duration::from_secs(25),
+            claim_batch_max: 100,
+            claim_gather: Duration::from_millis(2),
+            completer: CompleterSettings::default(),
+            storage_retry: StorageRetry::storage_default(),
+            claim_retry: StorageRetry::claim_default(),
+            maintenance: Some(MaintenanceSettings::default()),
+        }
+    }
+}
+
+impl RuntimeSettings {
+    /// Both retry scopes set to a single attempt (`--disable-retry`). Outages are still
+    /// ridden out: the loops back off and try again, they only stop retrying within one call.
+    pub fn disable_storage_retry(&mut self) {
+        self.storage_retry = StorageRetry::disabled();
+        self.claim_retry = StorageRetry { max_attempts: 1, ..StorageRetry::claim_default() };
+    }
+}
+
+/// How results are batched on their way to Postgres.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompleterSettings {
+    /// Flush as soon as this many results wait.
+    pub batch_size: usize,
+    /// Flush this long after the first waiting result at the latest.
+    pub flush_interval: Duration,
+    /// On shutdown, how long the last results may take to reach the database before the
+    /// worker gives up on them (their jobs are then rescued after the visibility timeout).
+    pub final_flush_timeout: Duration,
+}
+
+impl Default for CompleterSettings {
+    fn default() -> Self {
+        CompleterSettings {
+            batch_size: 200,
+            flush_interval: Duration::from_millis(2),
+            final_flush_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+/// The maintenance services and the leader election in front of them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MaintenanceSettings {
+    /// How often a follower tries to become leader; bounds the take-over time after the
+    /// leader dies.
+    pub leader_retry: Duration,
+    /// How often the leader checks it still holds the lock.
+    pub leader_check: Duration,
+    /// Scheduler: due `scheduled` / `retryable` jobs → `available`.
+    pub scheduler_interval: Duration,
+    /// Rescuer: expired locks → `rebound.stalled`, elapsed timeouts → `rebound.timeout`.
+    pub rescuer_interval: Duration,
+    /// Expirer: jobs whose `expires_at` passed before they ran → discarded.
+    pub expirer_interval: Duration,
+    /// Rows handled per statement by the scheduler, rescuer and expirer.
+    pub batch: i64,
+    /// `None` disables pruning.
+    pub pruner: Option<PrunerSettings>,
+}
+
+impl Default for MaintenanceSettings {
+    fn default() -> Self {
+        MaintenanceSettings {
+            leader_retry: Duration::from_secs(5),
+            leader_check: Duration::from_secs(5),
+            scheduler_interval: Duration::from_secs(1),
+            rescuer_interval: Duration::from_secs(5),
+            expirer_interval: Duration::from_secs(5),
+            batch: 1_000,
+            pruner: Some(PrunerSettings::default()),
+        }
+    }
+}
+
+/// Retention, applied by the pruner.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PrunerSettings {
+    pub interval: Duration,
+    pub retention: PruneConfig,
+}
+
+impl Default for PrunerSettings {
+    fn default() -> Self {
+        PrunerSettings { interval: Duration::from_secs(60), retention: PruneConfig::default() }
+    }
+}

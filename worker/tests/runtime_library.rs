@@ -1,0 +1,177 @@
+//! The runtime used as a library (as the benchmark and custom-handler users do): handler
+//! panics, per-attempt timeouts, snoozes, unknown types and paused queues.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use rebound_queue::store::Actor;
+use rebound_queue::testing::TestDb;
+use rebound_queue::{HandlerError, JobState, NewJob, Outcome, PolicyPatch, Store};
+use rebound_worker::{MaintenanceSettings, Worker, handler_fn};
+use serde_json::json;
+use support::eventually;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+async fn wait_state(store: &Store, id: Uuid, state: JobState) -> rebound_queue::Job {
+    eventually(&format!("job {id} to be {state}"), Duration::from_secs(60), || async move {
+        store.job(id).await.ok().filter(|j| j.state == state)
+    })
+    .await
+}
+
+fn quick(builder: rebound_worker::WorkerBuilder) -> rebound_worker::WorkerBuilder {
+    builder.configure(|s| {
+        s.poll_interval = Duration::from_millis(100);
+        s.shutdown_grace = Duration::from_secs(5);
+        s.maintenance = Some(MaintenanceSettings {
+            leader_retry: Duration::from_millis(100),
+            scheduler_interval: Duration::from_millis(50),
+            pruner: None,
+            ..MaintenanceSettings::default()
+        });
+    })
+}
+
+#[tokio::test]
+async fn panics_timeouts_snoozes_and_unknown_types_become_attempts() {
+    let db = TestDb::new().await;
+    // One attempt each, so every failure ends its job and leaves exactly one row to inspect.
+    for t in ["lib.panics", "lib.sleeps", "lib.unknown"] {
+        let once = PolicyPatch { max_attempts: Some(1), ..PolicyPatch::default() };
+        db.store.put_policy(t, &once, &Actor::new("test"), None).await.unwrap();
+    }
+    let snoozed = Arc::new(AtomicBool::new(false));
+    let snoozed_in_handler = snoozed.clone();
+    let worker = quick(Worker::builder(db.store.clone()))
+        .queue("default", 8)
+        .handler(
+            "lib.panics",
+            handler_fn(|_| async {
+                if std::hint::black_box(true) {
+                    panic!("kaboom: {}", 42);
+                }
+                Ok(None)
+            }),
+        )
+        .handler_arc(
+            "lib.sleeps",
+            Arc::new(handler_fn(|_| async {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                Ok(None)
+            })),
+            Some(Duration::from_millis(300)),
+        )
+        .handler(
+            "lib.snoozes",
+            handler_fn(move |job| {
+                let first = !snoozed_in_handler.swap(true, Ordering::SeqCst);
+                async move {
+                    if first {
+                        let at = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(300);
+                        return Err(Outcome::RetryAfter { at, error: Some(HandlerError::new("lib.rate_limited", "come back later")) });
+                    }
+                    Ok(Some(json!({ "attempt": job.attempt() })))
+                }
+            }),
+        )
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+
+    let enqueue = |job: NewJob| {
+        let store = db.store.clone();
+        async move { store.enqueue(job).await.unwrap().job.id }
+    };
+    let panics = enqueue(NewJob::new("lib.panics", json!([]))).await;
+    let by_type = enqueue(NewJob::new("lib.sleeps", json!([]))).await;
+    let mut own = NewJob::new("lib.sleeps", json!([]));
+    own.timeout_ms = Some(150);
+    let by_job = enqueue(own).await;
+    let unknown = enqueue(NewJob::new("lib.unknown", json!([]))).await;
+    let snoozes = enqueue(NewJob::new("lib.snoozes", json!([]))).await;
+
+    wait_state(&db.store, panics, JobState::Discarded).await;
+    let a = &db.store.attempts(panics).await.unwrap()[0];
+    assert_eq!(a.error_type.as_deref(), Some("rebound.panic"));
+    assert_eq!(a.error_message.as_deref(), Some("handler panicked: kaboom: 42"));
+    let details = a.error_details.as_ref().unwrap();
+    assert_eq!(details["panic"], "kaboom: 42");
+    assert!(details["location"].as_str().unwrap().contains("runtime_library.rs"), "{details}");
+    assert!(details["backtrace"].is_string());
+
+    // The type's default timeout, and the job's own, which wins over it.
+    for (id, ms) in [(by_type, 300), (by_job, 150)] {
+        wait_state(&db.store, id, JobState::Discarded).await;
+        let a = &db.store.attempts(id).await.unwrap()[0];
+        assert_eq!(a.error_type.as_deref(), Some("rebound.timeout"));
+        assert_eq!(a.error_details.as_ref().unwrap()["timeout_ms"], ms);
+    }
+
+    wait_state(&db.store, unknown, JobState::Discarded).await;
+    let a = &db.store.attempts(unknown).await.unwrap()[0];
+    assert_eq!(a.error_type.as_deref(), Some("rebound.unknown_type"));
+
+    let done = wait_state(&db.store, snoozes, JobState::Completed).await;
+    assert_eq!(done.attempt, 1, "a snooze does not spend an attempt");
+    assert_eq!(done.result, Some(json!({"attempt": 1})));
+    let rows = db.store.attempts(snoozes).await.unwrap();
+    assert_eq!(rows.iter().map(|r| r.outcome.as_str()).collect::<Vec<_>>(), vec!["snoozed", "completed"]);
+    assert!(rows[1].started_at.unwrap() >= rows[0].next_run_at.unwrap(), "ran again only after the snooze");
+
+    shutdown.cancel();
+    let report = run.await.unwrap();
+    assert_eq!(report.results.completed, 1);
+    assert_eq!(report.results.failed, 5);
+    assert!(!report.grace_expired);
+}
+
+#[tokio::test]
+async fn paused_queues_are_not_claimed_and_several_queues_run_side_by_side() {
+    let db = TestDb::new().await;
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counter = ran.clone();
+    db.store.set_queue_paused("held", true, &Actor::new("test")).await.unwrap();
+    let worker = quick(Worker::builder(db.store.clone()))
+        .queue("held", 2)
+        .queue("open", 2)
+        .handler(
+            "lib.count",
+            handler_fn(move |_| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { Ok(None) }
+            }),
+        )
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+    let held = db.store.enqueue(NewJob::new("lib.count", json!([])).queue("held")).await.unwrap().job.id;
+    let open = db.store.enqueue(NewJob::new("lib.count", json!([])).queue("open")).await.unwrap().job.id;
+    wait_state(&db.store, open, JobState::Completed).await;
+    // Several polls later, the paused queue's job is still waiting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(db.store.job(held).await.unwrap().state, JobState::Available);
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+
+    db.store.set_queue_paused("held", false, &Actor::new("test")).await.unwrap();
+    wait_state(&db.store, held, JobState::Completed).await;
+    shutdown.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test]
+async fn builder_rejects_bad_queues_and_patterns() {
+    let store = Store::connect_lazy("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
+    let noop = || handler_fn(|_| async { Ok(None) });
+    assert!(Worker::builder(store.clone()).handler("a.b", noop()).build().is_err(), "no queues");
+    assert!(Worker::builder(store.clone()).queue("Bad Queue", 1).build().is_err());
+    assert!(Worker::builder(store.clone()).queue("default", 0).build().is_err());
+    assert!(Worker::builder(store.clone()).queue("default", 1).handler("Not A Type", noop()).build().is_err());
+    let w = Worker::builder(store).queue("default", 1).handler("a.*", noop()).configure(|s| s.worker_id = Some("me".into())).build().unwrap();
+    assert_eq!(w.id(), "me");
+}

@@ -1,0 +1,179 @@
+//! Running the real `rebound-worker` binary in tests: config files, signals, waiting.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// A scratch directory removed on drop.
+pub struct Scratch {
+    pub path: PathBuf,
+}
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        let path = std::env::temp_dir().join(format!("rebound-worker-test-{tag}-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&path).expect("create scratch dir");
+        Scratch { path }
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Test-speed settings: short intervals everywhere, pruning off. `extra` is appended (queues,
+/// handlers, overrides of these sections' keys are not allowed twice, so tests pass the
+/// sections they need in full).
+pub fn fast_config(worker: &str, queues: &str, handlers: &str) -> String {
+    format!(
+        r#"
+[worker]
+poll_interval = "200ms"
+completer_flush_interval = "2ms"
+{worker}
+
+[maintenance]
+leader_retry = "200ms"
+leader_check = "200ms"
+scheduler_interval = "50ms"
+rescuer_interval = "200ms"
+expirer_interval = "1s"
+
+[prune]
+enabled = false
+
+[queues]
+{queues}
+
+{handlers}
+"#
+    )
+}
+
+/// A spawned worker process; killed on drop if still running.
+pub struct WorkerProcess {
+    child: Child,
+    pub log: PathBuf,
+    pub config: PathBuf,
+    _scratch: Scratch,
+}
+
+impl WorkerProcess {
+    /// Starts `rebound-worker --config <config>` against `database_url`.
+    pub fn start(database_url: &str, config: &str, args: &[&str]) -> WorkerProcess {
+        Self::start_with_env(database_url, config, args, &[])
+    }
+
+    pub fn start_with_env(database_url: &str, config: &str, args: &[&str], env: &[(&str, &str)]) -> WorkerProcess {
+        let scratch = Scratch::new("proc");
+        let config_path = scratch.file("worker.toml");
+        std::fs::write(&config_path, config).expect("write config");
+        let log = scratch.file("worker.log");
+        let log_file = std::fs::File::create(&log).expect("create log");
+        let child = Command::new(env!("CARGO_BIN_EXE_rebound-worker"))
+            .arg("--config")
+            .arg(&config_path)
+            .args(args)
+            .env("DATABASE_URL", database_url)
+            .env("RUST_LOG", "info,rebound_worker=debug")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log_file))
+            .spawn()
+            .expect("spawn rebound-worker");
+        WorkerProcess { child, log, config: config_path, _scratch: scratch }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill").arg(format!("-{name}")).arg(self.pid().to_string()).status().expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("kill -9");
+        let _ = self.child.wait();
+    }
+
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits up to `within` for the process to exit.
+    pub async fn exit_within(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("---- worker {} log ----\n{}", self.child.id(), self.log_text());
+        }
+    }
+}
+
+/// Polls `check` until it yields `Some`, or panics with `what` after `within`.
+pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {within:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Lines of a file, or none if it does not exist yet.
+pub fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path).map(|s| s.lines().map(str::to_string).collect()).unwrap_or_default()
+}
+
+/// An exec handler section that appends "<job id> <attempt>" to `log`, after sleeping `sleep`
+/// seconds (a shell number, e.g. "0" or "0.02").
+pub fn recording_handler(job_type: &str, log: &Path, sleep: &str) -> String {
+    format!(
+        r#"[handlers."{job_type}"]
+kind = "exec"
+command = ["sh", "-c", "sleep {sleep}; echo \"$REBOUND_JOB_ID $REBOUND_JOB_ATTEMPT\" >> '{}'"]
+"#,
+        log.display()
+    )
+}

@@ -1,0 +1,298 @@
+//! The `rebound-worker` binary, spawned as a process against a real Postgres database.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use rebound_queue::store::Actor;
+use rebound_queue::testing::TestDb;
+use rebound_queue::{JobState, NewJob, PolicyPatch, Store};
+use serde_json::json;
+use sqlx::Row;
+use support::{Scratch, WorkerProcess, eventually, fast_config, lines, recording_handler};
+use uuid::Uuid;
+
+const LONG: Duration = Duration::from_secs(90);
+
+async fn count_in_state(store: &Store, state: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = $1::job_state")
+        .bind(state)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+async fn wait_registered(store: &Store, worker: &WorkerProcess) {
+    let pid = worker.pid() as i32;
+    eventually("the worker to register", LONG, || async move {
+        store.workers().await.ok()?.into_iter().any(|w| w.pid == pid).then_some(())
+    })
+    .await;
+}
+
+async fn wait_state(store: &Store, id: Uuid, state: JobState) -> rebound_queue::Job {
+    eventually(&format!("job {id} to be {state}"), LONG, || async move {
+        store.job(id).await.ok().filter(|j| j.state == state)
+    })
+    .await
+}
+
+async fn put_policy(store: &Store, job_type: &str, policy: serde_json::Value) {
+    let patch = PolicyPatch::from_json(&policy).unwrap();
+    store.put_policy(job_type, &patch, &Actor::new("test"), None).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_thousand_jobs_each_run_exactly_once() {
+    let db = TestDb::new().await;
+    let scratch = Scratch::new("once");
+    let executions = scratch.file("executions.log");
+    let config = fast_config("", "default = 16", &recording_handler("record.once", &executions, "0"));
+    let jobs = |n: usize| (0..n).map(|i| NewJob::new("record.once", json!([i]))).collect::<Vec<_>>();
+    // Half before the worker starts (found by its first claims), half after (found through
+    // notifications and polling).
+    let mut ids: Vec<Uuid> = db.store.enqueue_batch(jobs(500)).await.unwrap().into_iter().map(|e| e.job.id).collect();
+    let mut worker = WorkerProcess::start(&db.url, &config, &[]);
+    wait_registered(&db.store, &worker).await;
+    ids.extend(db.store.enqueue_batch(jobs(500)).await.unwrap().into_iter().map(|e| e.job.id));
+
+    eventually("1000 completed jobs", LONG, || async { (count_in_state(&db.store, "completed").await == 1000).then_some(()) }).await;
+
+    // Every execution, as the command itself recorded it: each job once, at attempt 1.
+    let recorded = lines(&executions);
+    assert_eq!(recorded.len(), 1000, "executions recorded");
+    let mut seen: HashMap<Uuid, String> = HashMap::new();
+    for line in &recorded {
+        let (id, attempt) = line.split_once(' ').unwrap();
+        let id: Uuid = id.parse().unwrap();
+        assert_eq!(attempt, "1", "job {id} ran as attempt {attempt}");
+        assert!(seen.insert(id, attempt.to_string()).is_none(), "job {id} ran twice");
+    }
+    assert_eq!(seen.keys().copied().collect::<HashSet<_>>(), ids.iter().copied().collect::<HashSet<_>>());
+
+    // And as the store recorded them: one completed attempt per job, nothing else.
+    let rows = sqlx::query("SELECT outcome, count(*) AS n, count(DISTINCT job_id) AS jobs FROM job_attempts GROUP BY outcome")
+        .fetch_all(db.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "only completed attempts");
+    assert_eq!(rows[0].get::<String, _>("outcome"), "completed");
+    assert_eq!(rows[0].get::<i64, _>("n"), 1000);
+    assert_eq!(rows[0].get::<i64, _>("jobs"), 1000);
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(db.store.pool()).await.unwrap();
+    assert_eq!(total, 1000);
+
+    worker.signal("TERM");
+    let status = worker.exit_within(Duration::from_secs(30)).await.expect("worker exits after SIGTERM");
+    assert_eq!(status.code(), Some(0));
+    assert!(db.store.workers().await.unwrap().is_empty(), "the worker deregisters on the way out");
+}
+
+#[tokio::test]
+async fn a_failing_job_follows_its_policy_to_the_dead_letter() {
+    let db = TestDb::new().await;
+    put_policy(
+        &db.store,
+        "always.fails",
+        json!({"max_attempts": 4, "initial_interval": "PT0.1S", "backoff_strategy": "constant", "jitter": false, "on_exhaustion": "dead_letter"}),
+    )
+    .await;
+    let handlers = r#"[handlers."always.fails"]
+kind = "exec"
+command = ["sh", "-c", "echo 'upstream still broken' >&2; exit 75"]
+"#;
+    let worker = WorkerProcess::start(&db.url, &fast_config("", "default = 2", handlers), &[]);
+    let job = db.store.enqueue(NewJob::new("always.fails", json!([]))).await.unwrap().job;
+    let done = wait_state(&db.store, job.id, JobState::Discarded).await;
+    assert!(done.dead_letter, "exhaustion goes to the dead letters by policy");
+    assert_eq!(done.attempt, 4);
+
+    let attempts = db.store.attempts(job.id).await.unwrap();
+    assert_eq!(attempts.iter().map(|a| a.attempt).collect::<Vec<_>>(), vec![1, 2, 3, 4], "one row per execution");
+    assert_eq!(attempts.iter().map(|a| a.outcome.as_str()).collect::<Vec<_>>(), vec!["retried", "retried", "retried", "exhausted"]);
+    assert_eq!(attempts.iter().map(|a| a.delay_ms).collect::<Vec<_>>(), vec![Some(100), Some(100), Some(100), None]);
+    for a in &attempts {
+        assert_eq!(a.error_type.as_deref(), Some("exec.tempfail"));
+        assert_eq!(a.error_message.as_deref(), Some("upstream still broken"));
+        assert!(a.worker_id.is_some());
+    }
+    for pair in attempts.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        let planned = before.next_run_at.expect("a retried attempt plans its next run");
+        assert_eq!(planned.duration_since(before.finished_at).as_millis(), 100, "planned delay");
+        let started = after.started_at.expect("attempt start");
+        assert!(started >= planned, "attempt {} started at {started}, before its planned {planned}", after.attempt);
+    }
+    drop(worker);
+}
+
+#[tokio::test]
+async fn sigterm_lets_the_running_job_finish_and_exits_zero() {
+    let db = TestDb::new().await;
+    let config = fast_config("shutdown_grace = \"20s\"", "default = 1", "");
+    // The demo config's handlers are not in `config`; add demo.slow.
+    let config = format!("{config}\n[handlers.\"demo.slow\"]\nkind = \"demo\"\n");
+    let mut worker = WorkerProcess::start(&db.url, &config, &[]);
+    let running = db.store.enqueue(NewJob::new("demo.slow", json!([{"ms": 1500}]))).await.unwrap().job;
+    let waiting = db.store.enqueue(NewJob::new("demo.slow", json!([{"ms": 1500}]))).await.unwrap().job;
+    wait_state(&db.store, running.id, JobState::Active).await;
+
+    worker.signal("TERM");
+    let status = worker.exit_within(Duration::from_secs(20)).await.expect("exit within the grace period");
+    assert_eq!(status.code(), Some(0));
+    let finished = db.store.job(running.id).await.unwrap();
+    assert_eq!(finished.state, JobState::Completed, "the running job finished during the grace period");
+    assert_eq!(finished.result, Some(json!({"slept_ms": 1500})));
+    // With its only slot busy, the worker never claimed the second job, and stopped claiming.
+    let untouched = db.store.job(waiting.id).await.unwrap();
+    assert_eq!((untouched.state, untouched.attempt), (JobState::Available, 0));
+    assert!(worker.log_text().contains("stopping"));
+}
+
+#[tokio::test]
+async fn sigterm_releases_a_job_that_outlives_the_grace_period() {
+    let db = TestDb::new().await;
+    let config = format!("{}\n[handlers.\"demo.slow\"]\nkind = \"demo\"\n", fast_config("shutdown_grace = \"500ms\"", "default = 2", ""));
+    let mut worker = WorkerProcess::start(&db.url, &config, &[]);
+    let job = db.store.enqueue(NewJob::new("demo.slow", json!([{"ms": 60000}]))).await.unwrap().job;
+    wait_state(&db.store, job.id, JobState::Active).await;
+
+    worker.signal("TERM");
+    let status = worker.exit_within(Duration::from_secs(20)).await.expect("exit soon after the grace period");
+    assert_eq!(status.code(), Some(0));
+    let released = db.store.job(job.id).await.unwrap();
+    assert_eq!(released.state, JobState::Available, "handed back for another worker");
+    assert_eq!(released.attempt, 0, "the cut-short attempt is not counted");
+    assert!(released.locked_by.is_none());
+    let attempts = db.store.attempts(job.id).await.unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].outcome, "released");
+}
+
+#[tokio::test]
+async fn kill_9_mid_job_is_rescued_by_another_worker_as_stalled() {
+    let db = TestDb::new().await;
+    let config = format!(
+        "{}\n[handlers.\"demo.slow\"]\nkind = \"demo\"\n",
+        fast_config("visibility_timeout = \"2s\"\nheartbeat_interval = \"500ms\"", "default = 2", "")
+    );
+    let mut first = WorkerProcess::start(&db.url, &config, &["--worker-id", "first"]);
+    let job = db.store.enqueue(NewJob::new("demo.slow", json!([{"ms": 1500}]))).await.unwrap().job;
+    let active = wait_state(&db.store, job.id, JobState::Active).await;
+    assert_eq!(active.locked_by.as_deref(), Some("first"));
+    first.kill9();
+
+    let second = WorkerProcess::start(&db.url, &config, &["--worker-id", "second"]);
+    let done = wait_state(&db.store, job.id, JobState::Completed).await;
+    assert_eq!(done.attempt, 2);
+    let attempts = db.store.attempts(job.id).await.unwrap();
+    assert_eq!(attempts.len(), 2, "{attempts:#?}");
+    assert_eq!(attempts[0].attempt, 1);
+    assert_eq!(attempts[0].worker_id.as_deref(), Some("first"));
+    assert_eq!(attempts[0].error_type.as_deref(), Some("rebound.stalled"));
+    assert_eq!(attempts[0].outcome, "retried");
+    assert_eq!(attempts[1].attempt, 2);
+    assert_eq!(attempts[1].worker_id.as_deref(), Some("second"));
+    assert_eq!(attempts[1].outcome, "completed");
+    drop(second);
+}
+
+#[tokio::test]
+async fn a_policy_edit_applies_to_the_next_failure_without_a_restart() {
+    let db = TestDb::new().await;
+    put_policy(
+        &db.store,
+        "flip.flop",
+        json!({"max_attempts": 3, "initial_interval": "PT2S", "backoff_strategy": "constant", "jitter": false, "on_exhaustion": "discard"}),
+    )
+    .await;
+    let handlers = "[handlers.\"flip.flop\"]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"exit 75\"]\n";
+    let mut worker = WorkerProcess::start(&db.url, &fast_config("", "default = 2", handlers), &[]);
+    let job = db.store.enqueue(NewJob::new("flip.flop", json!([]))).await.unwrap().job;
+    let first = eventually("the first failure", LONG, || async { db.store.attempts(job.id).await.ok().filter(|a| !a.is_empty()) }).await;
+    assert_eq!(first[0].delay_ms, Some(2000), "the first failure uses the original policy");
+
+    // Edited while the job waits for its retry, as an operator would from the dashboard.
+    put_policy(
+        &db.store,
+        "flip.flop",
+        json!({"max_attempts": 3, "initial_interval": "PT0.1S", "backoff_strategy": "constant", "jitter": false, "on_exhaustion": "dead_letter"}),
+    )
+    .await;
+    let done = wait_state(&db.store, job.id, JobState::Discarded).await;
+    assert!(done.dead_letter, "exhaustion follows the edited policy");
+    let attempts = db.store.attempts(job.id).await.unwrap();
+    assert_eq!(attempts.iter().map(|a| a.delay_ms).collect::<Vec<_>>(), vec![Some(2000), Some(100), None]);
+    assert_eq!(attempts[1].policy.as_ref().unwrap()["initial_interval"], "PT0.1S");
+    assert!(worker.running(), "no restart happened");
+}
+
+#[tokio::test]
+async fn bad_config_names_the_key_and_exits_2() {
+    let db = TestDb::new().await;
+    let mut worker = WorkerProcess::start(&db.url, "[worker]\npoll_interval = \"often\"\n", &[]);
+    let status = worker.exit_within(Duration::from_secs(20)).await.expect("exits at once");
+    assert_eq!(status.code(), Some(2));
+    let log = worker.log_text();
+    assert!(log.contains("worker.poll_interval") && log.contains("often"), "{log}");
+
+    let mut unknown = WorkerProcess::start(&db.url, "[handlers.\"a.b\"]\nkind = \"ftp\"\n", &[]);
+    assert_eq!(unknown.exit_within(Duration::from_secs(20)).await.and_then(|s| s.code()), Some(2));
+    assert!(unknown.log_text().contains("handlers.\"a.b\".kind"), "{}", unknown.log_text());
+}
+
+#[test]
+fn check_config_accepts_the_example_and_rejects_a_missing_url() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/worker.example.toml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rebound-worker"))
+        .args(["--config", example, "--check-config"])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("handler email.send → exec"), "{stdout}");
+
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/demo.toml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rebound-worker"))
+        .args(["--config", demo, "--check-config", "--database-url", "postgres://localhost/rebound"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("handler demo.flaky → demo"));
+
+    // No config file and no URL anywhere.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rebound-worker")).arg("--check-config").env_remove("DATABASE_URL").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("database.url"));
+}
+
+#[tokio::test]
+async fn systemd_hears_ready_watchdog_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let db = TestDb::new().await;
+    let scratch = Scratch::new("notify");
+    let socket_path = scratch.file("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let config = format!("{}\n[handlers.\"demo.succeed\"]\nkind = \"demo\"\n", fast_config("", "default = 1", ""));
+    let socket_env = socket_path.display().to_string();
+    let mut worker = WorkerProcess::start_with_env(&db.url, &config, &[], &[("NOTIFY_SOCKET", &socket_env), ("WATCHDOG_USEC", "400000")]);
+
+    let mut heard = String::new();
+    let mut buf = [0u8; 4096];
+    let mut recv_until = |needle: &str, heard: &mut String| {
+        while !heard.contains(needle) {
+            let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("no {needle} from the worker ({e}); heard: {heard}"));
+            heard.push_str(&String::from_utf8_lossy(&buf[..n]));
+            heard.push('\n');
+        }
+    };
+    recv_until("READY=1", &mut heard);
+    recv_until("WATCHDOG=1", &mut heard);
+    worker.signal("TERM");
+    recv_until("STOPPING=1", &mut heard);
+    let status = worker.exit_within(Duration::from_secs(20)).await.expect("exits");
+    assert_eq!(status.code(), Some(0));
+}
