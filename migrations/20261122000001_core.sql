@@ -51,7 +51,16 @@ CREATE TABLE jobs (
     result                jsonb,
     last_error            jsonb,
     retry_delay_ms        bigint,
-    updated_at            timestamptz NOT NULL DEFAULT now()
+    updated_at            timestamptz NOT NULL DEFAULT now(),
+    -- Dead letters are grouped by this on the dashboard: the error type plus the message with
+    -- ids and numbers normalised, so "timeout after 31s" and "after 30s" group together.
+    -- Generated so that every writer (and a hand edit) keeps it right; NULL unless dead.
+    error_signature       text GENERATED ALWAYS AS (
+        CASE WHEN dead_letter THEN
+            coalesce(last_error->>'type', '') || ': ' ||
+            regexp_replace(coalesce(last_error->>'message', ''),
+                '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9]+', '#', 'g')
+        END) STORED
 );
 
 -- The claim path: only the claimable set is indexed, in claim order.
@@ -69,8 +78,8 @@ CREATE INDEX jobs_state_id ON jobs (state, id DESC);
 CREATE INDEX jobs_queue_state_id ON jobs (queue, state, id DESC);
 CREATE INDEX jobs_type_state_id ON jobs (type, state, id DESC);
 -- Dead-letter views.
-CREATE INDEX jobs_dead_letters ON jobs (dead_lettered_at DESC, id DESC) WHERE dead_letter;
-CREATE INDEX jobs_dead_letters_type ON jobs (type, dead_lettered_at DESC) WHERE dead_letter;
+CREATE INDEX jobs_dead_letters ON jobs (id DESC) WHERE dead_letter;
+CREATE INDEX jobs_dead_letters_signature ON jobs (error_signature, dead_lettered_at DESC) WHERE dead_letter;
 -- Unique / idempotency keys.
 CREATE INDEX jobs_unique_key ON jobs (unique_key) WHERE unique_key IS NOT NULL;
 -- The pruner: finished jobs by age.

@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::notify::notify_queues;
 use super::policies::PolicyLayers;
 use super::{Store, StoreError, jobs_from_rows, millis};
 use crate::job::{Job, JobState};
@@ -73,7 +72,9 @@ WITH input AS (
         dead_lettered_at = CASE WHEN i.dead_letter THEN now() END,
         locked_by = NULL, lock_expires_at = NULL, updated_at = now()
     FROM input i
-    WHERE j.id = i.id
+    -- Optimistic guard: the decision was made on a read of this exact attempt. If the job moved
+    -- on meanwhile (cancelled, rescued, claimed again) the failure no longer applies.
+    WHERE j.id = i.id AND j.state = 'active' AND j.attempt = i.ran_attempt
     RETURNING j.*
 ), recorded AS (
     INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error_type, error_code,
@@ -82,19 +83,19 @@ WITH input AS (
            i.error_message, i.error_details, i.delay_ms,
            CASE WHEN u.state IN ('retryable', 'available', 'scheduled') THEN u.scheduled_at END, i.policy
     FROM input i JOIN updated u ON u.id = i.id
+), woken AS (
+    SELECT pg_notify('rebound_jobs', q.queue) FROM (SELECT DISTINCT queue FROM updated WHERE state = 'available') AS q
 )
-SELECT * FROM updated";
+-- Referencing `woken` is what makes Postgres run it (unreferenced SELECT CTEs are skipped).
+SELECT * FROM updated WHERE (SELECT count(*) FROM woken) >= 0";
 
-/// Decides and writes the failures of jobs the caller has locked (`FOR UPDATE`) in `conn`'s
-/// transaction. Policies are loaded once for all the jobs' types.
-pub(crate) async fn apply_failures(conn: &mut PgConnection, runs: Vec<FailedRun>) -> Result<Vec<FailureResult>, StoreError> {
+/// Decides and writes the failures of `runs` in one statement, with the given live policies.
+/// Each write is guarded by the job still being active at the attempt that was read, so the
+/// caller needs no lock: a job that moved on meanwhile is skipped (absent from the answer).
+pub(crate) async fn apply_failures(conn: &mut PgConnection, runs: Vec<FailedRun>, layers: &PolicyLayers) -> Result<Vec<FailureResult>, StoreError> {
     if runs.is_empty() {
         return Ok(Vec::new());
     }
-    let mut types: Vec<String> = runs.iter().map(|r| r.job.job_type.clone()).collect();
-    types.sort();
-    types.dedup();
-    let layers = PolicyLayers::load(conn, &types).await?;
     let now = Timestamp::now();
     let mut rng = fastrand::Rng::new();
 
@@ -183,10 +184,6 @@ pub(crate) async fn apply_failures(conn: &mut PgConnection, runs: Vec<FailedRun>
         .fetch_all(&mut *conn)
         .await?;
     let mut by_id: std::collections::HashMap<Uuid, Job> = jobs_from_rows(&rows)?.into_iter().map(|j| (j.id, j)).collect();
-    let mut queues: Vec<String> = by_id.values().filter(|j| j.state == JobState::Available).map(|j| j.queue.clone()).collect();
-    queues.sort();
-    queues.dedup();
-    notify_queues(&mut *conn, &queues).await?;
     Ok(ids
         .iter()
         .zip(decided)
@@ -227,11 +224,16 @@ impl Store {
             return Ok(Vec::new());
         }
         let ids: Vec<Uuid> = failures.iter().map(|f| f.id).collect();
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query("SELECT * FROM jobs WHERE id = ANY($1) AND state = 'active' ORDER BY id FOR UPDATE")
-            .bind(&ids)
-            .fetch_all(&mut *tx)
-            .await?;
+        // Two reads at once on two connections (the jobs, and the live policies of their
+        // types), then one guarded write: the fail path costs two round trips, not six.
+        let mut conn = self.pool.acquire().await?;
+        let mut policy_conn = self.pool.acquire().await?;
+        let (rows, layers) = tokio::join!(
+            sqlx::query("SELECT * FROM jobs WHERE id = ANY($1) AND state = 'active'").bind(&ids).fetch_all(&mut *conn),
+            PolicyLayers::load_for_jobs(&mut policy_conn, &ids),
+        );
+        drop(policy_conn);
+        let (rows, layers) = (rows?, layers?);
         let mut locked: std::collections::HashMap<Uuid, Job> = jobs_from_rows(&rows)?.into_iter().map(|j| (j.id, j)).collect();
         let runs: Vec<FailedRun> = failures
             .iter()
@@ -249,8 +251,6 @@ impl Store {
                 })
             })
             .collect();
-        let out = apply_failures(&mut tx, runs).await?;
-        tx.commit().await?;
-        Ok(out)
+        apply_failures(&mut conn, runs, &layers).await
     }
 }

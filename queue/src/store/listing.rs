@@ -33,9 +33,17 @@ impl JobFilter {
 
     /// Appends ` AND …` conditions for this filter to a query whose `jobs` rows are aliased `j`.
     pub(crate) fn push_conditions(&self, qb: &mut QueryBuilder<Postgres>) {
-        if !self.states.is_empty() {
-            let states: Vec<&str> = self.states.iter().map(|s| s.as_str()).collect();
-            qb.push(" AND j.state = ANY(").push_bind(states).push("::job_state[])");
+        match self.states.as_slice() {
+            [] => {}
+            // Postgres 15 cannot walk a (…, state, id) index in id order under `= ANY`, so
+            // the common one-state filter is spelled as an equality.
+            [one] => {
+                qb.push(" AND j.state = ").push_bind(one.as_str()).push("::job_state");
+            }
+            many => {
+                let states: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
+                qb.push(" AND j.state = ANY(").push_bind(states).push("::job_state[])");
+            }
         }
         if let Some(q) = &self.queue {
             qb.push(" AND j.queue = ").push_bind(q.clone());
@@ -171,19 +179,28 @@ impl Store {
 
     /// Dead letters matching `filter`, grouped by error signature, largest groups first.
     pub async fn dead_letter_groups(&self, filter: &JobFilter, limit: i64) -> Result<Vec<ErrorGroup>, StoreError> {
+        // Count per signature first (an index-only scan of the partial signature index when
+        // unfiltered), then look up one example per group through the same index.
         let mut qb = QueryBuilder::<Postgres>::new(
-            "SELECT j.last_error->>'type' AS error_type,
-                    coalesce(j.last_error->>'type', '') || ': ' ||
-                      regexp_replace(coalesce(j.last_error->>'message', ''),
-                        '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9]+', '#', 'g') AS signature,
-                    min(j.last_error->>'message') AS example_message,
-                    count(*) AS n, max(j.dead_lettered_at) AS latest
-             FROM jobs j WHERE j.dead_letter",
+            "WITH groups AS (
+                 SELECT j.error_signature AS signature, count(*) AS n FROM jobs j WHERE j.dead_letter",
         );
         let mut f = filter.clone();
         f.dead_letter = None;
         f.push_conditions(&mut qb);
-        qb.push(" GROUP BY 1, 2 ORDER BY n DESC, 2 LIMIT ").push_bind(limit.clamp(1, 200));
+        qb.push(" GROUP BY 1 ORDER BY n DESC, 1 LIMIT ").push_bind(limit.clamp(1, 200));
+        qb.push(
+            ")
+             SELECT g.signature, g.n, e.error_type, e.example_message, e.latest
+             FROM groups g
+             CROSS JOIN LATERAL (
+                 SELECT x.last_error->>'type' AS error_type, x.last_error->>'message' AS example_message,
+                        x.dead_lettered_at AS latest
+                 FROM jobs x WHERE x.dead_letter AND x.error_signature = g.signature
+                 ORDER BY x.dead_lettered_at DESC LIMIT 1
+             ) e
+             ORDER BY g.n DESC, g.signature",
+        );
         let rows = qb.build().fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {

@@ -9,6 +9,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::Postgres;
 
 use super::fail::{FailedRun, apply_failures};
+use super::policies::PolicyLayers;
 use super::notify::notify_queues;
 use super::{Store, StoreError, jobs_from_rows, millis};
 use crate::outcome::{HandlerError, Outcome};
@@ -178,7 +179,11 @@ impl Store {
                 }
             })
             .collect();
-        apply_failures(&mut tx, runs).await?;
+        let mut types: Vec<String> = runs.iter().map(|r| r.job.job_type.clone()).collect();
+        types.sort();
+        types.dedup();
+        let layers = PolicyLayers::load(&mut tx, &types).await?;
+        apply_failures(&mut tx, runs, &layers).await?;
         tx.commit().await?;
         Ok(report)
     }

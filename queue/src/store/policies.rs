@@ -53,6 +53,10 @@ impl PolicyLayers {
             .bind(types)
             .fetch_all(&mut *conn)
             .await?;
+        Self::from_rows(rows)
+    }
+
+    fn from_rows(rows: Vec<sqlx::postgres::PgRow>) -> Result<PolicyLayers, StoreError> {
         let mut layers = PolicyLayers::default();
         for row in rows {
             let job_type: String = row.try_get("job_type")?;
@@ -67,6 +71,18 @@ impl PolicyLayers {
             }
         }
         Ok(layers)
+    }
+
+    /// Loads the `*` layer and the rows of the types of the given jobs, in one query.
+    pub(crate) async fn load_for_jobs(conn: &mut PgConnection, job_ids: &[uuid::Uuid]) -> Result<PolicyLayers, StoreError> {
+        let rows = sqlx::query(
+            "SELECT job_type, policy FROM retry_policies
+             WHERE job_type = '*' OR job_type IN (SELECT DISTINCT type FROM jobs WHERE id = ANY($1))",
+        )
+        .bind(job_ids)
+        .fetch_all(&mut *conn)
+        .await?;
+        Self::from_rows(rows)
     }
 
     /// Built-in defaults with the `*` layer applied.
