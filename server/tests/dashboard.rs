@@ -55,7 +55,11 @@ impl Dashboard {
     }
 
     async fn send(&self, req: Request<Body>) -> Reply {
-        let res = self.app.clone().oneshot(req).await.expect("the router is infallible");
+        // A hung request fails the test instead of hanging the run.
+        let res = tokio::time::timeout(Duration::from_secs(60), self.app.clone().oneshot(req))
+            .await
+            .expect("the dashboard answered within a minute")
+            .expect("the router is infallible");
         let status = res.status();
         let headers = res.headers().clone();
         let bytes = axum::body::to_bytes(res.into_body(), usize::MAX).await.expect("body");
@@ -135,7 +139,7 @@ impl Dashboard {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signed_out_pages_send_you_to_the_login_page() {
     let d = Dashboard::new().await;
     let r = d.get("/jobs?state=retryable", None).await;
@@ -152,7 +156,7 @@ async fn signed_out_pages_send_you_to_the_login_page() {
     assert_eq!(d.get("/healthz", None).await.status, StatusCode::OK);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn login_starts_a_hashed_session_in_an_http_only_cookie() {
     let d = Dashboard::new().await;
     d.user("olivia", "correct horse", Role::Operator).await;
@@ -185,7 +189,7 @@ async fn login_starts_a_hashed_session_in_an_http_only_cookie() {
     assert!(page.text.contains(&format!(r#"name="csrf" value="{}""#, b.csrf)), "forms carry the CSRF token");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_render_without_javascript() {
     let d = Dashboard::new().await;
     d.user("olivia", "correct horse", Role::Operator).await;
@@ -208,7 +212,7 @@ async fn pages_render_without_javascript() {
     assert!(missing.text.contains("not found"));
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_viewer_cannot_act_and_nothing_changes() {
     let d = Dashboard::new().await;
     d.user("victor", "viewer password", Role::Viewer).await;
@@ -234,7 +238,7 @@ async fn a_viewer_cannot_act_and_nothing_changes() {
     assert_eq!(d.audit_actions().await, before, "a refused action writes nothing");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_acts_with_the_csrf_token_and_is_audited() {
     let d = Dashboard::new().await;
     d.user("olivia", "correct horse", Role::Operator).await;
@@ -265,7 +269,7 @@ async fn an_operator_acts_with_the_csrf_token_and_is_audited() {
     assert!(again.text.contains("nothing done"), "{}", again.text);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_edits_are_validated_by_field_and_saved_with_history() {
     let d = Dashboard::new().await;
     d.user("olivia", "correct horse", Role::Operator).await;
@@ -308,7 +312,7 @@ async fn policy_edits_are_validated_by_field_and_saved_with_history() {
     assert_eq!(d.db.store.policy_history("invoice.render").await.expect("db").len(), 1, "a preview saves nothing");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logout_needs_the_csrf_token_and_ends_the_session() {
     let d = Dashboard::new().await;
     d.user("olivia", "correct horse", Role::Operator).await;
@@ -326,7 +330,7 @@ async fn logout_needs_the_csrf_token_and_ends_the_session() {
     assert_eq!(d.get("/jobs", Some(&b)).await.status, StatusCode::SEE_OTHER);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_actions_need_a_confirmation_and_act_on_the_filter() {
     let d = Dashboard::new().await;
     d.user("olivia", "correct horse", Role::Operator).await;
@@ -364,7 +368,7 @@ async fn bulk_actions_need_a_confirmation_and_act_on_the_filter() {
     assert!(audit.iter().any(|(who, what, _)| who == "olivia" && what == "job.bulk_discard"));
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purging_dead_letters_needs_the_typed_confirmation() {
     let d = Dashboard::new().await;
     d.user("olivia", "correct horse", Role::Operator).await;
@@ -384,7 +388,7 @@ async fn purging_dead_letters_needs_the_typed_confirmation() {
     assert!(d.audit_actions().await.iter().any(|(who, what, _)| who == "olivia" && what == "dead_letter.purge"));
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staggered_redrive_of_a_selection() {
     let d = Dashboard::new().await;
     d.user("olivia", "correct horse", Role::Operator).await;
@@ -420,7 +424,7 @@ async fn staggered_redrive_of_a_selection() {
     assert!(r.text.contains("Re-drove 1 dead letter."), "{}", r.text);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queues_pause_and_resume_and_policies_restore() {
     let d = Dashboard::new().await;
     d.user("olivia", "correct horse", Role::Operator).await;

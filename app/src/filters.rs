@@ -1,0 +1,177 @@
+//! The job filter shared by the jobs list, the dead-letter page and their bulk actions. It
+//! lives in the URL's query string (so a filtered view can be bookmarked, shared and works
+//! without JavaScript) and travels to server functions as hidden `filter[...]` form fields.
+
+use leptos::prelude::*;
+use leptos_router::hooks::use_query_map;
+use serde::{Deserialize, Serialize};
+
+/// A job filter as typed into the form; empty strings mean "any".
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobQuery {
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub queue: String,
+    #[serde(default)]
+    pub job_type: String,
+    /// Exact, or a prefix ending in `.*`.
+    #[serde(default)]
+    pub error_type: String,
+    /// Substring of the args or of the last error's message.
+    #[serde(default)]
+    pub text: String,
+    /// `1h`, `24h`, `7d` or empty: only jobs created within that window.
+    #[serde(default)]
+    pub since: String,
+}
+
+/// The time windows offered for `since`.
+pub const SINCE_CHOICES: [(&str, &str); 4] = [("", "any time"), ("1h", "last hour"), ("24h", "last 24 hours"), ("7d", "last 7 days")];
+
+/// The job states offered for `state`.
+pub const STATES: [&str; 8] = ["scheduled", "available", "pending", "active", "completed", "retryable", "cancelled", "discarded"];
+
+impl JobQuery {
+    /// The filter in the current URL.
+    pub fn from_url() -> Memo<JobQuery> {
+        let q = use_query_map();
+        Memo::new(move |_| {
+            q.with(|q| {
+                let get = |k: &str| q.get(k).map(|v| v.trim().to_string()).unwrap_or_default();
+                JobQuery {
+                    state: get("state"),
+                    queue: get("queue"),
+                    job_type: get("job_type"),
+                    error_type: get("error_type"),
+                    text: get("text"),
+                    since: get("since"),
+                }
+            })
+        })
+    }
+
+    /// The filter as URL query pairs (empty fields left out), e.g. for links.
+    pub fn to_query_string(&self) -> String {
+        [
+            ("state", &self.state),
+            ("queue", &self.queue),
+            ("job_type", &self.job_type),
+            ("error_type", &self.error_type),
+            ("text", &self.text),
+            ("since", &self.since),
+        ]
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| format!("{k}={}", urlencode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self == &JobQuery::default()
+    }
+}
+
+/// Percent-encodes a query value (everything but unreserved characters).
+pub fn urlencode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(b as char),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+#[cfg(feature = "ssr")]
+impl JobQuery {
+    /// The store filter, relative to `now` for `since`. Unknown states are an input error
+    /// naming the field.
+    pub fn to_filter(&self, now: jiff::Timestamp) -> Result<rebound_queue::store::JobFilter, crate::error::AppError> {
+        use crate::error::AppError;
+        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        let states = if self.state.is_empty() {
+            Vec::new()
+        } else {
+            vec![self.state.parse().map_err(|e: rebound_queue::job::UnknownState| AppError::Invalid {
+                field: "state".into(),
+                reason: e.to_string(),
+            })?]
+        };
+        let window_secs = match self.since.as_str() {
+            "" => None,
+            "1h" => Some(3_600),
+            "24h" => Some(86_400),
+            "7d" => Some(7 * 86_400),
+            other => {
+                return Err(AppError::Invalid { field: "since".into(), reason: format!("{other:?} is not 1h, 24h or 7d") });
+            }
+        };
+        Ok(rebound_queue::store::JobFilter {
+            states,
+            queue: non_empty(&self.queue),
+            job_type: non_empty(&self.job_type),
+            error_type: non_empty(&self.error_type),
+            text: non_empty(&self.text),
+            dead_letter: None,
+            created_after: window_secs.and_then(|s| now.checked_sub(jiff::SignedDuration::from_secs(s)).ok()),
+            created_before: None,
+        })
+    }
+}
+
+/// The filter form: a plain GET form, so filtering works without JavaScript and the result is
+/// a URL. `show_state` is off on the dead-letter page, where every job is discarded.
+#[component]
+pub fn FilterForm(action: &'static str, query: Memo<JobQuery>, show_state: bool) -> impl IntoView {
+    let q = move || query.get();
+    view! {
+        <form class="filters" method="get" action=action>
+            {show_state
+                .then(|| {
+                    view! {
+                        <label>
+                            "State"
+                            <select name="state">
+                                <option value="" selected=move || q().state.is_empty()>"any"</option>
+                                {STATES
+                                    .into_iter()
+                                    .map(|s| view! { <option value=s selected=move || q().state == s>{s}</option> })
+                                    .collect_view()}
+                            </select>
+                        </label>
+                    }
+                })}
+            <label>"Queue" <input name="queue" placeholder="any" value=move || q().queue/></label>
+            <label>"Type" <input name="job_type" placeholder="any" value=move || q().job_type/></label>
+            <label>"Error type" <input name="error_type" placeholder="e.g. http.5xx or http.*" value=move || q().error_type/></label>
+            <label>"Text" <input name="text" type="search" placeholder="in args or error message" value=move || q().text/></label>
+            <label>
+                "Created"
+                <select name="since">
+                    {SINCE_CHOICES
+                        .into_iter()
+                        .map(|(v, label)| view! { <option value=v selected=move || q().since == v>{label}</option> })
+                        .collect_view()}
+                </select>
+            </label>
+            <button type="submit">"Filter"</button>
+            <a class="button-link" href=action>"Clear"</a>
+        </form>
+    }
+}
+
+/// The filter as hidden `filter[...]` fields, so a bulk action acts on exactly the listed view.
+#[component]
+pub fn FilterHiddenFields(query: JobQuery) -> impl IntoView {
+    view! {
+        <input type="hidden" name="filter[state]" value=query.state/>
+        <input type="hidden" name="filter[queue]" value=query.queue/>
+        <input type="hidden" name="filter[job_type]" value=query.job_type/>
+        <input type="hidden" name="filter[error_type]" value=query.error_type/>
+        <input type="hidden" name="filter[text]" value=query.text/>
+        <input type="hidden" name="filter[since]" value=query.since/>
+    }
+}

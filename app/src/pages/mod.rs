@@ -1,0 +1,23 @@
+//! One module per page; each keeps its server functions next to its components.
+
+pub mod audit;
+pub mod dead_letters;
+pub mod job_detail;
+pub mod jobs;
+pub mod login;
+pub mod overview;
+pub mod policies;
+pub mod policy_editor;
+pub mod queues;
+pub mod workers;
+
+pub use audit::AuditPage;
+pub use dead_letters::DeadLettersPage;
+pub use job_detail::JobDetailPage;
+pub use jobs::JobsPage;
+pub use login::LoginPage;
+pub use overview::OverviewPage;
+pub use policies::PoliciesPage;
+pub use policy_editor::PolicyEditorPage;
+pub use queues::QueuesPage;
+pub use workers::WorkersPage;

@@ -1,0 +1,40 @@
+// With JavaScript off, the dashboard still works: sign in, re-drive from a job's page, and
+// preview a policy edit with the Preview button.
+
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { BASE_URL, apiJob, openBrowser, screenshot, seeded, signIn, textOf } from './support.mjs';
+
+test('re-drive works with JavaScript disabled', async () => {
+  const { page, close } = await openBrowser({ javaScriptEnabled: false });
+  const target = seeded().dead['N-1'];
+  try {
+    await signIn(page);
+    await page.goto(`${BASE_URL}/jobs/${target}`);
+    assert.match(await textOf(page, 'h1 .state'), /dead letter/);
+    await page.check('input[name=budget][value=one_more]');
+    // A real form post to the server function, answered by a redirect back to this page.
+    await Promise.all([page.waitForNavigation(), page.click('button[name=action][value=redrive]')]);
+    assert.match(page.url(), new RegExp(`/jobs/${target}\\??$`));
+    assert.match(await textOf(page, 'h1 .state'), /available/);
+    const job = await apiJob(target);
+    assert.equal(job.state, 'available');
+    // One more attempt: the job may run once more, whatever the policy says.
+    assert.equal(job.max_attempts ?? job.options?.retry?.max_attempts, 2);
+    await screenshot(page, '10-no-js-redrive');
+
+    // The policy editor's Preview button, without JavaScript.
+    await page.goto(`${BASE_URL}/policies/edit?type=payment.refund`);
+    await page.fill('input[name="policy[max_attempts]"]', '4');
+    await page.fill('input[name="policy[initial_interval]"]', 'PT30S');
+    await Promise.all([page.waitForNavigation(), page.click('button[name=intent][value=preview]')]);
+    assert.match(page.url(), /preview=1/);
+    const delays = await page.$$eval('.preview-table tbody tr td:nth-child(3)', (cells) => cells.map((c) => c.textContent.trim()));
+    assert.deepEqual(delays, ['30s', '1m', '2m']);
+    assert.equal(await page.inputValue('input[name="policy[max_attempts]"]'), '4');
+    await screenshot(page, '11-no-js-policy-preview');
+  } finally {
+    await close();
+  }
+});
