@@ -1,9 +1,11 @@
-//! The claim loop of one queue: claims as many jobs as it has free slots, in one statement,
-//! and hands them to the dispatcher.
+//! A claim loop of one queue: claims as many jobs as it has free slots, in one statement,
+//! and hands them to the dispatcher. A queue may have several loops sharing its slots, so one
+//! claims while another's round trip is still on its way.
 //!
-//! It waits for a free slot, then for work: a notification for its queue, or the poll
-//! interval (notifications can be lost across reconnects, and retries become due without
-//! one). A full batch means more may be waiting, so it claims again at once. Claims go through
+//! It waits for the completer to keep up (see [`ResultBacklog`]), for a free slot, then for
+//! work: a notification for its queue, or the poll interval (notifications can be lost across
+//! reconnects, and retries become due without one). A full batch means more may be waiting,
+//! so it claims again at once and wakes a sibling loop that may be idle. Claims go through
 //! the claim retry; when that gives up, the loop backs off and tries again until shutdown:
 //! a database outage delays work, it never stops the worker. Shutdown ends the waits at
 //! once but never abandons a claim in flight (its jobs would be stranded until rescued).
@@ -18,6 +20,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::completer::ResultBacklog;
 use crate::executor::Dispatcher;
 use crate::outage::OutageBackoff;
 use crate::running::RunningJobs;
@@ -41,6 +44,11 @@ pub struct Claimer {
     pub wake: Arc<Notify>,
     pub running: Arc<RunningJobs>,
     pub dispatcher: Dispatcher,
+    /// Results not yet written; no claims while it holds `max_backlog` or more.
+    pub backlog: Arc<ResultBacklog>,
+    pub max_backlog: usize,
+    /// Whether other loops claim for the same queue (and may need waking).
+    pub has_siblings: bool,
 }
 
 impl Claimer {
@@ -50,6 +58,9 @@ impl Claimer {
         let mut outage = OutageBackoff::like(&self.retry);
         let batch_max = self.batch_max.max(1) as usize;
         loop {
+            if !self.backlog.wait_below(self.max_backlog, &shutdown).await {
+                break;
+            }
             // A free slot first: claiming work we cannot start would only hold its lock.
             let first = tokio::select! {
                 biased;
@@ -111,6 +122,11 @@ impl Claimer {
                 self.dispatcher.dispatch(job, lost, slot);
             }
             drop(slots);
+            if got == wanted && self.has_siblings {
+                // More is probably waiting; a sibling asleep since the queue last ran dry
+                // would otherwise sleep through it until its next poll.
+                self.wake.notify_one();
+            }
             if got < wanted {
                 // The queue is drained (or paused): wait for news.
                 tokio::select! {

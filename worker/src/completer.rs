@@ -1,24 +1,37 @@
 //! Writes what handlers ended with, in batches.
 //!
-//! Results arrive on a channel; they are flushed when `batch_size` wait or `flush_interval`
+//! Results arrive on a channel; a batch is written when `batch_size` wait or `flush_interval`
 //! after the first one, as one `complete_batch`, one `fail_batch` and one `release` statement,
-//! so throughput is bounded by Postgres rather than by round trips. Every write names the
-//! attempt and the worker, so the store refuses a result for a run that is no longer current.
+//! so throughput is bounded by Postgres rather than by round trips. Up to `flushes_in_flight`
+//! batches are written at once: with one at a time, every batch would wait out the previous
+//! one's commit (a WAL flush, with `synchronous_commit` on) while both Postgres and the worker
+//! sit idle; a few at once overlap those waits and let Postgres flush their commits together.
+//! Batches hold distinct results, and every write names the attempt and the worker, so the
+//! store refuses a result for a run that is no longer current whichever batch lands first.
+//!
+//! The claim loops pause while more than `max_backlog` results are unwritten (see
+//! [`ResultBacklog`]): a worker whose writes fall behind its claims would otherwise keep
+//! claiming jobs it cannot finish recording, holding (and heartbeating) work that other
+//! workers could run.
 //!
 //! A write that fails through its storage retries is not dropped: the results stay buffered
-//! and are tried again after an [`OutageBackoff`] wait, while heartbeats keep their jobs'
-//! locks alive. Only a result the database rejects for good (not a transient error) is given
-//! up, alone, after its batch was split to isolate it; its job is then rescued after the
-//! visibility timeout, so even that is delayed work, not lost work.
+//! and are tried again after an [`OutageBackoff`] wait (one batch at a time until one gets
+//! through), while heartbeats keep their jobs' locks alive. Only a result the database rejects
+//! for good (not a transient error) is given up, alone, after its batch was split to isolate
+//! it; its job is then rescued after the visibility timeout, so even that is delayed work, not
+//! lost work.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rebound_queue::Outcome;
 use rebound_queue::storage_retry::StorageRetry;
 use rebound_queue::store::{Completion, Failure};
 use rebound_queue::{Store, StoreError};
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -44,20 +57,74 @@ impl Finished {
     }
 }
 
+/// How many results were handed to the completer and are not written (or given up) yet.
+/// Shared with the claim loops, which wait on it before claiming more.
+#[derive(Debug, Default)]
+pub struct ResultBacklog {
+    unwritten: AtomicUsize,
+    shrunk: Notify,
+}
+
+impl ResultBacklog {
+    pub fn len(&self) -> usize {
+        self.unwritten.load(Ordering::Acquire)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn add(&self) {
+        self.unwritten.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn remove(&self, n: usize) {
+        if n > 0 {
+            self.unwritten.fetch_sub(n, Ordering::AcqRel);
+            self.shrunk.notify_waiters();
+        }
+    }
+
+    /// Waits until fewer than `limit` results are unwritten; false if `cancel` fired first.
+    pub async fn wait_below(&self, limit: usize, cancel: &CancellationToken) -> bool {
+        loop {
+            // Registered before the check, so a shrink between the check and the wait still wakes us.
+            let shrunk = self.shrunk.notified();
+            tokio::pin!(shrunk);
+            shrunk.as_mut().enable();
+            if self.len() < limit.max(1) {
+                return true;
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return false,
+                _ = shrunk => {}
+            }
+        }
+    }
+}
+
 /// Where executors send results. Cheap to clone; the completer stops once every handle is
 /// dropped and the buffer is written.
 #[derive(Clone, Debug)]
 pub struct CompleterHandle {
     tx: mpsc::UnboundedSender<Finished>,
+    backlog: Arc<ResultBacklog>,
 }
 
 impl CompleterHandle {
     pub fn send(&self, finished: Finished) {
+        self.backlog.add();
         // The completer outlives every handle (it only stops after they are all dropped), so
         // a send can only fail after a hard stop, when the job is left to the rescuer anyway.
         if self.tx.send(finished).is_err() {
+            self.backlog.remove(1);
             tracing::warn!("completer has stopped; result left for the rescuer");
         }
+    }
+
+    /// The results sent and not yet written.
+    pub fn backlog(&self) -> Arc<ResultBacklog> {
+        self.backlog.clone()
     }
 }
 
@@ -76,42 +143,73 @@ pub struct CompleterReport {
 /// The batching writer. Create with [`Completer::new`], run with [`Completer::run`].
 pub struct Completer {
     rx: mpsc::UnboundedReceiver<Finished>,
-    store: Store,
-    worker_id: String,
+    writer: Arc<BatchWriter>,
     running: Arc<RunningJobs>,
     settings: CompleterSettings,
-    retry: StorageRetry,
+    backlog: Arc<ResultBacklog>,
     report: CompleterReport,
 }
 
 impl Completer {
     pub fn new(store: Store, worker_id: String, running: Arc<RunningJobs>, settings: CompleterSettings, retry: StorageRetry) -> (Completer, CompleterHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let completer = Completer { rx, store, worker_id, running, settings, retry, report: CompleterReport::default() };
-        (completer, CompleterHandle { tx })
+        let backlog = Arc::new(ResultBacklog::default());
+        let writer = Arc::new(BatchWriter { store, worker_id, retry });
+        let completer = Completer { rx, writer, running, settings, backlog: backlog.clone(), report: CompleterReport::default() };
+        (completer, CompleterHandle { tx, backlog })
     }
 
     /// Runs until every handle is dropped and everything is written, or until `hard_stop`
-    /// (which also interrupts storage-retry waits).
+    /// (which also interrupts writes in flight and storage-retry waits).
     pub async fn run(mut self, hard_stop: CancellationToken) -> CompleterReport {
         let batch_size = self.settings.batch_size.max(1);
+        let most_in_flight = self.settings.flushes_in_flight.max(1);
         let mut buffer: Vec<Finished> = Vec::new();
+        let mut writes: JoinSet<BatchOutcome> = JoinSet::new();
+        // What each write carries, so a write that panics still lets go of its jobs.
+        let mut carried: HashMap<tokio::task::Id, Vec<(Uuid, i32)>> = HashMap::new();
         let mut open = true;
         let mut flush_at: Option<Instant> = None;
-        let mut outage = OutageBackoff::like(&self.retry);
+        let mut outage = OutageBackoff::like(&self.writer.retry);
         loop {
+            // During an outage one batch probes the database; the rest wait for it.
             let in_outage = outage.failures() > 0;
+            let limit = if in_outage { 1 } else { most_in_flight };
+            let now = Instant::now();
+            while !buffer.is_empty() && writes.len() < limit {
+                // A partial batch goes out when it is due and nothing is being written; with a
+                // write in flight it waits to fill up (or for that write to end), so a busy
+                // worker writes full batches and an idle one each result within `flush_interval`.
+                let due = flush_at.is_some_and(|at| at <= now) && writes.is_empty();
+                let go = if in_outage { due } else { due || buffer.len() >= batch_size || !open };
+                if !go {
+                    break;
+                }
+                let take = buffer.len().min(batch_size);
+                let batch: Vec<Finished> = buffer.drain(..take).collect();
+                let keys = batch.iter().map(Finished::key).collect();
+                let handle = writes.spawn(self.writer.clone().write(batch, hard_stop.clone()));
+                carried.insert(handle.id(), keys);
+            }
+            if buffer.is_empty() {
+                flush_at = None;
+            } else if flush_at.is_none() {
+                flush_at = Some(now + self.settings.flush_interval);
+            }
+            if !open && buffer.is_empty() && writes.is_empty() {
+                break;
+            }
             tokio::select! {
                 biased;
                 _ = hard_stop.cancelled() => break,
+                Some(done) = writes.join_next_with_id(), if !writes.is_empty() => {
+                    self.absorb(done, &mut carried, &mut buffer, &mut outage, &mut flush_at);
+                }
                 msg = self.rx.recv(), if open => match msg {
                     Some(f) => {
-                        if buffer.is_empty() && !in_outage {
-                            flush_at = Some(Instant::now() + self.settings.flush_interval);
-                        }
                         buffer.push(f);
                         // Take whatever else is already queued without waiting.
-                        while buffer.len() < batch_size.saturating_mul(8) {
+                        while buffer.len() < batch_size.saturating_mul(most_in_flight) {
                             match self.rx.try_recv() {
                                 Ok(f) => buffer.push(f),
                                 Err(_) => break,
@@ -120,32 +218,12 @@ impl Completer {
                     }
                     None => open = false,
                 },
-                _ = sleep_until_opt(flush_at), if flush_at.is_some() => {}
+                _ = sleep_until_opt(flush_at), if flush_at.is_some() && writes.is_empty() => {}
             }
-            let due = flush_at.is_some_and(|at| at <= Instant::now());
-            let full = buffer.len() >= batch_size && !in_outage;
-            let draining = !open && !in_outage;
-            if !buffer.is_empty() && (due || full || draining) {
-                match self.flush(&mut buffer, batch_size, &hard_stop).await {
-                    Ok(()) => {
-                        outage.reset();
-                        flush_at = None;
-                    }
-                    Err(()) if hard_stop.is_cancelled() => break,
-                    Err(()) => {
-                        let wait = outage.next_delay();
-                        tracing::error!(pending = buffer.len(), retry_in_ms = wait.as_millis() as u64,
-                            "could not write job results; keeping them and trying again");
-                        flush_at = Some(Instant::now() + wait);
-                    }
-                }
-            }
-            if buffer.is_empty() {
-                flush_at = None;
-                if !open {
-                    break;
-                }
-            }
+        }
+        // After a hard stop the writes in flight end promptly: the stop cancels them.
+        while let Some(done) = writes.join_next_with_id().await {
+            self.absorb(done, &mut carried, &mut buffer, &mut outage, &mut flush_at);
         }
         self.report.unwritten += buffer.len() as u64;
         if !buffer.is_empty() {
@@ -156,88 +234,41 @@ impl Completer {
         self.report
     }
 
-    /// Writes the buffer in chunks. On failure the unwritten results stay in `buffer`.
-    async fn flush(&mut self, buffer: &mut Vec<Finished>, batch_size: usize, cancel: &CancellationToken) -> Result<(), ()> {
-        while !buffer.is_empty() {
-            let take = buffer.len().min(batch_size);
-            let chunk: Vec<Finished> = buffer.drain(..take).collect();
-            if let Err(unwritten) = self.write(chunk, cancel).await {
-                // Keep the order: unwritten results go back in front.
-                buffer.splice(0..0, unwritten);
-                return Err(());
+    /// Takes in what one write did: settled results let go of their jobs; unwritten ones go
+    /// back to the front of the buffer and start (or prolong) an outage wait.
+    fn absorb(
+        &mut self,
+        done: Result<(tokio::task::Id, BatchOutcome), tokio::task::JoinError>,
+        carried: &mut HashMap<tokio::task::Id, Vec<(Uuid, i32)>>,
+        buffer: &mut Vec<Finished>,
+        outage: &mut OutageBackoff,
+        flush_at: &mut Option<Instant>,
+    ) {
+        let outcome = match done {
+            Ok((id, outcome)) => {
+                carried.remove(&id);
+                outcome
             }
-        }
-        Ok(())
-    }
-
-    /// Writes one chunk: completions, failures and releases concurrently. Returns the results
-    /// that could not be written for now.
-    async fn write(&mut self, chunk: Vec<Finished>, cancel: &CancellationToken) -> Result<(), Vec<Finished>> {
-        let mut completions = Vec::new();
-        let mut failures = Vec::new();
-        let mut releases = Vec::new();
-        for f in chunk {
-            match f {
-                Finished::Completed { .. } => completions.push(f),
-                Finished::Failed { .. } => failures.push(f),
-                Finished::Released { .. } => releases.push(f),
-            }
-        }
-        let (c, f, r) = tokio::join!(
-            self.write_completions(&completions, cancel),
-            self.write_failures(&failures, cancel),
-            self.write_releases(&releases, cancel),
-        );
-        let mut unwritten = Vec::new();
-        for (outcome, items) in [(c, completions), (f, failures), (r, releases)] {
-            match outcome {
-                Ok(written) => self.settle(&items, &written),
-                Err(e) if !e.is_transient() && !matches!(e, StoreError::Cancelled) => {
-                    unwritten.extend(self.isolate(items, e, cancel).await);
+            Err(e) => {
+                // Cannot happen short of a bug; the jobs are let go so the rescuer re-runs them
+                // rather than this worker heartbeating them forever.
+                let keys = carried.remove(&e.id()).unwrap_or_default();
+                tracing::error!(error = %e, count = keys.len(), "writing job results failed unexpectedly; leaving their jobs to the rescuer");
+                for (id, attempt) in &keys {
+                    self.running.release(*id, *attempt);
                 }
-                Err(_) => unwritten.extend(items),
+                self.report.unwritten += keys.len() as u64;
+                self.backlog.remove(keys.len());
+                return;
             }
+        };
+        let mut settled = outcome.rejected.len();
+        for (id, attempt) in &outcome.rejected {
+            self.running.release(*id, *attempt);
         }
-        if unwritten.is_empty() { Ok(()) } else { Err(unwritten) }
-    }
-
-    /// A batch was rejected for good: write its results one by one so one bad result cannot
-    /// hold back the others. Returns those still unwritten for a transient reason.
-    async fn isolate(&mut self, items: Vec<Finished>, error: StoreError, cancel: &CancellationToken) -> Vec<Finished> {
-        if items.len() == 1 {
-            let (id, attempt) = items[0].key();
-            tracing::error!(job_id = %id, attempt, error = %error,
-                "the database rejected this job's result; leaving the job to the rescuer");
-            self.running.release(id, attempt);
-            return Vec::new();
-        }
-        let mut unwritten = Vec::new();
-        for item in items {
-            let single = std::slice::from_ref(&item);
-            let outcome = match &item {
-                Finished::Completed { .. } => self.write_completions(single, cancel).await,
-                Finished::Failed { .. } => self.write_failures(single, cancel).await,
-                Finished::Released { .. } => self.write_releases(single, cancel).await,
-            };
-            match outcome {
-                Ok(written) => self.settle(single, &written),
-                Err(e) if e.is_transient() || matches!(e, StoreError::Cancelled) => unwritten.push(item),
-                Err(e) => {
-                    let (id, attempt) = item.key();
-                    tracing::error!(job_id = %id, attempt, error = %e,
-                        "the database rejected this job's result; leaving the job to the rescuer");
-                    self.running.release(id, attempt);
-                }
-            }
-        }
-        unwritten
-    }
-
-    /// Results the store accepted or refused as stale: either way the job is no longer held.
-    fn settle(&mut self, items: &[Finished], written: &[Uuid]) {
-        for item in items {
+        for (item, written) in &outcome.settled {
             let (id, attempt) = item.key();
-            if written.contains(&id) {
+            if *written {
                 match item {
                     Finished::Completed { .. } => self.report.completed += 1,
                     Finished::Failed { .. } => self.report.failed += 1,
@@ -250,6 +281,109 @@ impl Completer {
                 tracing::debug!(job_id = %id, attempt, "result refused: the attempt is no longer current");
             }
             self.running.release(id, attempt);
+            settled += 1;
+        }
+        self.backlog.remove(settled);
+        if outcome.unwritten.is_empty() {
+            if outage.failures() > 0 {
+                tracing::info!("job results are written again");
+            }
+            outage.reset();
+        } else {
+            let wait = outage.next_delay();
+            // Keep the order: unwritten results go back in front.
+            buffer.splice(0..0, outcome.unwritten);
+            tracing::error!(pending = buffer.len(), retry_in_ms = wait.as_millis() as u64,
+                "could not write job results; keeping them and trying again");
+            *flush_at = Some(Instant::now() + wait);
+        }
+    }
+}
+
+/// What writing one batch came to.
+#[derive(Debug, Default)]
+struct BatchOutcome {
+    /// Results the store took (`true`) or refused as no longer current (`false`).
+    settled: Vec<(Finished, bool)>,
+    /// `(id, attempt)` of results the database rejected for good; their jobs go to the rescuer.
+    rejected: Vec<(Uuid, i32)>,
+    /// Results not written for now (a transient error outlasted the storage retry).
+    unwritten: Vec<Finished>,
+}
+
+impl BatchOutcome {
+    fn settle(&mut self, items: Vec<Finished>, written: &[Uuid]) {
+        let written: HashSet<Uuid> = written.iter().copied().collect();
+        self.settled.extend(items.into_iter().map(|f| {
+            let took = written.contains(&f.key().0);
+            (f, took)
+        }));
+    }
+}
+
+/// Writes batches; shared by the writes in flight.
+struct BatchWriter {
+    store: Store,
+    worker_id: String,
+    retry: StorageRetry,
+}
+
+impl BatchWriter {
+    /// Writes one batch: completions, failures and releases concurrently.
+    async fn write(self: Arc<Self>, batch: Vec<Finished>, cancel: CancellationToken) -> BatchOutcome {
+        let mut completions = Vec::new();
+        let mut failures = Vec::new();
+        let mut releases = Vec::new();
+        for f in batch {
+            match f {
+                Finished::Completed { .. } => completions.push(f),
+                Finished::Failed { .. } => failures.push(f),
+                Finished::Released { .. } => releases.push(f),
+            }
+        }
+        let (c, f, r) = tokio::join!(
+            self.write_completions(&completions, &cancel),
+            self.write_failures(&failures, &cancel),
+            self.write_releases(&releases, &cancel),
+        );
+        let mut out = BatchOutcome::default();
+        for (outcome, items) in [(c, completions), (f, failures), (r, releases)] {
+            match outcome {
+                Ok(written) => out.settle(items, &written),
+                Err(e) if !e.is_transient() && !matches!(e, StoreError::Cancelled) => self.isolate(items, e, &cancel, &mut out).await,
+                Err(_) => out.unwritten.extend(items),
+            }
+        }
+        out
+    }
+
+    /// A batch was rejected for good: write its results one by one so one bad result cannot
+    /// hold back the others.
+    async fn isolate(&self, items: Vec<Finished>, error: StoreError, cancel: &CancellationToken, out: &mut BatchOutcome) {
+        if items.len() == 1 {
+            let (id, attempt) = items[0].key();
+            tracing::error!(job_id = %id, attempt, error = %error,
+                "the database rejected this job's result; leaving the job to the rescuer");
+            out.rejected.push((id, attempt));
+            return;
+        }
+        for item in items {
+            let single = std::slice::from_ref(&item);
+            let outcome = match &item {
+                Finished::Completed { .. } => self.write_completions(single, cancel).await,
+                Finished::Failed { .. } => self.write_failures(single, cancel).await,
+                Finished::Released { .. } => self.write_releases(single, cancel).await,
+            };
+            match outcome {
+                Ok(written) => out.settle(vec![item], &written),
+                Err(e) if e.is_transient() || matches!(e, StoreError::Cancelled) => out.unwritten.push(item),
+                Err(e) => {
+                    let (id, attempt) = item.key();
+                    tracing::error!(job_id = %id, attempt, error = %e,
+                        "the database rejected this job's result; leaving the job to the rescuer");
+                    out.rejected.push((id, attempt));
+                }
+            }
         }
     }
 
@@ -289,12 +423,7 @@ impl Completer {
                 _ => None,
             })
             .collect();
-        let results = self.retry.run("fail", cancel, || self.store.fail_batch(&batch)).await?;
-        for r in &results {
-            tracing::debug!(job_id = %r.job.id, job_type = %r.job.job_type, attempt = r.job.attempt,
-                outcome = %r.decision.attempt_outcome, state = %r.job.state, "job attempt failed");
-        }
-        Ok(results.into_iter().map(|r| r.job.id).collect())
+        self.retry.run("fail", cancel, || self.store.fail_batch_ids(&batch)).await
     }
 
     async fn write_releases(&self, items: &[Finished], cancel: &CancellationToken) -> Result<Vec<Uuid>, StoreError> {
@@ -315,6 +444,42 @@ async fn sleep_until_opt(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_claim_waits_until_the_backlog_is_below_the_limit_or_shutdown() {
+        let backlog = Arc::new(ResultBacklog::default());
+        for _ in 0..3 {
+            backlog.add();
+        }
+        let stop = CancellationToken::new();
+        let waiting = {
+            let (backlog, stop) = (backlog.clone(), stop.clone());
+            tokio::spawn(async move { backlog.wait_below(2, &stop).await })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!waiting.is_finished(), "3 unwritten is not below 2");
+        backlog.remove(1);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!waiting.is_finished(), "2 unwritten is not below 2");
+        backlog.remove(1);
+        assert!(tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap());
+        assert_eq!(backlog.len(), 1);
+
+        let blocked = {
+            let (backlog, stop) = (backlog.clone(), stop.clone());
+            tokio::spawn(async move { backlog.wait_below(1, &stop).await })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        stop.cancel();
+        assert!(!tokio::time::timeout(Duration::from_secs(5), blocked).await.unwrap().unwrap(), "shutdown ends the wait");
     }
 }
 

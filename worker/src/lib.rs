@@ -21,9 +21,11 @@
 //! How the parts fit (River's layout, see DESIGN §4 and §9):
 //!
 //! * [`runtime`]: [`Worker`] and its builder; starts every part and runs the shutdown sequence.
-//! * [`claimer`]: one claim loop per queue, up to its free slots; woken by [`notifier`].
+//! * [`claimer`]: a queue's claim loops (one per claim batch of slots), each claiming up to
+//!   the free slots; woken by [`notifier`], paused while the completer is behind.
 //! * [`executor`]: runs one attempt: timeout, panic capture, lost locks, shutdown aborts.
-//! * [`completer`]: writes results in batches and keeps them until the database takes them.
+//! * [`completer`]: writes results in batches, a few at once, and keeps them until the
+//!   database takes them.
 //! * [`heartbeat`]: extends the locks of running jobs and the worker's own registry row.
 //! * [`maintenance`]: leader election and the scheduler, rescuer, expirer and pruner.
 //! * [`handler`] / [`registry`]: the handler trait and the job type → handler map.

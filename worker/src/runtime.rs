@@ -178,6 +178,8 @@ impl Worker {
         let hard_stop = CancellationToken::new();
         let (completer, results) = Completer::new(self.store.clone(), self.id.clone(), running.clone(), s.completer.clone(), s.storage_retry.clone());
         let completer_task = tokio::spawn(completer.run(hard_stop.clone()));
+        // Claims pause while the completer is this far behind.
+        let backlog = results.backlog();
 
         let background_stop = CancellationToken::new();
         let stopping = Arc::new(AtomicBool::new(false));
@@ -202,22 +204,30 @@ impl Worker {
 
         let mut claimers = JoinSet::new();
         for (queue, concurrency) in &self.queues {
-            let claimer = Claimer {
-                queue: queue.clone(),
-                slots: Arc::new(Semaphore::new(*concurrency as usize)),
-                concurrency: *concurrency as usize,
-                gather: s.claim_gather,
-                batch_max: s.claim_batch_max,
-                store: self.store.clone(),
-                worker_id: self.id.clone(),
-                visibility_timeout: s.visibility_timeout,
-                poll_interval: s.poll_interval,
-                retry: s.claim_retry.clone(),
-                wake: wakes.get(queue).cloned().unwrap_or_default(),
-                running: running.clone(),
-                dispatcher: dispatcher.clone(),
-            };
-            claimers.spawn(claimer.run(shutdown.clone()));
+            let slots = Arc::new(Semaphore::new(*concurrency as usize));
+            let wake = wakes.get(queue).cloned().unwrap_or_default();
+            let loops = s.claim_loops_for(*concurrency);
+            for _ in 0..loops {
+                let claimer = Claimer {
+                    queue: queue.clone(),
+                    slots: slots.clone(),
+                    concurrency: *concurrency as usize,
+                    gather: s.claim_gather,
+                    batch_max: s.claim_batch_max,
+                    store: self.store.clone(),
+                    worker_id: self.id.clone(),
+                    visibility_timeout: s.visibility_timeout,
+                    poll_interval: s.poll_interval,
+                    retry: s.claim_retry.clone(),
+                    wake: wake.clone(),
+                    running: running.clone(),
+                    dispatcher: dispatcher.clone(),
+                    backlog: backlog.clone(),
+                    max_backlog: s.completer.max_backlog,
+                    has_siblings: loops > 1,
+                };
+                claimers.spawn(claimer.run(shutdown.clone()));
+            }
         }
         drop(dispatcher);
 

@@ -1,5 +1,6 @@
 //! The runtime used as a library (as the benchmark and custom-handler users do): handler
-//! panics, per-attempt timeouts, snoozes, unknown types and paused queues.
+//! panics, per-attempt timeouts, snoozes, unknown types, paused queues, and results written in
+//! overlapping batches.
 
 mod support;
 
@@ -162,6 +163,71 @@ async fn paused_queues_are_not_claimed_and_several_queues_run_side_by_side() {
     wait_state(&db.store, held, JobState::Completed).await;
     shutdown.cancel();
     run.await.unwrap();
+}
+
+#[tokio::test]
+async fn results_written_in_overlapping_batches_land_exactly_once() {
+    let db = TestDb::new().await;
+    // Every other job fails once and is retried at once, so failures, retries and completions
+    // are written side by side in many small batches, several in flight, with claims held back
+    // by a small backlog.
+    let patch = PolicyPatch::from_json(&json!({
+        "max_attempts": 3, "initial_interval": "PT0.0001S", "backoff_strategy": "constant", "jitter": false
+    }))
+    .unwrap();
+    db.store.put_policy("lib.bulk", &patch, &Actor::new("test"), None).await.unwrap();
+    let n = 3000usize;
+    let jobs: Vec<NewJob> = (0..n).map(|i| NewJob::new("lib.bulk", json!([i])).queue("bulk")).collect();
+    db.store.enqueue_batch(jobs).await.unwrap();
+
+    let executions = Arc::new(AtomicUsize::new(0));
+    let counter = executions.clone();
+    let mut settings = rebound_worker::RuntimeSettings::default();
+    settings.completer.batch_size = 25;
+    settings.completer.flushes_in_flight = 4;
+    settings.completer.max_backlog = 100;
+    let store = Store::connect(&db.url, settings.connections_needed([300])).await.unwrap();
+    let worker = quick(Worker::builder(store).settings(settings))
+        .queue("bulk", 300)
+        .handler(
+            "lib.bulk",
+            handler_fn(move |job| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let fails = job.job().args[0].as_u64().unwrap_or(0) % 2 == 0 && job.attempt() == 1;
+                async move { if fails { Err(Outcome::Retry(HandlerError::new("lib.flaky", "first try"))) } else { Ok(None) } }
+            }),
+        )
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+    eventually("every job completed", Duration::from_secs(120), || async {
+        let done: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'completed'").fetch_one(db.store.pool()).await.ok()?;
+        (done as usize == n).then_some(())
+    })
+    .await;
+    shutdown.cancel();
+    let report = run.await.unwrap();
+
+    assert_eq!(executions.load(Ordering::SeqCst), n + n / 2, "each attempt ran exactly once");
+    assert_eq!(report.claimed as usize, n + n / 2);
+    assert_eq!((report.results.completed as usize, report.results.failed as usize), (n, n / 2));
+    assert_eq!((report.results.refused, report.results.unwritten, report.results.released), (0, 0, 0));
+    // One attempt row per execution: attempt 1 retried then attempt 2 completed for the failing
+    // half, attempt 1 completed for the rest.
+    let rows: Vec<(String, i32, i64)> = sqlx::query_as(
+        "SELECT outcome, attempt, count(*) FROM job_attempts GROUP BY outcome, attempt ORDER BY outcome, attempt",
+    )
+    .fetch_all(db.store.pool())
+    .await
+    .unwrap();
+    let half = (n / 2) as i64;
+    assert_eq!(rows, vec![("completed".to_string(), 1, half), ("completed".to_string(), 2, half), ("retried".to_string(), 1, half)]);
+    let per_job: i64 = sqlx::query_scalar("SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'completed' GROUP BY job_id HAVING count(*) <> 1) x")
+        .fetch_one(db.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(per_job, 0, "no job has more or less than one completion");
 }
 
 #[tokio::test]

@@ -20,8 +20,19 @@ pub struct ClaimRequest {
 
 // One statement per queue keeps each claim on the partial index in claim order
 // (priority, then FIFO); a single statement over several queues would have to sort them all.
+//
+// The picked ids are matched with `= ANY(ARRAY(...))` rather than joined from a CTE: with
+// `LIMIT $2` unknown, a join's generic plan guesses thousands of rows and hashes the whole
+// table, so Postgres re-plans every claim instead; an id array is always looked up by key,
+// so the prepared statement's generic plan is good for every limit.
 const CLAIM: &str = "
-WITH picked AS (
+UPDATE jobs j
+SET state = 'active', attempt = j.attempt + 1, started_at = now(), locked_by = $3,
+    lock_expires_at = now() + COALESCE(j.visibility_timeout_ms, $4) * interval '1 millisecond',
+    -- Remembered so heartbeats extend by the same amount.
+    visibility_timeout_ms = COALESCE(j.visibility_timeout_ms, $4),
+    updated_at = now()
+WHERE j.id = ANY(ARRAY(
     SELECT id FROM jobs
     WHERE state = 'available' AND queue = $1
       AND (expires_at IS NULL OR expires_at > now())
@@ -29,15 +40,7 @@ WITH picked AS (
     ORDER BY priority DESC, scheduled_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)
-UPDATE jobs j
-SET state = 'active', attempt = j.attempt + 1, started_at = now(), locked_by = $3,
-    lock_expires_at = now() + COALESCE(j.visibility_timeout_ms, $4) * interval '1 millisecond',
-    -- Remembered so heartbeats extend by the same amount.
-    visibility_timeout_ms = COALESCE(j.visibility_timeout_ms, $4),
-    updated_at = now()
-FROM picked
-WHERE j.id = picked.id
+))
 RETURNING j.*";
 
 impl Store {

@@ -4,7 +4,9 @@ use serde_json::{Value, json};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Store, StoreError, job_from_row, jobs_from_rows, millis};
+use sqlx::Row;
+
+use super::{Store, StoreError, job_from_row, millis, ts, ts_opt};
 use crate::job::{Job, NewJob, OnConflict, UniqueSpec};
 use crate::policy::{self, RetryPolicy};
 
@@ -172,7 +174,7 @@ impl Store {
             }
             out
         } else {
-            insert_many(&mut tx, &jobs, &checked).await?
+            insert_many(&mut tx, jobs, &checked).await?
         };
         tx.commit().await?;
         Ok(out)
@@ -215,92 +217,156 @@ fn prefix_index(e: StoreError, i: usize) -> StoreError {
 }
 
 /// The batch fast path: one INSERT over arrays.
-async fn insert_many(conn: &mut PgConnection, jobs: &[NewJob], max_attempts: &[Option<i32>]) -> Result<Vec<Enqueued>, StoreError> {
+///
+/// Only what Postgres decides comes back (state, defaults and timestamps, the latter at the
+/// database's precision); the rest of each [`Job`] is moved over from its [`NewJob`], which
+/// is exactly what was stored. Decoding every stored row back would cost the caller more than
+/// the insert itself. A plain INSERT (no `ON CONFLICT`) spares each row a speculative
+/// insertion; a duplicate id fails the statement, and so the whole batch, as it must.
+async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &[Option<i32>]) -> Result<Vec<Enqueued>, StoreError> {
     let n = jobs.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut types = Vec::with_capacity(n);
-    let mut queues = Vec::with_capacity(n);
-    let mut args = Vec::with_capacity(n);
-    let mut metas = Vec::with_capacity(n);
-    let mut extras = Vec::with_capacity(n);
-    let mut priorities = Vec::with_capacity(n);
-    let mut tags = Vec::with_capacity(n);
-    let mut retries: Vec<Option<Value>> = Vec::with_capacity(n);
-    let mut timeouts = Vec::with_capacity(n);
-    let mut visibilities = Vec::with_capacity(n);
-    let mut scheduled: Vec<Option<String>> = Vec::with_capacity(n);
-    let mut expires: Vec<Option<String>> = Vec::with_capacity(n);
-    let mut pendings = Vec::with_capacity(n);
-    for job in jobs {
-        ids.push(job.id.unwrap_or_else(Uuid::now_v7));
-        types.push(job.job_type.as_str());
-        queues.push(job.queue.as_str());
-        args.push(&job.args);
-        metas.push(&job.meta);
-        extras.push(&job.extra);
-        priorities.push(job.priority);
-        tags.push(json!(job.tags));
-        retries.push(job.retry.as_ref().map(|p| p.to_json()));
-        timeouts.push(job.timeout_ms);
-        visibilities.push(job.visibility_timeout_ms);
-        scheduled.push(job.scheduled_at.map(|t| t.to_string()));
-        expires.push(job.expires_at.map(|t| t.to_string()));
-        pendings.push(job.pending);
-    }
-    let rows = sqlx::query(
-        "WITH input AS (
-           SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::jsonb[], $7::int2[],
-                                $8::jsonb[], $9::int4[], $10::jsonb[], $11::int8[], $12::int8[], $13::timestamptz[],
-                                $14::timestamptz[], $15::bool[])
-                  WITH ORDINALITY AS t(id, type, queue, args, meta, extra, priority, tags, max_attempts, retry,
-                                       timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, pending, ord)
-         ), layers AS (
-           SELECT job_type, (policy->>'max_attempts')::int AS max_attempts FROM retry_policies
-         )
-         INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
-                           timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, enqueued_at)
-         SELECT i.id, i.type, i.queue, i.args, i.meta, i.extra, i.priority,
-                ARRAY(SELECT jsonb_array_elements_text(i.tags)), s.state,
-                COALESCE(i.max_attempts, (SELECT l.max_attempts FROM layers l WHERE l.job_type = i.type),
-                         (SELECT l.max_attempts FROM layers l WHERE l.job_type = '*'), 3),
-                i.retry, i.timeout_ms, i.visibility_timeout_ms, COALESCE(i.scheduled_at, now()), i.expires_at,
-                CASE WHEN s.state = 'available' THEN now() END
-         FROM input i
-         CROSS JOIN LATERAL (SELECT CASE WHEN i.pending THEN 'pending'::job_state
-                                         WHEN i.scheduled_at > now() THEN 'scheduled'::job_state
-                                         ELSE 'available'::job_state END AS state) s
-         ORDER BY i.ord
-         ON CONFLICT (id) DO NOTHING
-         RETURNING *",
-    )
-    .bind(&ids)
-    .bind(&types)
-    .bind(&queues)
-    .bind(&args)
-    .bind(&metas)
-    .bind(&extras)
-    .bind(&priorities)
-    .bind(&tags)
-    .bind(max_attempts)
-    .bind(&retries)
-    .bind(&timeouts)
-    .bind(&visibilities)
-    .bind(&scheduled)
-    .bind(&expires)
-    .bind(&pendings)
-    .fetch_all(&mut *conn)
-    .await?;
-    if rows.len() != n {
-        let inserted: std::collections::HashSet<Uuid> =
-            rows.iter().filter_map(|r| sqlx::Row::try_get::<Uuid, _>(r, "id").ok()).collect();
-        let (i, dup) = ids.iter().enumerate().find(|(_, id)| !inserted.contains(id)).map(|(i, id)| (i, *id)).unwrap_or((0, Uuid::nil()));
-        return Err(StoreError::Duplicate { reason: format!("jobs[{i}]: a job with id {dup} already exists"), existing: Some(dup) });
-    }
+    let ids: Vec<Uuid> = jobs.iter().map(|job| job.id.unwrap_or_else(Uuid::now_v7)).collect();
+    let retries: Vec<Option<Value>> = jobs.iter().map(|job| job.retry.as_ref().map(|p| p.to_json())).collect();
+    let rows = {
+        let mut types = Vec::with_capacity(n);
+        let mut queues = Vec::with_capacity(n);
+        let mut args = Vec::with_capacity(n);
+        let mut metas: Vec<Option<&Value>> = Vec::with_capacity(n);
+        let mut extras: Vec<Option<&Value>> = Vec::with_capacity(n);
+        let mut priorities = Vec::with_capacity(n);
+        let mut tags: Vec<Option<Value>> = Vec::with_capacity(n);
+        let mut timeouts = Vec::with_capacity(n);
+        let mut visibilities = Vec::with_capacity(n);
+        let mut scheduled: Vec<Option<String>> = Vec::with_capacity(n);
+        let mut expires: Vec<Option<String>> = Vec::with_capacity(n);
+        let mut pendings = Vec::with_capacity(n);
+        // The usual empty meta, extra and tags go as NULL: nothing to encode or parse.
+        let unless_empty = |v: &Value| -> bool { !v.as_object().is_some_and(|o| o.is_empty()) };
+        for job in &jobs {
+            types.push(job.job_type.as_str());
+            queues.push(job.queue.as_str());
+            args.push(&job.args);
+            metas.push(Some(&job.meta).filter(|v| unless_empty(v)));
+            extras.push(Some(&job.extra).filter(|v| unless_empty(v)));
+            priorities.push(job.priority);
+            tags.push((!job.tags.is_empty()).then(|| json!(job.tags)));
+            timeouts.push(job.timeout_ms);
+            visibilities.push(job.visibility_timeout_ms);
+            scheduled.push(job.scheduled_at.map(|t| t.to_string()));
+            expires.push(job.expires_at.map(|t| t.to_string()));
+            pendings.push(job.pending);
+        }
+        sqlx::query(
+            "WITH input AS (
+               SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::jsonb[], $7::int2[],
+                                    $8::jsonb[], $9::int4[], $10::jsonb[], $11::int8[], $12::int8[], $13::timestamptz[],
+                                    $14::timestamptz[], $15::bool[])
+                      WITH ORDINALITY AS t(id, type, queue, args, meta, extra, priority, tags, max_attempts, retry,
+                                           timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, pending, ord)
+             ), layers AS (
+               SELECT job_type, (policy->>'max_attempts')::int AS max_attempts FROM retry_policies
+             )
+             INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
+                               timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, enqueued_at)
+             SELECT i.id, i.type, i.queue, i.args, COALESCE(i.meta, '{}'), COALESCE(i.extra, '{}'), i.priority,
+                    CASE WHEN i.tags IS NULL THEN '{}'::text[] ELSE ARRAY(SELECT jsonb_array_elements_text(i.tags)) END,
+                    s.state,
+                    COALESCE(i.max_attempts, (SELECT l.max_attempts FROM layers l WHERE l.job_type = i.type),
+                             (SELECT l.max_attempts FROM layers l WHERE l.job_type = '*'), 3),
+                    i.retry, i.timeout_ms, i.visibility_timeout_ms, COALESCE(i.scheduled_at, now()), i.expires_at,
+                    CASE WHEN s.state = 'available' THEN now() END
+             FROM input i
+             CROSS JOIN LATERAL (SELECT CASE WHEN i.pending THEN 'pending'::job_state
+                                             WHEN i.scheduled_at > now() THEN 'scheduled'::job_state
+                                             ELSE 'available'::job_state END AS state) s
+             ORDER BY i.ord
+             RETURNING id, state, max_attempts, scheduled_at, expires_at, created_at, enqueued_at, updated_at",
+        )
+        .bind(&ids)
+        .bind(&types)
+        .bind(&queues)
+        .bind(&args)
+        .bind(&metas)
+        .bind(&extras)
+        .bind(&priorities)
+        .bind(&tags)
+        .bind(max_attempts)
+        .bind(&retries)
+        .bind(&timeouts)
+        .bind(&visibilities)
+        .bind(&scheduled)
+        .bind(&expires)
+        .bind(&pendings)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| duplicate_in_batch(e, &ids))?
+    };
     // RETURNING order is not guaranteed; give the jobs back in the order they were given.
-    let mut by_id: std::collections::HashMap<Uuid, Job> = jobs_from_rows(&rows)?.into_iter().map(|j| (j.id, j)).collect();
-    Ok(ids
-        .iter()
-        .filter_map(|id| by_id.remove(id))
-        .map(|job| Enqueued { job, outcome: EnqueueOutcome::Created })
-        .collect())
+    let mut stored: std::collections::HashMap<Uuid, &sqlx::postgres::PgRow> = std::collections::HashMap::with_capacity(n);
+    for row in &rows {
+        stored.insert(row.try_get("id")?, row);
+    }
+    let mut out = Vec::with_capacity(n);
+    for ((job, id), retry) in jobs.into_iter().zip(ids).zip(retries) {
+        let row = stored.get(&id).ok_or_else(|| StoreError::Missing { what: format!("inserted job {id}") })?;
+        out.push(Enqueued {
+            job: Job {
+                id,
+                job_type: job.job_type,
+                queue: job.queue,
+                args: job.args,
+                meta: job.meta,
+                extra: job.extra,
+                priority: job.priority,
+                tags: job.tags,
+                state: row.try_get("state")?,
+                attempt: 0,
+                max_attempts: row.try_get("max_attempts")?,
+                retry,
+                timeout_ms: job.timeout_ms,
+                visibility_timeout_ms: job.visibility_timeout_ms,
+                unique_key: None,
+                scheduled_at: ts(row, "scheduled_at")?,
+                expires_at: ts_opt(row, "expires_at")?,
+                created_at: ts(row, "created_at")?,
+                enqueued_at: ts_opt(row, "enqueued_at")?,
+                started_at: None,
+                completed_at: None,
+                cancelled_at: None,
+                discarded_at: None,
+                locked_by: None,
+                lock_expires_at: None,
+                dead_letter: false,
+                dead_lettered_at: None,
+                result: None,
+                last_error: None,
+                retry_delay_ms: None,
+                updated_at: ts(row, "updated_at")?,
+            },
+            outcome: EnqueueOutcome::Created,
+        });
+    }
+    Ok(out)
+}
+
+/// A batch insert that hit an existing id (or the same id twice) is a typed duplicate naming
+/// the offending job; any other error passes through.
+fn duplicate_in_batch(e: sqlx::Error, ids: &[Uuid]) -> StoreError {
+    let dup = match &e {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("23505") => db
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .and_then(|pg| pg.detail())
+            // "Key (id)=(0190…) already exists."
+            .and_then(|d| d.split_once("=(")?.1.split_once(')').map(|(id, _)| id.parse::<Uuid>().ok()))
+            .flatten(),
+        _ => return e.into(),
+    };
+    let Some(dup) = dup else {
+        return StoreError::Duplicate { reason: "a job with one of these ids already exists".into(), existing: None };
+    };
+    // The second of two equal ids in the batch is the one that clashed; otherwise the only one.
+    let mut at = ids.iter().enumerate().filter(|(_, id)| **id == dup).map(|(i, _)| i);
+    let first = at.next().unwrap_or(0);
+    let i = at.next().unwrap_or(first);
+    StoreError::Duplicate { reason: format!("jobs[{i}]: a job with id {dup} already exists"), existing: Some(dup) }
 }

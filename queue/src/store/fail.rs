@@ -1,19 +1,21 @@
-//! Recording failed executions: the live policy is read in the same transaction, the pure
-//! [`decide`] picks the next state, and the job, its `last_error` and a `job_attempts` row are
-//! written together.
+//! Recording failed executions: the job and the live policy are read, the pure [`decide`]
+//! picks the next state, and the job, its `last_error` and a `job_attempts` row are written
+//! together by one statement guarded by the attempt that was read.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
-use sqlx::PgConnection;
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgConnection, Row};
 use uuid::Uuid;
 
 use super::policies::PolicyLayers;
 use super::{Store, StoreError, jobs_from_rows, millis};
 use crate::job::{Job, JobState};
 use crate::outcome::{Decision, HandlerError, NextStep, Outcome, decide};
-use crate::policy::RetryPolicy;
+use crate::policy::{PolicyPatch, RetryPolicy};
 
 /// A failed (or snoozed) execution to record.
 #[derive(Clone, Debug, PartialEq)]
@@ -48,13 +50,17 @@ pub(crate) struct FailedRun {
     pub immediate: bool,
 }
 
-const APPLY: &str = "
+// The write shared by every way of recording failures; the caller picks what comes back.
+macro_rules! apply_failures_sql {
+    ($returning:literal) => {
+        concat!(
+            "
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::timestamptz[], $5::int4[], $6::jsonb[],
                          $7::int4[], $8::bool[], $9::int4[], $10::text[], $11::text[], $12::text[], $13::text[],
-                         $14::text[], $15::jsonb[], $16::jsonb[])
+                         $14::text[], $15::jsonb[], $16::int4[])
         AS t(id, state, delay_ms, run_at, attempt_delta, last_error, max_attempts, dead_letter, ran_attempt,
-             worker_id, outcome, error_type, error_code, error_message, error_details, policy)
+             worker_id, outcome, error_type, error_code, error_message, error_details, policy_index)
 ), updated AS (
     UPDATE jobs j
     SET state = i.state::job_state,
@@ -81,55 +87,130 @@ WITH input AS (
                               error_message, error_details, delay_ms, next_run_at, policy)
     SELECT i.id, i.ran_attempt, i.worker_id, u.started_at, i.outcome, i.error_type, i.error_code,
            i.error_message, i.error_details, i.delay_ms,
-           CASE WHEN u.state IN ('retryable', 'available', 'scheduled') THEN u.scheduled_at END, i.policy
+           CASE WHEN u.state IN ('retryable', 'available', 'scheduled') THEN u.scheduled_at END,
+           -- The batch's distinct effective policies are sent once each, not once per job.
+           ($17::jsonb[])[i.policy_index]
     FROM input i JOIN updated u ON u.id = i.id
 ), woken AS (
     SELECT pg_notify('rebound_jobs', q.queue) FROM (SELECT DISTINCT queue FROM updated WHERE state = 'available') AS q
 )
 -- Referencing `woken` is what makes Postgres run it (unreferenced SELECT CTEs are skipped).
-SELECT * FROM updated WHERE (SELECT count(*) FROM woken) >= 0";
+SELECT ",
+            $returning,
+            " FROM updated WHERE (SELECT count(*) FROM woken) >= 0"
+        )
+    };
+}
 
-/// Decides and writes the failures of `runs` in one statement, with the given live policies.
-/// Each write is guarded by the job still being active at the attempt that was read, so the
-/// caller needs no lock: a job that moved on meanwhile is skipped (absent from the answer).
-pub(crate) async fn apply_failures(conn: &mut PgConnection, runs: Vec<FailedRun>, layers: &PolicyLayers) -> Result<Vec<FailureResult>, StoreError> {
-    if runs.is_empty() {
-        return Ok(Vec::new());
+const APPLY: &str = apply_failures_sql!("*");
+const APPLY_IDS: &str = apply_failures_sql!("id");
+
+/// What deciding one failure needs to know about its job and run.
+struct FailingRun<'a> {
+    id: Uuid,
+    job_type: &'a str,
+    attempt: i32,
+    retry: Option<&'a Value>,
+    locked_by: Option<&'a str>,
+    outcome: &'a Outcome,
+    worker_id: Option<&'a str>,
+    error_code: Option<&'a str>,
+    immediate: bool,
+}
+
+impl<'a> From<&'a FailedRun> for FailingRun<'a> {
+    fn from(run: &'a FailedRun) -> Self {
+        FailingRun {
+            id: run.job.id,
+            job_type: &run.job.job_type,
+            attempt: run.job.attempt,
+            retry: run.job.retry.as_ref(),
+            locked_by: run.job.locked_by.as_deref(),
+            outcome: &run.outcome,
+            worker_id: run.worker_id.as_deref(),
+            error_code: run.error_code.as_deref(),
+            immediate: run.immediate,
+        }
     }
+}
+
+/// The decisions for a batch of failures, as the write statement's parameters.
+struct DecidedFailures {
+    ids: Vec<Uuid>,
+    states: Vec<&'static str>,
+    delays: Vec<Option<i64>>,
+    run_ats: Vec<Option<String>>,
+    deltas: Vec<i32>,
+    last_errors: Vec<Option<Value>>,
+    max_attempts: Vec<i32>,
+    dead_letters: Vec<bool>,
+    ran_attempts: Vec<i32>,
+    workers: Vec<Option<String>>,
+    outcomes: Vec<&'static str>,
+    error_types: Vec<Option<String>>,
+    error_codes: Vec<Option<String>>,
+    error_messages: Vec<Option<String>>,
+    error_details: Vec<Option<Value>>,
+    /// 1-based index into `policy_json` / `policies` for each job.
+    policy_index: Vec<i32>,
+    policy_json: Vec<Value>,
+    policies: Vec<RetryPolicy>,
+    decisions: Vec<Decision>,
+}
+
+/// Resolves each job's effective policy with the given live layers and decides its next step.
+/// Jobs without an override of their own share their type's policy, resolved once per batch.
+fn decide_failures<'a>(runs: impl ExactSizeIterator<Item = FailingRun<'a>>, layers: &PolicyLayers) -> DecidedFailures {
     let now = Timestamp::now();
     let mut rng = fastrand::Rng::new();
-
     let n = runs.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut states = Vec::with_capacity(n);
-    let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
-    let mut run_ats: Vec<Option<String>> = Vec::with_capacity(n);
-    let mut deltas = Vec::with_capacity(n);
-    let mut last_errors: Vec<Option<Value>> = Vec::with_capacity(n);
-    let mut max_attempts = Vec::with_capacity(n);
-    let mut dead_letters = Vec::with_capacity(n);
-    let mut ran_attempts = Vec::with_capacity(n);
-    let mut workers: Vec<Option<String>> = Vec::with_capacity(n);
-    let mut outcomes = Vec::with_capacity(n);
-    let mut error_types: Vec<Option<String>> = Vec::with_capacity(n);
-    let mut error_codes: Vec<Option<String>> = Vec::with_capacity(n);
-    let mut error_messages: Vec<Option<String>> = Vec::with_capacity(n);
-    let mut error_details: Vec<Option<Value>> = Vec::with_capacity(n);
-    let mut policies = Vec::with_capacity(n);
-    let mut decided = Vec::with_capacity(n);
-
-    for run in &runs {
-        let job = &run.job;
-        let job_patch = match job.retry_patch() {
+    let mut d = DecidedFailures {
+        ids: Vec::with_capacity(n),
+        states: Vec::with_capacity(n),
+        delays: Vec::with_capacity(n),
+        run_ats: Vec::with_capacity(n),
+        deltas: Vec::with_capacity(n),
+        last_errors: Vec::with_capacity(n),
+        max_attempts: Vec::with_capacity(n),
+        dead_letters: Vec::with_capacity(n),
+        ran_attempts: Vec::with_capacity(n),
+        workers: Vec::with_capacity(n),
+        outcomes: Vec::with_capacity(n),
+        error_types: Vec::with_capacity(n),
+        error_codes: Vec::with_capacity(n),
+        error_messages: Vec::with_capacity(n),
+        error_details: Vec::with_capacity(n),
+        policy_index: Vec::with_capacity(n),
+        policy_json: Vec::new(),
+        policies: Vec::new(),
+        decisions: Vec::with_capacity(n),
+    };
+    let mut by_type: HashMap<&str, usize> = HashMap::new();
+    for run in runs {
+        let job_patch = match run.retry.map(PolicyPatch::from_json).transpose() {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!(job_id = %job.id, error = %e, "stored job retry override no longer parses; ignoring it");
+                tracing::warn!(job_id = %run.id, error = %e, "stored job retry override no longer parses; ignoring it");
                 None
             }
         };
-        let policy = layers.resolve_lenient(&job.job_type, job_patch.as_ref());
-        let ran = u32::try_from(job.attempt.max(1)).unwrap_or(1);
-        let mut decision = decide(ran, &policy, &run.outcome, now, &mut rng);
+        let shared = job_patch.is_none().then(|| by_type.get(run.job_type).copied()).flatten();
+        let index = match shared {
+            Some(i) => i,
+            None => {
+                let policy = layers.resolve_lenient(run.job_type, job_patch.as_ref());
+                d.policy_json.push(policy.to_json());
+                d.policies.push(policy);
+                let i = d.policies.len() - 1;
+                if job_patch.is_none() {
+                    by_type.insert(run.job_type, i);
+                }
+                i
+            }
+        };
+        let policy = &d.policies[index];
+        let ran = u32::try_from(run.attempt.max(1)).unwrap_or(1);
+        let mut decision = decide(ran, policy, run.outcome, now, &mut rng);
         if run.immediate && matches!(decision.next, NextStep::Retry { .. }) {
             decision.next = NextStep::Retry { run_at: now, delay: Duration::ZERO };
         }
@@ -145,49 +226,76 @@ pub(crate) async fn apply_failures(conn: &mut PgConnection, runs: Vec<FailedRun>
             NextStep::DeadLetter => (JobState::Discarded, None, None, 0, true),
         };
         let error = run.outcome.error();
-        ids.push(job.id);
-        states.push(state.as_str());
-        delays.push(delay);
-        run_ats.push(run_at);
-        deltas.push(delta);
-        last_errors.push(error.map(|e| last_error_json(e, run.error_code.as_deref(), job.attempt, now)));
-        max_attempts.push(i32::try_from(policy.max_attempts).unwrap_or(i32::MAX));
-        dead_letters.push(dead_letter);
-        ran_attempts.push(job.attempt);
-        workers.push(run.worker_id.clone().or_else(|| job.locked_by.clone()));
-        outcomes.push(decision.attempt_outcome.as_str());
-        error_types.push(error.map(|e| e.error_type.clone()));
-        error_codes.push(run.error_code.clone().or_else(|| error.map(|e| e.error_type.clone())));
-        error_messages.push(error.map(|e| e.message.clone()));
-        error_details.push(error.and_then(|e| e.details.clone()));
-        policies.push(policy.to_json());
-        decided.push((decision, policy));
+        d.ids.push(run.id);
+        d.states.push(state.as_str());
+        d.delays.push(delay);
+        d.run_ats.push(run_at);
+        d.deltas.push(delta);
+        d.last_errors.push(error.map(|e| last_error_json(e, run.error_code, run.attempt, now)));
+        d.max_attempts.push(i32::try_from(policy.max_attempts).unwrap_or(i32::MAX));
+        d.dead_letters.push(dead_letter);
+        d.ran_attempts.push(run.attempt);
+        d.workers.push(run.worker_id.or(run.locked_by).map(str::to_string));
+        d.outcomes.push(decision.attempt_outcome.as_str());
+        d.error_types.push(error.map(|e| e.error_type.clone()));
+        d.error_codes.push(run.error_code.map(str::to_string).or_else(|| error.map(|e| e.error_type.clone())));
+        d.error_messages.push(error.map(|e| e.message.clone()));
+        d.error_details.push(error.and_then(|e| e.details.clone()));
+        d.policy_index.push(i32::try_from(index + 1).unwrap_or(i32::MAX));
+        d.decisions.push(decision);
+    }
+    d
+}
+
+impl DecidedFailures {
+    /// The write statement's parameters, in order.
+    fn arguments(&self) -> Result<PgArguments, sqlx::Error> {
+        let mut args = PgArguments::default();
+        self.add_to(&mut args).map_err(sqlx::Error::Encode)?;
+        Ok(args)
     }
 
-    let rows = sqlx::query(APPLY)
-        .bind(&ids)
-        .bind(&states)
-        .bind(&delays)
-        .bind(&run_ats)
-        .bind(&deltas)
-        .bind(&last_errors)
-        .bind(&max_attempts)
-        .bind(&dead_letters)
-        .bind(&ran_attempts)
-        .bind(&workers)
-        .bind(&outcomes)
-        .bind(&error_types)
-        .bind(&error_codes)
-        .bind(&error_messages)
-        .bind(&error_details)
-        .bind(&policies)
-        .fetch_all(&mut *conn)
-        .await?;
-    let mut by_id: std::collections::HashMap<Uuid, Job> = jobs_from_rows(&rows)?.into_iter().map(|j| (j.id, j)).collect();
+    fn add_to(&self, args: &mut PgArguments) -> Result<(), sqlx::error::BoxDynError> {
+        args.add(&self.ids)?;
+        args.add(&self.states)?;
+        args.add(&self.delays)?;
+        args.add(&self.run_ats)?;
+        args.add(&self.deltas)?;
+        args.add(&self.last_errors)?;
+        args.add(&self.max_attempts)?;
+        args.add(&self.dead_letters)?;
+        args.add(&self.ran_attempts)?;
+        args.add(&self.workers)?;
+        args.add(&self.outcomes)?;
+        args.add(&self.error_types)?;
+        args.add(&self.error_codes)?;
+        args.add(&self.error_messages)?;
+        args.add(&self.error_details)?;
+        args.add(&self.policy_index)?;
+        args.add(&self.policy_json)?;
+        Ok(())
+    }
+}
+
+/// Decides and writes the failures of `runs` in one statement, with the given live policies.
+/// Each write is guarded by the job still being active at the attempt that was read, so the
+/// caller needs no lock: a job that moved on meanwhile is skipped (absent from the answer).
+pub(crate) async fn apply_failures(conn: &mut PgConnection, runs: Vec<FailedRun>, layers: &PolicyLayers) -> Result<Vec<FailureResult>, StoreError> {
+    if runs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let decided = decide_failures(runs.iter().map(FailingRun::from), layers);
+    let rows = sqlx::query_with(APPLY, decided.arguments()?).fetch_all(&mut *conn).await?;
+    let mut by_id: HashMap<Uuid, Job> = jobs_from_rows(&rows)?.into_iter().map(|j| (j.id, j)).collect();
+    let DecidedFailures { ids, decisions, policy_index, policies, .. } = decided;
     Ok(ids
         .iter()
-        .zip(decided)
-        .filter_map(|(id, (decision, policy))| by_id.remove(id).map(|job| FailureResult { job, decision, policy }))
+        .zip(decisions)
+        .zip(policy_index)
+        .filter_map(|((id, decision), index)| {
+            let policy = policies.get(usize::try_from(index).ok()?.checked_sub(1)?)?.clone();
+            by_id.remove(id).map(|job| FailureResult { job, decision, policy })
+        })
         .collect())
 }
 
@@ -234,7 +342,7 @@ impl Store {
         );
         drop(policy_conn);
         let (rows, layers) = (rows?, layers?);
-        let mut locked: std::collections::HashMap<Uuid, Job> = jobs_from_rows(&rows)?.into_iter().map(|j| (j.id, j)).collect();
+        let mut locked: HashMap<Uuid, Job> = jobs_from_rows(&rows)?.into_iter().map(|j| (j.id, j)).collect();
         let runs: Vec<FailedRun> = failures
             .iter()
             .filter_map(|f| {
@@ -253,4 +361,70 @@ impl Store {
             .collect();
         apply_failures(&mut conn, runs, &layers).await
     }
+
+    /// Like [`Store::fail_batch`], for a caller that only needs to know which failures were
+    /// recorded (the worker's completer): reads only what deciding needs, and answers with the
+    /// ids of the jobs written rather than every updated row. Failures of jobs that are no
+    /// longer active at that attempt are skipped and absent from the answer.
+    pub async fn fail_batch_ids(&self, failures: &[Failure]) -> Result<Vec<Uuid>, StoreError> {
+        if failures.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = failures.iter().map(|f| f.id).collect();
+        let mut conn = self.pool.acquire().await?;
+        let mut policy_conn = self.pool.acquire().await?;
+        let (rows, layers) = tokio::join!(
+            sqlx::query("SELECT id, type, attempt, retry, locked_by FROM jobs WHERE id = ANY($1) AND state = 'active'")
+                .bind(&ids)
+                .fetch_all(&mut *conn),
+            PolicyLayers::load_for_jobs(&mut policy_conn, &ids),
+        );
+        drop(policy_conn);
+        let (rows, layers) = (rows?, layers?);
+        let mut active: HashMap<Uuid, ActiveRun> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let run = ActiveRun {
+                job_type: row.try_get("type")?,
+                attempt: row.try_get("attempt")?,
+                retry: row.try_get("retry")?,
+                locked_by: row.try_get("locked_by")?,
+            };
+            active.insert(row.try_get("id")?, run);
+        }
+        // One failure per job: a second one for the same attempt would record it twice.
+        let mut taken: HashSet<Uuid> = HashSet::with_capacity(failures.len());
+        let runs: Vec<FailingRun> = failures
+            .iter()
+            .filter_map(|f| {
+                let run = active.get(&f.id)?;
+                if f.attempt.is_some_and(|a| a != run.attempt) || !taken.insert(f.id) {
+                    return None;
+                }
+                Some(FailingRun {
+                    id: f.id,
+                    job_type: &run.job_type,
+                    attempt: run.attempt,
+                    retry: run.retry.as_ref(),
+                    locked_by: run.locked_by.as_deref(),
+                    outcome: &f.outcome,
+                    worker_id: f.worker_id.as_deref(),
+                    error_code: f.error_code.as_deref(),
+                    immediate: false,
+                })
+            })
+            .collect();
+        if runs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let decided = decide_failures(runs.into_iter(), &layers);
+        Ok(sqlx::query_scalar_with(APPLY_IDS, decided.arguments()?).fetch_all(&mut *conn).await?)
+    }
+}
+
+/// What [`Store::fail_batch_ids`] reads of an active job.
+struct ActiveRun {
+    job_type: String,
+    attempt: i32,
+    retry: Option<Value>,
+    locked_by: Option<String>,
 }

@@ -49,6 +49,8 @@ pub struct WorkerSection {
     pub claim_gather: Option<ConfigDuration>,
     pub completer_batch_size: Option<i64>,
     pub completer_flush_interval: Option<ConfigDuration>,
+    pub completer_flushes_in_flight: Option<i64>,
+    pub completer_max_backlog: Option<i64>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

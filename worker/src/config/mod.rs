@@ -19,7 +19,7 @@ use crate::handlers::BuiltinHandler;
 use crate::handlers::demo::DemoBehaviour;
 use crate::handlers::exec::{ExecConfig, ExitCodeMap};
 use crate::handlers::http::HttpConfig;
-use crate::settings::{MaintenanceSettings, PrunerSettings, RuntimeSettings};
+use crate::settings::{DEFAULT_QUEUE_CONCURRENCY, MaintenanceSettings, PrunerSettings, RuntimeSettings};
 
 /// A config problem, naming the key (dotted path; `""` for the file as a whole).
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -99,7 +99,7 @@ pub struct Overrides {
 }
 
 /// The demo setup used when no config file is given (`worker/demo.toml`): queue `default`
-/// with 10 slots and the `demo.*` handlers.
+/// with the default concurrency and the `demo.*` handlers.
 pub const DEMO_CONFIG: &str = include_str!("../../demo.toml");
 
 impl WorkerConfig {
@@ -127,13 +127,11 @@ impl WorkerConfig {
             check_database_url(url)?;
         }
         let queues = check_queues(file.queues.as_ref())?;
+        let settings = check_settings(&file)?;
         let max_connections = match file.database.max_connections {
             Some(n) => positive("database.max_connections", n)?,
-            // Claim loops, completer (three statements at once), heartbeat, listener,
-            // leadership and the maintenance services.
-            None => queues.len() as u32 + 10,
+            None => settings.connections_needed(queues.iter().map(|(_, c)| *c)),
         };
-        let settings = check_settings(&file)?;
         let handlers = check_handlers(file.handlers.as_ref())?;
         let log_format = match &file.log.format {
             None => LogFormat::Plain,
@@ -266,7 +264,7 @@ fn nonzero(key: &str, d: Option<ConfigDuration>, default: Duration) -> Result<Du
 
 fn check_queues(queues: Option<&BTreeMap<String, i64>>) -> Result<Vec<(String, u32)>, ConfigError> {
     let Some(queues) = queues else {
-        return Ok(vec![("default".to_string(), 10)]);
+        return Ok(vec![("default".to_string(), DEFAULT_QUEUE_CONCURRENCY)]);
     };
     if queues.is_empty() {
         return Err(ConfigError::new("queues", "no queues: add at least one, e.g. default = 10"));
@@ -327,6 +325,14 @@ fn check_settings(file: &ConfigFile) -> Result<RuntimeSettings, ConfigError> {
                 None => d.completer.batch_size,
             },
             flush_interval: nonzero("worker.completer_flush_interval", w.completer_flush_interval, d.completer.flush_interval)?,
+            flushes_in_flight: match w.completer_flushes_in_flight {
+                Some(n) => positive("worker.completer_flushes_in_flight", n)? as usize,
+                None => d.completer.flushes_in_flight,
+            },
+            max_backlog: match w.completer_max_backlog {
+                Some(n) => positive("worker.completer_max_backlog", n)? as usize,
+                None => d.completer.max_backlog,
+            },
             ..d.completer
         },
         storage_retry: check_retry("retry.storage", &file.retry.storage, d.storage_retry)?,
@@ -473,7 +479,7 @@ mod tests {
     #[test]
     fn the_demo_config_and_the_example_file_are_valid() {
         let demo = WorkerConfig::load(None, &Overrides::default()).unwrap();
-        assert_eq!(demo.queues, vec![("default".to_string(), 10)]);
+        assert_eq!(demo.queues, vec![("default".to_string(), DEFAULT_QUEUE_CONCURRENCY)]);
         assert_eq!(demo.handlers.len(), 4);
         assert_eq!(demo.demo_types().len(), 4);
         // Silence in the file means the runtime defaults.
@@ -486,6 +492,11 @@ mod tests {
         assert!(c.handlers.iter().any(|h| h.handler.kind() == "exec"));
         assert!(c.handlers.iter().any(|h| h.handler.kind() == "http"));
         assert_eq!(c.settings.shutdown_grace, Duration::from_secs(25));
+        // The example documents the defaults of the throughput knobs.
+        assert_eq!(c.queues, vec![("default".to_string(), DEFAULT_QUEUE_CONCURRENCY)]);
+        assert_eq!(c.settings.claim_batch_max, RuntimeSettings::default().claim_batch_max);
+        assert_eq!(c.settings.completer, RuntimeSettings::default().completer);
+        assert_eq!(c.max_connections, RuntimeSettings::default().connections_needed([DEFAULT_QUEUE_CONCURRENCY]));
     }
 
     #[test]
@@ -548,7 +559,9 @@ mod tests {
         assert_eq!(c.settings.storage_retry.max_attempts, 9);
         assert_eq!(c.settings.claim_retry.jitter_fraction, 0.5);
         assert_eq!(c.settings.shutdown_grace, Duration::from_secs(3));
-        assert_eq!(c.max_connections, 12);
+        // Sized for what two queues' claim loops and the completer's writes use at once.
+        assert_eq!(c.max_connections, RuntimeSettings::default().connections_needed([3, 7]));
+        assert!(c.max_connections > 2 + c.settings.completer.flushes_in_flight as u32);
 
         let disabled = WorkerConfig::load(None, &Overrides { disable_retry: true, ..Overrides::default() }).unwrap();
         assert_eq!(disabled.settings.storage_retry.max_attempts, 1);

@@ -1,0 +1,208 @@
+//! The store's batch paths that the worker and the batch API lean on, against a real
+//! database: batch enqueue answers exactly what it stored, claims stay right once Postgres
+//! switches to a generic plan, and the worker's lean complete and fail writes record the same
+//! attempts as the full ones.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use rebound_queue::outcome::{HandlerError, Outcome};
+use rebound_queue::policy::PolicyPatch;
+use rebound_queue::store::{Actor, ClaimRequest, Completion, Failure, StoreError};
+use rebound_queue::testing::TestDb;
+use rebound_queue::{JobState, NewJob, Store};
+use serde_json::json;
+use uuid::Uuid;
+
+fn claim_req(queue: &str, worker: &str, limit: u32) -> ClaimRequest {
+    ClaimRequest {
+        worker_id: worker.into(),
+        queues: vec![queue.to_string()],
+        limit,
+        visibility_timeout: Duration::from_secs(30),
+    }
+}
+
+async fn put_policy(s: &Store, job_type: &str, v: serde_json::Value) {
+    s.put_policy(job_type, &PolicyPatch::from_json(&v).unwrap(), &Actor::new("test"), None).await.unwrap();
+}
+
+fn failure(id: Uuid, attempt: i32, error_type: &str) -> Failure {
+    Failure {
+        id,
+        attempt: Some(attempt),
+        worker_id: Some("w1".into()),
+        outcome: Outcome::Retry(HandlerError::new(error_type, "boom")),
+        error_code: None,
+    }
+}
+
+#[tokio::test]
+async fn batch_enqueue_answers_exactly_what_it_stored() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    put_policy(s, "typed", json!({"max_attempts": 7})).await;
+    let later = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600);
+    // Nanoseconds the database cannot keep: the answer must carry what was stored.
+    let later = later + jiff::SignedDuration::from_nanos(123);
+    let mut full = NewJob::new("typed", json!([{"b": 2, "a": [1.5, "x", null]}])).queue("q1");
+    full.id = Some(Uuid::now_v7());
+    full.meta = json!({"trace": "abc", "n": 3});
+    full.extra = json!({"custom": true});
+    full.priority = 5;
+    full.tags = vec!["one".into(), "two".into()];
+    full.retry = Some(PolicyPatch::from_json(&json!({"max_attempts": 2, "initial_interval": "PT3S"})).unwrap());
+    full.timeout_ms = Some(1500);
+    full.visibility_timeout_ms = Some(9000);
+    full.expires_at = Some(later + jiff::SignedDuration::from_secs(60));
+    let mut scheduled = NewJob::new("typed", json!([]));
+    scheduled.scheduled_at = Some(later);
+    let mut pending = NewJob::new("plain", json!([1]));
+    pending.pending = true;
+    let plain = NewJob::new("plain", json!(["x"]));
+
+    let out = s.enqueue_batch(vec![full, scheduled, pending, plain]).await.unwrap();
+    assert_eq!(out.len(), 4);
+    for e in &out {
+        let stored = s.job(e.job.id).await.unwrap();
+        assert_eq!(e.job, stored, "the answer for {} differs from the stored row", e.job.id);
+    }
+    let states: Vec<JobState> = out.iter().map(|e| e.job.state).collect();
+    assert_eq!(states, vec![JobState::Available, JobState::Scheduled, JobState::Pending, JobState::Available]);
+    // The job's own override, else the type's policy, else the default.
+    let max: Vec<i32> = out.iter().map(|e| e.job.max_attempts).collect();
+    assert_eq!(max, vec![2, 7, 3, 3]);
+}
+
+#[tokio::test]
+async fn batch_enqueue_refuses_an_id_given_twice_and_stores_nothing() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let id = Uuid::now_v7();
+    let mut a = NewJob::new("t", json!([0]));
+    a.id = Some(id);
+    let batch = vec![NewJob::new("t", json!([1])), a.clone(), a];
+    let err = s.enqueue_batch(batch).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Duplicate { reason, existing: Some(dup) } if reason.starts_with("jobs[2]") && *dup == id),
+        "{err:?}"
+    );
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(count, 0, "a failed batch stores nothing");
+}
+
+#[tokio::test]
+async fn claims_stay_right_across_many_limits() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let jobs: Vec<NewJob> = (0..300).map(|i| NewJob::new("t", json!([i])).queue("q")).collect();
+    let ids: Vec<Uuid> = s.enqueue_batch(jobs).await.unwrap().into_iter().map(|e| e.job.id).collect();
+    // Enough claims of one statement for Postgres to switch it to a generic plan.
+    let mut claimed = Vec::new();
+    for limit in [1u32, 7, 50, 3, 100, 2, 9, 60, 1, 40, 27] {
+        let got = s.claim(&claim_req("q", "w1", limit)).await.unwrap();
+        assert_eq!(got.len(), limit as usize);
+        assert!(got.iter().all(|j| j.state == JobState::Active && j.attempt == 1 && j.locked_by.as_deref() == Some("w1")));
+        claimed.extend(got.into_iter().map(|j| j.id));
+    }
+    assert_eq!(claimed, ids, "FIFO order, every job once");
+    assert!(s.claim(&claim_req("q", "w1", 10)).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn lean_completions_record_the_attempt_and_refuse_stale_ones() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let ids: Vec<Uuid> = s
+        .enqueue_batch((0..3).map(|i| NewJob::new("t", json!([i]))).collect())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.job.id)
+        .collect();
+    s.claim(&claim_req("default", "holder", 3)).await.unwrap();
+    let done = s
+        .complete_batch(&[
+            Completion { id: ids[0], attempt: Some(1), worker_id: Some("named".into()), result: Some(json!({"ok": 1})) },
+            // No worker given: the attempt is recorded under the job's holder.
+            Completion { id: ids[1], attempt: Some(1), worker_id: None, result: None },
+            // A stale attempt: refused, the job stays active.
+            Completion { id: ids[2], attempt: Some(2), worker_id: Some("named".into()), result: None },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(done.into_iter().collect::<HashSet<_>>(), HashSet::from([ids[0], ids[1]]));
+    let first = s.job(ids[0]).await.unwrap();
+    assert_eq!(first.state, JobState::Completed);
+    assert_eq!(first.result, Some(json!({"ok": 1})));
+    assert_eq!(first.locked_by, None);
+    let workers: Vec<Option<String>> =
+        vec![s.attempts(ids[0]).await.unwrap()[0].worker_id.clone(), s.attempts(ids[1]).await.unwrap()[0].worker_id.clone()];
+    assert_eq!(workers, vec![Some("named".to_string()), Some("holder".to_string())]);
+    assert!(s.attempts(ids[2]).await.unwrap().is_empty());
+    assert_eq!(s.job(ids[2]).await.unwrap().state, JobState::Active);
+}
+
+#[tokio::test]
+async fn lean_failures_decide_each_job_by_its_own_effective_policy() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    put_policy(s, "typed", json!({"max_attempts": 5, "initial_interval": "PT10S", "backoff_strategy": "constant", "jitter": false})).await;
+    let mut overridden = NewJob::new("typed", json!(["override"]));
+    overridden.retry = Some(PolicyPatch::from_json(&json!({"max_attempts": 1, "on_exhaustion": "dead_letter"})).unwrap());
+    let jobs = vec![
+        NewJob::new("typed", json!(["a"])),
+        overridden,
+        NewJob::new("typed", json!(["b"])),
+        NewJob::new("other", json!(["c"])),
+        NewJob::new("typed", json!(["stale"])),
+    ];
+    let ids: Vec<Uuid> = s.enqueue_batch(jobs).await.unwrap().into_iter().map(|e| e.job.id).collect();
+    assert_eq!(s.claim(&claim_req("default", "w1", 5)).await.unwrap().len(), 5);
+
+    let mut failures: Vec<Failure> = ids[..4].iter().map(|id| failure(*id, 1, "app.flaky")).collect();
+    // The same failure twice is recorded once; a failure of another attempt not at all.
+    failures.push(failure(ids[0], 1, "app.flaky"));
+    failures.push(failure(ids[4], 2, "app.flaky"));
+    let written = s.fail_batch_ids(&failures).await.unwrap();
+    assert_eq!(written.iter().copied().collect::<HashSet<_>>(), ids[..4].iter().copied().collect::<HashSet<_>>());
+    assert_eq!(written.len(), 4);
+
+    let a = s.job(ids[0]).await.unwrap();
+    assert_eq!((a.state, a.max_attempts, a.retry_delay_ms), (JobState::Retryable, 5, Some(10_000)));
+    assert_eq!(a.last_error.as_ref().and_then(|e| e["type"].as_str()), Some("app.flaky"));
+    assert_eq!(a.locked_by, None);
+    let dead = s.job(ids[1]).await.unwrap();
+    assert_eq!((dead.state, dead.dead_letter), (JobState::Discarded, true));
+    assert_eq!(s.job(ids[2]).await.unwrap().state, JobState::Retryable);
+    let other = s.job(ids[3]).await.unwrap();
+    assert_eq!((other.state, other.max_attempts), (JobState::Retryable, 3));
+    assert_eq!(s.job(ids[4]).await.unwrap().state, JobState::Active);
+
+    // Each attempt row carries the effective policy its decision used.
+    let policy_of = |attempts: Vec<rebound_queue::job::Attempt>| {
+        assert_eq!(attempts.len(), 1, "one attempt row per recorded failure");
+        let p = attempts[0].policy.clone().unwrap();
+        (p["max_attempts"].as_i64(), p["initial_interval"].as_str().map(str::to_string))
+    };
+    assert_eq!(policy_of(s.attempts(ids[0]).await.unwrap()), (Some(5), Some("PT10S".into())));
+    assert_eq!(policy_of(s.attempts(ids[1]).await.unwrap()), (Some(1), Some("PT10S".into())));
+    assert_eq!(policy_of(s.attempts(ids[2]).await.unwrap()), (Some(5), Some("PT10S".into())));
+    assert_eq!(policy_of(s.attempts(ids[3]).await.unwrap()).0, Some(3));
+    let dead_attempt = &s.attempts(ids[1]).await.unwrap()[0];
+    assert_eq!((dead_attempt.outcome.as_str(), dead_attempt.worker_id.as_deref()), ("exhausted", Some("w1")));
+    assert!(s.attempts(ids[4]).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_sub_millisecond_retry_is_claimable_again_at_once() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    put_policy(s, "quick", json!({"max_attempts": 3, "initial_interval": "PT0.0001S", "backoff_strategy": "constant", "jitter": false}))
+        .await;
+    let id = s.enqueue(NewJob::new("quick", json!([]))).await.unwrap().job.id;
+    s.claim(&claim_req("default", "w1", 1)).await.unwrap();
+    assert_eq!(s.fail_batch_ids(&[failure(id, 1, "app.flaky")]).await.unwrap(), vec![id]);
+    let again = s.claim(&claim_req("default", "w1", 1)).await.unwrap();
+    assert_eq!(again.iter().map(|j| (j.id, j.attempt)).collect::<Vec<_>>(), vec![(id, 2)]);
+}
