@@ -83,7 +83,7 @@ pub async fn run_worker(url: &str, store: &Store, n: usize, concurrency: usize, 
     shutdown.cancel();
     let _ = running.await;
     let secs: f64 = sqlx::query_scalar(
-        "SELECT EXTRACT(EPOCH FROM (max(j.completed_at) - (SELECT min(started_at) FROM job_attempts)))::float8 FROM jobs j",
+        "SELECT EXTRACT(EPOCH FROM (max(j.completed_at) - (SELECT min(started_at) FROM job_history)))::float8 FROM jobs j",
     )
     .fetch_one(store.pool())
     .await?;
@@ -103,7 +103,7 @@ async fn print_batching(store: &Store, run: &str) -> anyhow::Result<()> {
         "SELECT count(DISTINCT started_at), count(*)::float8 / greatest(count(DISTINCT started_at), 1),
                 count(DISTINCT finished_at), count(*)::float8 / greatest(count(DISTINCT finished_at), 1),
                 EXTRACT(EPOCH FROM avg(finished_at - started_at))::float8 * 1000
-         FROM job_attempts",
+         FROM job_history",
     )
     .fetch_one(store.pool())
     .await?;

@@ -359,10 +359,12 @@ impl JobValidationError {
     }
 }
 
-/// One execution of a job, as recorded in `job_attempts`.
+/// One execution of a job: a `job_attempts` row, or for the execution that completed the
+/// job, the job row itself (see the `job_history` view).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Attempt {
-    pub id: i64,
+    /// The `job_attempts` row; `None` for the completing execution.
+    pub id: Option<i64>,
     pub job_id: Uuid,
     pub attempt: i32,
     pub worker_id: Option<String>,

@@ -135,7 +135,13 @@ async fn lean_completions_record_the_attempt_and_refuse_stale_ones() {
     let first = s.job(ids[0]).await.unwrap();
     assert_eq!(first.state, JobState::Completed);
     assert_eq!(first.result, Some(json!({"ok": 1})));
-    assert_eq!(first.locked_by, None);
+    assert_eq!(first.locked_by.as_deref(), Some("named"), "kept as the worker that ran it");
+    assert_eq!(first.lock_expires_at, None);
+    let attempts = s.attempts(ids[0]).await.unwrap();
+    assert_eq!(attempts.len(), 1, "the completing execution, read from the job row");
+    assert_eq!((attempts[0].id, attempts[0].attempt, attempts[0].outcome.as_str()), (None, 1, "completed"));
+    assert_eq!(attempts[0].started_at, first.started_at);
+    assert_eq!(Some(attempts[0].finished_at), first.completed_at);
     let workers: Vec<Option<String>> =
         vec![s.attempts(ids[0]).await.unwrap()[0].worker_id.clone(), s.attempts(ids[1]).await.unwrap()[0].worker_id.clone()];
     assert_eq!(workers, vec![Some("named".to_string()), Some("holder".to_string())]);

@@ -8,7 +8,7 @@ use rebound_queue::job::{OnConflict, UniqueSpec};
 use rebound_queue::outcome::{HandlerError, Outcome};
 use rebound_queue::policy::PolicyPatch;
 use rebound_queue::store::{
-    Actor, AuditFilter, ClaimRequest, Completion, EnqueueOutcome, Failure, JobFilter, JobSelection, PruneConfig,
+    Actor, AuditFilter, ClaimRequest, Completion, EnqueueOutcome, EventFilter, Failure, JobFilter, JobSelection, PruneConfig,
     RedriveBudget, RedriveOptions, StoreError,
 };
 use rebound_queue::testing::TestDb;
@@ -539,4 +539,47 @@ async fn pruning_respects_retention_and_keeps_recent_dead_letters() {
     assert_eq!(report.completed, 3);
     assert_eq!(report.dead_letters, 1, "only the oldest beyond the cap");
     assert_eq!(s.count_jobs(&JobFilter::dead_letters(), 100).await.unwrap(), 2);
+    let orphans: i64 = sqlx::query_scalar("SELECT count(*) FROM job_attempts a WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = a.job_id)")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(orphans, 0, "pruned jobs take their attempts with them");
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM job_attempts").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(kept, 2, "the kept dead letters keep theirs");
+}
+
+#[tokio::test]
+async fn history_events_and_chart_read_the_completing_execution_from_the_job_row() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    s.put_policy("t", &patch(json!({"max_attempts": 3, "initial_interval": "PT1S", "jitter": false})), &Actor::new("ops"), None)
+        .await
+        .unwrap();
+    let id = s.enqueue(NewJob::new("t", json!([1]))).await.unwrap().job.id;
+    claim_one(s, "default").await;
+    s.fail(&failure(id, "net.reset")).await.unwrap();
+    make_due(s, id).await;
+    claim_one(s, "default").await;
+    s.complete(&Completion { id, attempt: Some(2), worker_id: Some("w2".into()), result: None }).await.unwrap();
+
+    let history = s.attempts(id).await.unwrap();
+    let seen: Vec<(bool, i32, &str, Option<&str>)> =
+        history.iter().map(|a| (a.id.is_some(), a.attempt, a.outcome.as_str(), a.worker_id.as_deref())).collect();
+    assert_eq!(seen, vec![(true, 1, "retried", Some("w1")), (false, 2, "completed", Some("w2"))]);
+    assert_eq!(s.attempts_for(&[id]).await.unwrap(), history);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM job_attempts").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(rows, 1, "only the failed execution is a row");
+
+    let events = s.events(&EventFilter { job_id: Some(id), limit: 10, ..Default::default() }).await.unwrap();
+    let kinds: Vec<(&str, Option<i32>, Option<&str>)> =
+        events.iter().map(|e| (e.event_type.as_str(), e.attempt, e.worker_id.as_deref())).collect();
+    assert_eq!(kinds, vec![("job.completed", Some(2), Some("w2")), ("job.failed", Some(1), Some("w1")), ("job.enqueued", None, None)]);
+    let only_completed =
+        s.events(&EventFilter { types: vec!["job.completed".into()], limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(only_completed.len(), 1);
+
+    let chart = s.throughput(5).await.unwrap();
+    assert_eq!(chart.len(), 5);
+    let (completed, failed) = chart.iter().fold((0, 0), |(c, f), (_, dc, df)| (c + dc, f + df));
+    assert_eq!((completed, failed), (1, 1));
 }

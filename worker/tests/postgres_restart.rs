@@ -181,7 +181,7 @@ async fn workers_ride_out_a_postgres_restart_without_losing_or_repeating_work() 
     // …and completed exactly once, as the store recorded it.
     let per_job = sqlx::query(
         "SELECT count(*) FILTER (WHERE n <> 1) AS wrong, count(*) AS jobs FROM
-           (SELECT job_id, count(*) FILTER (WHERE outcome = 'completed') AS n FROM job_attempts GROUP BY job_id) t",
+           (SELECT job_id, count(*) FILTER (WHERE outcome = 'completed') AS n FROM job_history GROUP BY job_id) t",
     )
     .fetch_one(store.pool())
     .await

@@ -216,14 +216,14 @@ async fn results_written_in_overlapping_batches_land_exactly_once() {
     // One attempt row per execution: attempt 1 retried then attempt 2 completed for the failing
     // half, attempt 1 completed for the rest.
     let rows: Vec<(String, i32, i64)> = sqlx::query_as(
-        "SELECT outcome, attempt, count(*) FROM job_attempts GROUP BY outcome, attempt ORDER BY outcome, attempt",
+        "SELECT outcome, attempt, count(*) FROM job_history GROUP BY outcome, attempt ORDER BY outcome, attempt",
     )
     .fetch_all(db.store.pool())
     .await
     .unwrap();
     let half = (n / 2) as i64;
     assert_eq!(rows, vec![("completed".to_string(), 1, half), ("completed".to_string(), 2, half), ("retried".to_string(), 1, half)]);
-    let per_job: i64 = sqlx::query_scalar("SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'completed' GROUP BY job_id HAVING count(*) <> 1) x")
+    let per_job: i64 = sqlx::query_scalar("SELECT count(*) FROM (SELECT job_id FROM job_history WHERE outcome = 'completed' GROUP BY job_id HAVING count(*) <> 1) x")
         .fetch_one(db.store.pool())
         .await
         .unwrap();

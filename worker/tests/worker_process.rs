@@ -72,7 +72,7 @@ async fn a_thousand_jobs_each_run_exactly_once() {
     assert_eq!(seen.keys().copied().collect::<HashSet<_>>(), ids.iter().copied().collect::<HashSet<_>>());
 
     // And as the store recorded them: one completed attempt per job, nothing else.
-    let rows = sqlx::query("SELECT outcome, count(*) AS n, count(DISTINCT job_id) AS jobs FROM job_attempts GROUP BY outcome")
+    let rows = sqlx::query("SELECT outcome, count(*) AS n, count(DISTINCT job_id) AS jobs FROM job_history GROUP BY outcome")
         .fetch_all(db.store.pool())
         .await
         .unwrap();

@@ -19,42 +19,29 @@ pub struct Completion {
     pub result: Option<Value>,
 }
 
-const COMPLETE: &str = "
-WITH input AS (
-    SELECT * FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::jsonb[]) AS t(id, attempt, worker_id, result)
-), done AS (
-    UPDATE jobs j
-    SET state = 'completed', completed_at = now(), result = i.result, last_error = NULL,
-        locked_by = NULL, lock_expires_at = NULL, updated_at = now()
-    FROM input i JOIN jobs o ON o.id = i.id
-    WHERE j.id = i.id AND j.state = 'active' AND (i.attempt IS NULL OR j.attempt = i.attempt)
-    RETURNING j.*, COALESCE(i.worker_id, o.locked_by) AS attempt_worker
-), recorded AS (
-    INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome)
-    SELECT id, attempt, attempt_worker, started_at, 'completed' FROM done
-)
-SELECT * FROM done";
+// A successful execution is not a `job_attempts` row: the job row already holds all of it
+// (attempt, started_at, completed_at, and locked_by, kept as the worker that ran it), so
+// completing is one row update, as in the raw-SQL ceiling. Failed executions, which carry
+// errors and the policy that judged them, keep their rows; `job_history` joins the two.
+macro_rules! complete_sql {
+    ($returning:literal) => {
+        concat!(
+            "
+UPDATE jobs j
+SET state = 'completed', completed_at = now(), result = i.result, last_error = NULL,
+    locked_by = COALESCE(i.worker_id, j.locked_by), lock_expires_at = NULL, updated_at = now()
+FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::jsonb[]) AS i(id, attempt, worker_id, result)
+WHERE j.id = i.id AND j.state = 'active' AND (i.attempt IS NULL OR j.attempt = i.attempt)
+RETURNING ",
+            $returning
+        )
+    };
+}
 
+const COMPLETE: &str = complete_sql!("j.*");
 // The worker's completer only needs to know which results were taken: returning the ids alone
 // spares Postgres sending, and the worker decoding, every full row of every batch.
-const COMPLETE_IDS: &str = "
-WITH input AS (
-    SELECT * FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::jsonb[]) AS t(id, attempt, worker_id, result)
-), done AS (
-    UPDATE jobs j
-    SET state = 'completed', completed_at = now(), result = i.result, last_error = NULL,
-        locked_by = NULL, lock_expires_at = NULL, updated_at = now()
-    FROM input i
-    WHERE j.id = i.id AND j.state = 'active' AND (i.attempt IS NULL OR j.attempt = i.attempt)
-    -- The worker always names itself, so the holder is looked up (in the statement's snapshot,
-    -- i.e. before this update) only when it does not, instead of joining every row to itself.
-    RETURNING j.id, j.attempt, j.started_at,
-              COALESCE(i.worker_id, (SELECT o.locked_by FROM jobs o WHERE o.id = i.id)) AS attempt_worker
-), recorded AS (
-    INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome)
-    SELECT id, attempt, attempt_worker, started_at, 'completed' FROM done
-)
-SELECT id FROM done";
+const COMPLETE_IDS: &str = complete_sql!("j.id");
 
 impl Store {
     /// Completes one active job (OJS ack). A job that is not active is a conflict.

@@ -86,7 +86,10 @@ impl Store {
     pub async fn purge_dead_letters(&self, sel: &JobSelection, actor: &Actor, reason: Option<&str>) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
         let ids: Vec<Uuid> = sel.select_ids("j.dead_letter", BULK_LIMIT).build_query_scalar().fetch_all(&mut *tx).await?;
-        let deleted = sqlx::query("DELETE FROM jobs WHERE id = ANY($1)").bind(&ids).execute(&mut *tx).await?.rows_affected();
+        let deleted = sqlx::query_scalar::<_, i64>(delete_with_history!("SELECT unnest($1::uuid[])"))
+            .bind(&ids)
+            .fetch_one(&mut *tx)
+            .await? as u64;
         let mut details = sel.describe();
         if let Some(o) = details.as_object_mut() {
             o.insert("affected".into(), json!(deleted));

@@ -156,14 +156,20 @@ impl Store {
     }
 
     /// Enqueues many jobs atomically: one invalid or duplicate job and nothing is enqueued.
-    /// Jobs are inserted in order, so equal-priority jobs run in the order given.
+    /// Equal-priority jobs run in the order given: their generated ids ascend, and claims
+    /// take equally due jobs in id order.
     pub async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, StoreError> {
         let mut checked = Vec::with_capacity(jobs.len());
         for (i, job) in jobs.iter().enumerate() {
             checked.push(check(job).map_err(|e| prefix_index(e, i))?);
         }
+        if jobs.iter().all(|j| j.unique.is_none()) {
+            // One statement is atomic on its own: no BEGIN and COMMIT round trips.
+            let mut conn = self.pool.acquire().await?;
+            return insert_many(&mut conn, jobs, &checked).await;
+        }
         let mut tx = self.pool.begin().await?;
-        let out = if jobs.iter().any(|j| j.unique.is_some()) {
+        let out = {
             let mut out = Vec::with_capacity(jobs.len());
             for (i, (job, max)) in jobs.iter().zip(&checked).enumerate() {
                 let e = match &job.unique {
@@ -173,8 +179,6 @@ impl Store {
                 out.push(e.map_err(|e| prefix_index(e, i))?);
             }
             out
-        } else {
-            insert_many(&mut tx, jobs, &checked).await?
         };
         tx.commit().await?;
         Ok(out)
@@ -261,8 +265,8 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
                SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::jsonb[], $7::int2[],
                                     $8::jsonb[], $9::int4[], $10::jsonb[], $11::int8[], $12::int8[], $13::timestamptz[],
                                     $14::timestamptz[], $15::bool[])
-                      WITH ORDINALITY AS t(id, type, queue, args, meta, extra, priority, tags, max_attempts, retry,
-                                           timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, pending, ord)
+                      AS t(id, type, queue, args, meta, extra, priority, tags, max_attempts, retry,
+                           timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, pending)
              ), layers AS (
                SELECT job_type, (policy->>'max_attempts')::int AS max_attempts FROM retry_policies
              )
@@ -279,7 +283,6 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
              CROSS JOIN LATERAL (SELECT CASE WHEN i.pending THEN 'pending'::job_state
                                              WHEN i.scheduled_at > now() THEN 'scheduled'::job_state
                                              ELSE 'available'::job_state END AS state) s
-             ORDER BY i.ord
              RETURNING id, state, max_attempts, scheduled_at, expires_at, created_at, enqueued_at, updated_at",
         )
         .bind(&ids)

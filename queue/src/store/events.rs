@@ -1,6 +1,6 @@
 //! Job events, read back from what the store already records: `jobs.created_at` (enqueued),
-//! `job_attempts` (completed, failed, discarded, dead-lettered, released, snoozed) and
-//! `jobs.cancelled_at` (cancelled). Nothing extra is written on the hot path, and events from
+//! `job_attempts` (failed, discarded, dead-lettered, released, snoozed), `jobs.completed_at`
+//! (completed) and `jobs.cancelled_at` (cancelled). Nothing extra is written on the hot path, and events from
 //! every process (server, workers) appear alike.
 
 use jiff::Timestamp;
@@ -70,7 +70,6 @@ SELECT * FROM (
     (SELECT e.type, e.at, e.job_id, e.job_type, e.queue, e.attempt, e.duration_ms, e.error, e.worker_id
      FROM (
          SELECT CASE
-                    WHEN a.outcome = 'completed' THEN 'job.completed'
                     WHEN a.outcome = 'retried' THEN 'job.failed'
                     WHEN a.outcome = 'released' THEN 'job.released'
                     WHEN a.outcome = 'snoozed' THEN 'job.snoozed'
@@ -91,6 +90,17 @@ SELECT * FROM (
      ) e
      WHERE cardinality($1::text[]) = 0 OR e.type = ANY($1)
      ORDER BY e.seq DESC LIMIT $5)
+    UNION ALL
+    -- A completing execution is recorded in its job row (see `job_history`).
+    (SELECT 'job.completed'::text, j.completed_at, j.id, j.type, j.queue, j.attempt,
+            (EXTRACT(EPOCH FROM (j.completed_at - j.started_at)) * 1000)::bigint, NULL::jsonb, j.locked_by
+     FROM jobs j
+     WHERE (cardinality($1::text[]) = 0 OR 'job.completed' = ANY($1))
+       AND j.state = 'completed'
+       AND (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
+       AND ($3::uuid IS NULL OR j.id = $3)
+       AND ($4::timestamptz IS NULL OR j.completed_at >= $4::timestamptz)
+     ORDER BY j.completed_at DESC LIMIT $5)
     UNION ALL
     (SELECT 'job.cancelled'::text, j.cancelled_at, j.id, j.type, j.queue, NULL::int, NULL::bigint, NULL::jsonb, NULL::text
      FROM jobs j

@@ -33,16 +33,19 @@ impl JobFilter {
 
     /// Appends ` AND …` conditions for this filter to a query whose `jobs` rows are aliased `j`.
     pub(crate) fn push_conditions(&self, qb: &mut QueryBuilder<Postgres>) {
+        // States are spelled as literals (they come from the enum, never from input): the
+        // listing indexes leave out `available` and `active`, and only a literal lets the
+        // planner prove that a filter stays inside an index's predicate.
         match self.states.as_slice() {
             [] => {}
-            // Postgres 15 cannot walk a (…, state, id) index in id order under `= ANY`, so
-            // the common one-state filter is spelled as an equality.
+            // Postgres 15 cannot walk a (…, state, id) index in id order under `IN`, so the
+            // common one-state filter is spelled as an equality.
             [one] => {
-                qb.push(" AND j.state = ").push_bind(one.as_str()).push("::job_state");
+                qb.push(format_args!(" AND j.state = '{}'", one.as_str()));
             }
             many => {
-                let states: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
-                qb.push(" AND j.state = ANY(").push_bind(states).push("::job_state[])");
+                let states: Vec<String> = many.iter().map(|s| format!("'{}'", s.as_str())).collect();
+                qb.push(format_args!(" AND j.state IN ({})", states.join(", ")));
             }
         }
         if let Some(q) = &self.queue {
@@ -216,16 +219,25 @@ impl Store {
     }
 
     /// Completions and failures per minute over the last `minutes` minutes, oldest first:
-    /// `(minute start, completed, failed)`. Reads `job_attempts`, so pruned history drops out.
+    /// `(minute start, completed, failed)`. Pruned jobs and history drop out.
     pub async fn throughput(&self, minutes: i64) -> Result<Vec<(Timestamp, i64, i64)>, StoreError> {
         let rows = sqlx::query(
-            "SELECT m AS minute,
-                    count(a.id) FILTER (WHERE a.outcome = 'completed') AS completed,
-                    count(a.id) FILTER (WHERE a.outcome NOT IN ('completed', 'released', 'snoozed')) AS failed
-             FROM generate_series(date_trunc('minute', now()) - ($1 - 1) * interval '1 minute',
-                                  date_trunc('minute', now()), interval '1 minute') AS m
-             LEFT JOIN job_attempts a ON a.finished_at >= m AND a.finished_at < m + interval '1 minute'
-             GROUP BY m ORDER BY m",
+            "WITH span AS (
+                 SELECT date_trunc('minute', now()) - ($1 - 1) * interval '1 minute' AS since
+             ), done AS (
+                 SELECT date_trunc('minute', completed_at) AS m, count(*) AS n
+                 FROM jobs WHERE state = 'completed' AND completed_at >= (SELECT since FROM span) GROUP BY 1
+             ), failed AS (
+                 SELECT date_trunc('minute', finished_at) AS m, count(*) AS n
+                 FROM job_attempts
+                 WHERE finished_at >= (SELECT since FROM span) AND outcome NOT IN ('completed', 'released', 'snoozed')
+                 GROUP BY 1
+             )
+             SELECT minutes.m AS minute, COALESCE(done.n, 0) AS completed, COALESCE(failed.n, 0) AS failed
+             FROM generate_series((SELECT since FROM span), date_trunc('minute', now()), interval '1 minute') AS minutes(m)
+             LEFT JOIN done ON done.m = minutes.m
+             LEFT JOIN failed ON failed.m = minutes.m
+             ORDER BY minutes.m",
         )
         .bind(minutes.clamp(1, 24 * 60))
         .fetch_all(&self.pool)

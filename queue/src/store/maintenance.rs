@@ -212,45 +212,40 @@ impl Store {
 
     /// Pruner: one bounded pass of retention. Call again while it keeps deleting.
     pub async fn prune(&self, cfg: &PruneConfig) -> Result<PruneReport, StoreError> {
-        let completed = sqlx::query(
-            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state = 'completed'
-                 AND completed_at < now() - $1 * interval '1 millisecond' LIMIT $2)",
-        )
+        let completed = sqlx::query_scalar::<_, i64>(delete_with_history!(
+            "SELECT id FROM jobs WHERE state = 'completed'
+                 AND completed_at < now() - $1 * interval '1 millisecond' LIMIT $2"
+        ))
         .bind(millis(cfg.completed_after))
         .bind(cfg.batch)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        let discarded = sqlx::query(
-            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state IN ('cancelled', 'discarded') AND NOT dead_letter
-                 AND updated_at < now() - $1 * interval '1 millisecond' LIMIT $2)",
-        )
+        .fetch_one(&self.pool)
+        .await? as u64;
+        let discarded = sqlx::query_scalar::<_, i64>(delete_with_history!(
+            "SELECT id FROM jobs WHERE state IN ('cancelled', 'discarded') AND NOT dead_letter
+                 AND updated_at < now() - $1 * interval '1 millisecond' LIMIT $2"
+        ))
         .bind(millis(cfg.discarded_after))
         .bind(cfg.batch)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        let old_dead = sqlx::query(
-            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE dead_letter
-                 AND dead_lettered_at < now() - $1 * interval '1 millisecond' LIMIT $2)",
-        )
+        .fetch_one(&self.pool)
+        .await? as u64;
+        let old_dead = sqlx::query_scalar::<_, i64>(delete_with_history!(
+            "SELECT id FROM jobs WHERE dead_letter
+                 AND dead_lettered_at < now() - $1 * interval '1 millisecond' LIMIT $2"
+        ))
         .bind(millis(cfg.dead_letters_after))
         .bind(cfg.batch)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        let over_cap = sqlx::query(
-            "DELETE FROM jobs WHERE id IN (
-                 SELECT id FROM (
-                     SELECT id, row_number() OVER (PARTITION BY queue ORDER BY dead_lettered_at DESC, id DESC) AS rank
-                     FROM jobs WHERE dead_letter
-                 ) ranked WHERE rank > $1 LIMIT $2)",
-        )
+        .fetch_one(&self.pool)
+        .await? as u64;
+        let over_cap = sqlx::query_scalar::<_, i64>(delete_with_history!(
+            "SELECT id FROM (
+                 SELECT id, row_number() OVER (PARTITION BY queue ORDER BY dead_lettered_at DESC, id DESC) AS rank
+                 FROM jobs WHERE dead_letter
+             ) ranked WHERE rank > $1 LIMIT $2"
+        ))
         .bind(cfg.dead_letters_per_queue)
         .bind(cfg.batch)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
+        .fetch_one(&self.pool)
+        .await? as u64;
         let workers = sqlx::query("DELETE FROM workers WHERE last_heartbeat_at < now() - $1 * interval '1 millisecond'")
             .bind(millis(cfg.workers_after))
             .execute(&self.pool)

@@ -4,6 +4,21 @@
 //! transition is refused by the store with a typed error rather than silently ignored, and
 //! concurrent callers cannot both win.
 
+// Deletes the jobs whose ids the given query selects, with their attempt history, in one
+// statement, and yields how many jobs went. `job_attempts` has no foreign key (its check
+// would cost every execution a lookup), so every deletion of jobs goes through here.
+macro_rules! delete_with_history {
+    ($select_ids:literal) => {
+        concat!(
+            "WITH gone AS (DELETE FROM jobs WHERE id IN (",
+            $select_ids,
+            ") RETURNING id),
+history AS (DELETE FROM job_attempts a USING gone WHERE a.job_id = gone.id)
+SELECT count(*) FROM gone"
+        )
+    };
+}
+
 mod audit;
 mod auth;
 mod cancel;
@@ -173,9 +188,9 @@ impl Store {
         self.get_job(id).await?.ok_or(StoreError::NotFound(id))
     }
 
-    /// Every recorded execution of a job, oldest first.
+    /// Every execution of a job, oldest first (the completing one, kept in the job row, last).
     pub async fn attempts(&self, job_id: Uuid) -> Result<Vec<Attempt>, StoreError> {
-        let rows = sqlx::query("SELECT * FROM job_attempts WHERE job_id = $1 ORDER BY id")
+        let rows = sqlx::query("SELECT * FROM job_history WHERE job_id = $1 ORDER BY id NULLS LAST")
             .bind(job_id)
             .fetch_all(&self.pool)
             .await?;
@@ -184,7 +199,7 @@ impl Store {
 
     /// Executions of many jobs at once, grouped by job id (for API listings without N+1 queries).
     pub async fn attempts_for(&self, job_ids: &[Uuid]) -> Result<Vec<Attempt>, StoreError> {
-        let rows = sqlx::query("SELECT * FROM job_attempts WHERE job_id = ANY($1) ORDER BY job_id, id")
+        let rows = sqlx::query("SELECT * FROM job_history WHERE job_id = ANY($1) ORDER BY job_id, id NULLS LAST")
             .bind(job_ids)
             .fetch_all(&self.pool)
             .await?;
