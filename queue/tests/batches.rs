@@ -72,6 +72,13 @@ async fn batch_enqueue_answers_exactly_what_it_stored() {
     // The job's own override, else the type's policy, else the default.
     let max: Vec<i32> = out.iter().map(|e| e.job.max_attempts).collect();
     assert_eq!(max, vec![2, 7, 3, 3]);
+
+    // A batch that sets no optional column at all (sent as empty arrays) answers as exactly.
+    let bare = s.enqueue_batch(vec![NewJob::new("typed", json!([1])), NewJob::new("plain", json!([2]))]).await.unwrap();
+    for e in &bare {
+        assert_eq!(e.job, s.job(e.job.id).await.unwrap());
+    }
+    assert_eq!(bare.iter().map(|e| (e.job.priority, e.job.max_attempts)).collect::<Vec<_>>(), vec![(0, 7), (0, 3)]);
 }
 
 #[tokio::test]

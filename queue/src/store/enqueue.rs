@@ -7,7 +7,7 @@ use uuid::Uuid;
 use sqlx::Row;
 
 use super::{Store, StoreError, job_from_row, millis, ts, ts_opt};
-use crate::job::{Job, NewJob, OnConflict, UniqueSpec};
+use crate::job::{Job, JobState, NewJob, OnConflict, UniqueSpec};
 use crate::policy::{self, RetryPolicy};
 
 /// What an enqueue did.
@@ -237,13 +237,13 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
         let mut args = Vec::with_capacity(n);
         let mut metas: Vec<Option<&Value>> = Vec::with_capacity(n);
         let mut extras: Vec<Option<&Value>> = Vec::with_capacity(n);
-        let mut priorities = Vec::with_capacity(n);
+        let mut priorities: Vec<Option<i16>> = Vec::with_capacity(n);
         let mut tags: Vec<Option<Value>> = Vec::with_capacity(n);
         let mut timeouts = Vec::with_capacity(n);
         let mut visibilities = Vec::with_capacity(n);
         let mut scheduled: Vec<Option<String>> = Vec::with_capacity(n);
         let mut expires: Vec<Option<String>> = Vec::with_capacity(n);
-        let mut pendings = Vec::with_capacity(n);
+        let mut pendings: Vec<Option<bool>> = Vec::with_capacity(n);
         // The usual empty meta, extra and tags go as NULL: nothing to encode or parse.
         let unless_empty = |v: &Value| -> bool { !v.as_object().is_some_and(|o| o.is_empty()) };
         for job in &jobs {
@@ -252,14 +252,20 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
             args.push(&job.args);
             metas.push(Some(&job.meta).filter(|v| unless_empty(v)));
             extras.push(Some(&job.extra).filter(|v| unless_empty(v)));
-            priorities.push(job.priority);
+            priorities.push((job.priority != 0).then_some(job.priority));
             tags.push((!job.tags.is_empty()).then(|| json!(job.tags)));
             timeouts.push(job.timeout_ms);
             visibilities.push(job.visibility_timeout_ms);
             scheduled.push(job.scheduled_at.map(|t| t.to_string()));
             expires.push(job.expires_at.map(|t| t.to_string()));
-            pendings.push(job.pending);
+            pendings.push(job.pending.then_some(true));
         }
+        // A column no job of the batch sets goes as an empty array: `unnest` pads it with
+        // NULLs (the defaults below) instead of Postgres parsing a thousand NULLs per column.
+        let (metas, extras, priorities, tags) = (sparse(metas), sparse(extras), sparse(priorities), sparse(tags));
+        let (timeouts, visibilities, scheduled, expires) = (sparse(timeouts), sparse(visibilities), sparse(scheduled), sparse(expires));
+        let (pendings, max_attempts) = (sparse(pendings), sparse(max_attempts.to_vec()));
+        let retries = sparse(retries.iter().map(Option::as_ref).collect());
         sqlx::query(
             "WITH input AS (
                SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::jsonb[], $7::int2[],
@@ -272,7 +278,7 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
              )
              INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
                                timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, enqueued_at)
-             SELECT i.id, i.type, i.queue, i.args, COALESCE(i.meta, '{}'), COALESCE(i.extra, '{}'), i.priority,
+             SELECT i.id, i.type, i.queue, i.args, COALESCE(i.meta, '{}'), COALESCE(i.extra, '{}'), COALESCE(i.priority, 0),
                     CASE WHEN i.tags IS NULL THEN '{}'::text[] ELSE ARRAY(SELECT jsonb_array_elements_text(i.tags)) END,
                     s.state,
                     COALESCE(i.max_attempts, (SELECT l.max_attempts FROM layers l WHERE l.job_type = i.type),
@@ -280,10 +286,10 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
                     i.retry, i.timeout_ms, i.visibility_timeout_ms, COALESCE(i.scheduled_at, now()), i.expires_at,
                     CASE WHEN s.state = 'available' THEN now() END
              FROM input i
-             CROSS JOIN LATERAL (SELECT CASE WHEN i.pending THEN 'pending'::job_state
+             CROSS JOIN LATERAL (SELECT CASE WHEN i.pending IS TRUE THEN 'pending'::job_state
                                              WHEN i.scheduled_at > now() THEN 'scheduled'::job_state
                                              ELSE 'available'::job_state END AS state) s
-             RETURNING id, state, max_attempts, scheduled_at, expires_at, created_at, enqueued_at, updated_at",
+             RETURNING id, state, max_attempts, scheduled_at, expires_at, created_at",
         )
         .bind(&ids)
         .bind(&types)
@@ -293,7 +299,7 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
         .bind(&extras)
         .bind(&priorities)
         .bind(&tags)
-        .bind(max_attempts)
+        .bind(&max_attempts)
         .bind(&retries)
         .bind(&timeouts)
         .bind(&visibilities)
@@ -312,6 +318,8 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
     let mut out = Vec::with_capacity(n);
     for ((job, id), retry) in jobs.into_iter().zip(ids).zip(retries) {
         let row = stored.get(&id).ok_or_else(|| StoreError::Missing { what: format!("inserted job {id}") })?;
+        let state: JobState = row.try_get("state")?;
+        let created_at = ts(row, "created_at")?;
         out.push(Enqueued {
             job: Job {
                 id,
@@ -322,7 +330,7 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
                 extra: job.extra,
                 priority: job.priority,
                 tags: job.tags,
-                state: row.try_get("state")?,
+                state,
                 attempt: 0,
                 max_attempts: row.try_get("max_attempts")?,
                 retry,
@@ -331,8 +339,9 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
                 unique_key: None,
                 scheduled_at: ts(row, "scheduled_at")?,
                 expires_at: ts_opt(row, "expires_at")?,
-                created_at: ts(row, "created_at")?,
-                enqueued_at: ts_opt(row, "enqueued_at")?,
+                created_at,
+                // `enqueued_at` and `updated_at` are the statement's `now()`, as `created_at` is.
+                enqueued_at: (state == JobState::Available).then_some(created_at),
                 started_at: None,
                 completed_at: None,
                 cancelled_at: None,
@@ -344,12 +353,17 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
                 result: None,
                 last_error: None,
                 retry_delay_ms: None,
-                updated_at: ts(row, "updated_at")?,
+                updated_at: created_at,
             },
             outcome: EnqueueOutcome::Created,
         });
     }
     Ok(out)
+}
+
+/// `column`, or nothing when no row has a value (see `insert_many`).
+fn sparse<T>(column: Vec<Option<T>>) -> Vec<Option<T>> {
+    if column.iter().all(Option::is_none) { Vec::new() } else { column }
 }
 
 /// A batch insert that hit an existing id (or the same id twice) is a typed duplicate naming
