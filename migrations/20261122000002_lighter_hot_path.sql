@@ -32,10 +32,24 @@ FROM job_attempts a
 WHERE a.job_id = j.id AND a.outcome = 'completed' AND j.state = 'completed';
 DELETE FROM job_attempts WHERE outcome = 'completed';
 
+-- Each failed execution keeps the effective policy that judged it, but a batch holds only a
+-- few distinct policies: they are stored once each, keyed by the md5 of their text, and the
+-- attempt row keeps the key (a fail write carries 16 bytes per job instead of the policy).
+-- Snapshots are never deleted; there are as many as distinct policies ever used.
+CREATE TABLE policy_snapshots (
+    id      uuid PRIMARY KEY,
+    policy  jsonb NOT NULL
+);
+INSERT INTO policy_snapshots (id, policy)
+SELECT DISTINCT ON (md5(policy::text)) md5(policy::text)::uuid, policy FROM job_attempts WHERE policy IS NOT NULL;
+ALTER TABLE job_attempts ADD COLUMN policy_id uuid;
+UPDATE job_attempts SET policy_id = md5(policy::text)::uuid WHERE policy IS NOT NULL;
+ALTER TABLE job_attempts DROP COLUMN policy;
+
 CREATE VIEW job_history AS
-SELECT id, job_id, attempt, worker_id, started_at, finished_at, outcome, error_type, error_code,
-       error_message, error_details, delay_ms, next_run_at, policy
-FROM job_attempts
+SELECT a.id, a.job_id, a.attempt, a.worker_id, a.started_at, a.finished_at, a.outcome, a.error_type, a.error_code,
+       a.error_message, a.error_details, a.delay_ms, a.next_run_at, p.policy
+FROM job_attempts a LEFT JOIN policy_snapshots p ON p.id = a.policy_id
 UNION ALL
 SELECT NULL::bigint, id, attempt, locked_by, started_at, completed_at, 'completed', NULL::text, NULL::text,
        NULL::text, NULL::jsonb, NULL::bigint, NULL::timestamptz, NULL::jsonb

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rebound_queue::outcome::{HandlerError, Outcome};
 use rebound_queue::policy::PolicyPatch;
-use rebound_queue::store::{Actor, ClaimRequest, Completion, Failure, StoreError};
+use rebound_queue::store::{Actor, ClaimRequest, Completion, Failure, KnownRun, StoreError};
 use rebound_queue::testing::TestDb;
 use rebound_queue::{JobState, NewJob, Store};
 use serde_json::json;
@@ -218,4 +218,36 @@ async fn a_sub_millisecond_retry_is_claimable_again_at_once() {
     assert_eq!(s.fail_batch_ids(&[failure(id, 1, "app.flaky")]).await.unwrap(), vec![id]);
     let again = s.claim(&claim_req("default", "w1", 1)).await.unwrap();
     assert_eq!(again.iter().map(|j| (j.id, j.attempt)).collect::<Vec<_>>(), vec![(id, 2)]);
+}
+
+#[tokio::test]
+async fn known_failures_read_only_the_live_policies_and_stay_guarded() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    put_policy(s, "typed", json!({"max_attempts": 5, "initial_interval": "PT10S", "backoff_strategy": "constant", "jitter": false})).await;
+    let mut overridden = NewJob::new("typed", json!(["override"]));
+    overridden.retry = Some(PolicyPatch::from_json(&json!({"max_attempts": 1, "on_exhaustion": "dead_letter"})).unwrap());
+    let jobs = vec![NewJob::new("typed", json!(["a"])), overridden, NewJob::new("typed", json!(["cancelled"])), NewJob::new("typed", json!(["stale"]))];
+    let claimed = {
+        s.enqueue_batch(jobs).await.unwrap();
+        s.claim(&claim_req("default", "w1", 4)).await.unwrap()
+    };
+    assert_eq!(claimed.len(), 4);
+    // A policy edit after the claim applies: the policies are read at the write, not the claim.
+    put_policy(s, "typed", json!({"max_attempts": 5, "initial_interval": "PT20S", "backoff_strategy": "constant", "jitter": false})).await;
+    s.cancel(claimed[2].id, Some(&Actor::new("ops"))).await.unwrap();
+    let known = |i: usize| KnownRun { job_type: claimed[i].job_type.clone(), retry: claimed[i].retry.clone() };
+    let mut items: Vec<(Failure, KnownRun)> = (0..3).map(|i| (failure(claimed[i].id, 1, "app.flaky"), known(i))).collect();
+    items.push((failure(claimed[0].id, 1, "app.flaky"), known(0)));
+    items.push((failure(claimed[3].id, 2, "app.flaky"), known(3)));
+    let written = s.fail_batch_known(&items).await.unwrap();
+    assert_eq!(written.iter().copied().collect::<HashSet<_>>(), HashSet::from([claimed[0].id, claimed[1].id]), "cancelled and stale ones are skipped");
+
+    let a = s.job(claimed[0].id).await.unwrap();
+    assert_eq!((a.state, a.max_attempts, a.retry_delay_ms), (JobState::Retryable, 5, Some(20_000)));
+    let dead = s.job(claimed[1].id).await.unwrap();
+    assert_eq!((dead.state, dead.dead_letter), (JobState::Discarded, true), "the job's own override, carried by the worker");
+    assert_eq!(s.job(claimed[2].id).await.unwrap().state, JobState::Cancelled);
+    assert_eq!(s.job(claimed[3].id).await.unwrap().state, JobState::Active);
+    assert_eq!(s.attempts(claimed[0].id).await.unwrap().len(), 1, "the duplicate is recorded once");
 }

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rebound_queue::Outcome;
 use rebound_queue::storage_retry::StorageRetry;
-use rebound_queue::store::{Completion, Failure};
+use rebound_queue::store::{Completion, Failure, KnownRun};
 use rebound_queue::{Store, StoreError};
 use serde_json::Value;
 use tokio::sync::{Notify, mpsc};
@@ -44,7 +44,7 @@ use crate::settings::CompleterSettings;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Finished {
     Completed { id: Uuid, attempt: i32, result: Option<Value> },
-    Failed { id: Uuid, attempt: i32, outcome: Outcome },
+    Failed { id: Uuid, attempt: i32, outcome: Outcome, known: KnownRun },
     /// Handed back without counting the attempt (shutdown before the handler finished).
     Released { id: Uuid, attempt: i32 },
 }
@@ -410,20 +410,17 @@ impl BatchWriter {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let batch: Vec<Failure> = items
+        let batch: Vec<(Failure, KnownRun)> = items
             .iter()
             .filter_map(|f| match f {
-                Finished::Failed { id, attempt, outcome } => Some(Failure {
-                    id: *id,
-                    attempt: Some(*attempt),
-                    worker_id: Some(self.worker_id.clone()),
-                    outcome: outcome.clone(),
-                    error_code: None,
-                }),
+                Finished::Failed { id, attempt, outcome, known } => Some((
+                    Failure { id: *id, attempt: Some(*attempt), worker_id: Some(self.worker_id.clone()), outcome: outcome.clone(), error_code: None },
+                    known.clone(),
+                )),
                 _ => None,
             })
             .collect();
-        self.retry.run("fail", cancel, || self.store.fail_batch_ids(&batch)).await
+        self.retry.run("fail", cancel, || self.store.fail_batch_known(&batch)).await
     }
 
     async fn write_releases(&self, items: &[Finished], cancel: &CancellationToken) -> Result<Vec<Uuid>, StoreError> {

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rebound_queue::store::KnownRun;
 use rebound_queue::{HandlerError, Job, Outcome};
 use serde_json::json;
 use tokio::sync::OwnedSemaphorePermit;
@@ -66,7 +67,7 @@ impl Dispatcher {
             tracing::warn!(job_id = %id, job_type = %job.job_type, "no handler for this job type");
             let error = HandlerError::new("rebound.unknown_type", format!("worker {} has no handler for job type {:?}", self.worker_id, job.job_type))
                 .with_details(json!({ "worker_id": &*self.worker_id, "handled_types": self.registry.types() }));
-            return Some(Finished::Failed { id, attempt, outcome: Outcome::Retry(error) });
+            return Some(Finished::Failed { id, attempt, outcome: Outcome::Retry(error), known: known(&job) });
         };
         let timeout = self.timeout_for(&job);
         let handler = registration.handler.clone();
@@ -106,7 +107,7 @@ impl Dispatcher {
                 if let Some(e) = outcome.error() {
                     tracing::debug!(job_id = %id, job_type = %job.job_type, attempt, error_type = %e.error_type, message = %e.message, "handler failed");
                 }
-                Some(Finished::Failed { id, attempt, outcome })
+                Some(Finished::Failed { id, attempt, outcome, known: known(&job) })
             }
             Some(Ok(Err(panic))) => Some(self.panicked(&job, panic)),
             Some(Err(_elapsed)) => {
@@ -114,7 +115,7 @@ impl Dispatcher {
                 tracing::warn!(job_id = %id, job_type = %job.job_type, attempt, timeout_ms = ms, "handler timed out");
                 let error = HandlerError::new("rebound.timeout", format!("attempt {attempt} ran longer than its timeout of {ms} ms"))
                     .with_details(json!({ "timeout_ms": ms, "worker_id": &*self.worker_id }));
-                Some(Finished::Failed { id, attempt, outcome: Outcome::Retry(error) })
+                Some(Finished::Failed { id, attempt, outcome: Outcome::Retry(error), known: known(&job) })
             }
         }
     }
@@ -123,6 +124,11 @@ impl Dispatcher {
         tracing::error!(job_id = %job.id, job_type = %job.job_type, attempt = job.attempt, panic = %panic.message,
             location = panic.location.as_deref().unwrap_or("?"), "handler panicked");
         let error = HandlerError::new("rebound.panic", format!("handler panicked: {}", panic.message)).with_details(panic.details());
-        Finished::Failed { id: job.id, attempt: job.attempt, outcome: Outcome::Retry(error) }
+        Finished::Failed { id: job.id, attempt: job.attempt, outcome: Outcome::Retry(error), known: known(job) }
     }
+}
+
+/// What recording a failure of `job` needs to know of it, so the write skips reading it back.
+fn known(job: &Job) -> KnownRun {
+    KnownRun { job_type: job.job_type.clone(), retry: job.retry.clone() }
 }

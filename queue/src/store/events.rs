@@ -74,7 +74,7 @@ SELECT * FROM (
                     WHEN a.outcome = 'released' THEN 'job.released'
                     WHEN a.outcome = 'snoozed' THEN 'job.snoozed'
                     WHEN a.outcome = 'dead_lettered'
-                         OR (a.outcome IN ('exhausted', 'non_retryable') AND a.policy->>'on_exhaustion' = 'dead_letter')
+                         OR (a.outcome IN ('exhausted', 'non_retryable') AND p.policy->>'on_exhaustion' = 'dead_letter')
                          THEN 'job.dead_lettered'
                     ELSE 'job.discarded'
                 END AS type,
@@ -83,7 +83,7 @@ SELECT * FROM (
                 CASE WHEN a.error_type IS NULL THEN NULL
                      ELSE jsonb_build_object('type', a.error_type, 'code', a.error_code, 'message', a.error_message) END AS error,
                 a.worker_id, a.id AS seq
-         FROM job_attempts a JOIN jobs j ON j.id = a.job_id
+         FROM job_attempts a JOIN jobs j ON j.id = a.job_id LEFT JOIN policy_snapshots p ON p.id = a.policy_id
          WHERE (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
            AND ($3::uuid IS NULL OR a.job_id = $3)
            AND ($4::timestamptz IS NULL OR a.finished_at >= $4::timestamptz)

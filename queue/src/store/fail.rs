@@ -52,7 +52,7 @@ pub(crate) struct FailedRun {
 
 // The write shared by every way of recording failures; the caller picks what comes back.
 macro_rules! apply_failures_sql {
-    ($returning:literal) => {
+    ($updated:literal, $returning:literal) => {
         concat!(
             "
 WITH input AS (
@@ -81,16 +81,26 @@ WITH input AS (
     -- Optimistic guard: the decision was made on a read of this exact attempt. If the job moved
     -- on meanwhile (cancelled, rescued, claimed again) the failure no longer applies.
     WHERE j.id = i.id AND j.state = 'active' AND j.attempt = i.ran_attempt
-    RETURNING j.*
+    RETURNING ",
+            $updated,
+            "
+), policies AS (
+    -- The batch's distinct effective policies are sent once each, not once per job, and
+    -- stored once each: an attempt row keeps the key of the policy that judged it.
+    SELECT t.ord::int AS policy_index, md5(t.p::text)::uuid AS id, t.p AS policy
+    FROM unnest($17::jsonb[]) WITH ORDINALITY AS t(p, ord)
+), snapshots AS (
+    INSERT INTO policy_snapshots (id, policy)
+    SELECT DISTINCT ON (id) id, policy FROM policies
+    ON CONFLICT (id) DO NOTHING
 ), recorded AS (
     INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error_type, error_code,
-                              error_message, error_details, delay_ms, next_run_at, policy)
+                              error_message, error_details, delay_ms, next_run_at, policy_id)
     SELECT i.id, i.ran_attempt, i.worker_id, u.started_at, i.outcome, i.error_type, i.error_code,
            i.error_message, i.error_details, i.delay_ms,
            CASE WHEN u.state IN ('retryable', 'available', 'scheduled') THEN u.scheduled_at END,
-           -- The batch's distinct effective policies are sent once each, not once per job.
-           ($17::jsonb[])[i.policy_index]
-    FROM input i JOIN updated u ON u.id = i.id
+           p.id
+    FROM input i JOIN updated u ON u.id = i.id LEFT JOIN policies p ON p.policy_index = i.policy_index
 ), woken AS (
     SELECT pg_notify('rebound_jobs', q.queue) FROM (SELECT DISTINCT queue FROM updated WHERE state = 'available') AS q
 )
@@ -102,8 +112,9 @@ SELECT ",
     };
 }
 
-const APPLY: &str = apply_failures_sql!("*");
-const APPLY_IDS: &str = apply_failures_sql!("id");
+const APPLY: &str = apply_failures_sql!("j.*", "*");
+// Only what the rest of the statement reads, so the batch's full rows are never materialised.
+const APPLY_IDS: &str = apply_failures_sql!("j.id, j.started_at, j.state, j.scheduled_at, j.queue", "id");
 
 /// What deciding one failure needs to know about its job and run.
 struct FailingRun<'a> {
@@ -419,6 +430,54 @@ impl Store {
         let decided = decide_failures(runs.into_iter(), &layers);
         Ok(sqlx::query_scalar_with(APPLY_IDS, decided.arguments()?).fetch_all(&mut *conn).await?)
     }
+
+    /// Like [`Store::fail_batch_ids`], for the worker that ran the jobs and so already knows
+    /// what deciding needs of them ([`KnownRun`]): only the live policies are read, then one
+    /// statement writes. The write is guarded like every failure (still `active`, at the
+    /// attempt that ran), so a job that moved on meanwhile is skipped, never overwritten.
+    /// Each failure must name its attempt; one that does not is skipped.
+    pub async fn fail_batch_known(&self, failures: &[(Failure, KnownRun)]) -> Result<Vec<Uuid>, StoreError> {
+        let mut taken: HashSet<Uuid> = HashSet::with_capacity(failures.len());
+        let runs: Vec<FailingRun> = failures
+            .iter()
+            .filter_map(|(f, known)| {
+                let attempt = f.attempt?;
+                if !taken.insert(f.id) {
+                    return None;
+                }
+                Some(FailingRun {
+                    id: f.id,
+                    job_type: &known.job_type,
+                    attempt,
+                    retry: known.retry.as_ref(),
+                    locked_by: f.worker_id.as_deref(),
+                    outcome: &f.outcome,
+                    worker_id: f.worker_id.as_deref(),
+                    error_code: f.error_code.as_deref(),
+                    immediate: false,
+                })
+            })
+            .collect();
+        if runs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut types: Vec<String> = runs.iter().map(|r| r.job_type.to_string()).collect();
+        types.sort();
+        types.dedup();
+        let mut conn = self.pool.acquire().await?;
+        let layers = PolicyLayers::load(&mut conn, &types).await?;
+        let decided = decide_failures(runs.into_iter(), &layers);
+        Ok(sqlx::query_scalar_with(APPLY_IDS, decided.arguments()?).fetch_all(&mut *conn).await?)
+    }
+}
+
+/// What the worker that ran a job knows of it from its claim, which is all that deciding its
+/// failure needs besides the live policies (see [`Store::fail_batch_known`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KnownRun {
+    pub job_type: String,
+    /// The job's own retry override, as claimed.
+    pub retry: Option<Value>,
 }
 
 /// What [`Store::fail_batch_ids`] reads of an active job.

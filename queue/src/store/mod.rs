@@ -55,7 +55,7 @@ pub use cancel::{BULK_LIMIT, JobSelection};
 pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};
 pub use events::{EVENT_TYPES, EventFilter, JobEvent};
-pub use fail::{Failure, FailureResult};
+pub use fail::{Failure, FailureResult, KnownRun};
 pub use listing::{ErrorGroup, JobFilter, Page, Stats, StatsRow};
 pub use maintenance::{Leadership, PruneConfig, PruneReport, RescueReport};
 pub use notify::{JobListener, NOTIFY_CHANNEL};
@@ -215,7 +215,7 @@ impl Store {
     /// Wipes every job, attempt, policy, queue setting and audit entry. Used by the OJS
     /// conformance runner's reset endpoint, which exists only in the server's `--test-mode`.
     pub async fn reset_all(&self) -> Result<(), StoreError> {
-        sqlx::query("TRUNCATE jobs, job_attempts, retry_policies, retry_policy_versions, queues, audit_log, workers")
+        sqlx::query("TRUNCATE jobs, job_attempts, policy_snapshots, retry_policies, retry_policy_versions, queues, audit_log, workers")
             .execute(&self.pool)
             .await?;
         Ok(())
