@@ -2,8 +2,8 @@
 -- adds an entry to every index whose predicate the new row meets. The listing indexes covered
 -- every state, so each enqueue, claim and completion paid for three of them. They now leave
 -- out the two states every job passes through on the way to done: `available` jobs are listed
--- from the primary key (a backlog is the newest ids) and `active` ones, a few per worker slot,
--- from `jobs_locked`. Listing spells states as literals so the planner can match these
+-- from an index of their own (written on the way in only) and `active` ones, a few per worker
+-- slot, from `jobs_locked`. Listing spells states as literals so the planner can match these
 -- predicates (a bound parameter cannot prove one).
 DROP INDEX jobs_state_id;
 DROP INDEX jobs_queue_state_id;
@@ -14,6 +14,9 @@ CREATE INDEX jobs_queue_state_id ON jobs (queue, state, id DESC)
     WHERE state IN ('scheduled', 'pending', 'retryable', 'completed', 'cancelled', 'discarded');
 CREATE INDEX jobs_type_state_id ON jobs (type, state, id DESC)
     WHERE state IN ('scheduled', 'pending', 'retryable', 'completed', 'cancelled', 'discarded');
+-- Listing a backlog newest first, which may be old (a paused queue) behind many newer
+-- finished jobs. Written when a job becomes available, never by claims or completions.
+CREATE INDEX jobs_available_id ON jobs (id DESC) WHERE state = 'available';
 
 -- One attempt row is written per execution, so its cost is on the hot path too. The foreign
 -- key's per-row check is replaced by deleting history together with its job in the same
