@@ -129,6 +129,23 @@ struct FailingRun<'a> {
     immediate: bool,
 }
 
+impl<'a> FailingRun<'a> {
+    /// A failure a worker or client reported for a run of a job of `job_type`.
+    fn reported(f: &'a Failure, job_type: &'a str, attempt: i32, retry: Option<&'a Value>, locked_by: Option<&'a str>) -> Self {
+        FailingRun {
+            id: f.id,
+            job_type,
+            attempt,
+            retry,
+            locked_by,
+            outcome: &f.outcome,
+            worker_id: f.worker_id.as_deref(),
+            error_code: f.error_code.as_deref(),
+            immediate: false,
+        }
+    }
+}
+
 impl<'a> From<&'a FailedRun> for FailingRun<'a> {
     fn from(run: &'a FailedRun) -> Self {
         FailingRun {
@@ -411,17 +428,7 @@ impl Store {
                 if f.attempt.is_some_and(|a| a != run.attempt) || !taken.insert(f.id) {
                     return None;
                 }
-                Some(FailingRun {
-                    id: f.id,
-                    job_type: &run.job_type,
-                    attempt: run.attempt,
-                    retry: run.retry.as_ref(),
-                    locked_by: run.locked_by.as_deref(),
-                    outcome: &f.outcome,
-                    worker_id: f.worker_id.as_deref(),
-                    error_code: f.error_code.as_deref(),
-                    immediate: false,
-                })
+                Some(FailingRun::reported(f, &run.job_type, run.attempt, run.retry.as_ref(), run.locked_by.as_deref()))
             })
             .collect();
         if runs.is_empty() {
@@ -445,17 +452,7 @@ impl Store {
                 if !taken.insert(f.id) {
                     return None;
                 }
-                Some(FailingRun {
-                    id: f.id,
-                    job_type: &known.job_type,
-                    attempt,
-                    retry: known.retry.as_ref(),
-                    locked_by: f.worker_id.as_deref(),
-                    outcome: &f.outcome,
-                    worker_id: f.worker_id.as_deref(),
-                    error_code: f.error_code.as_deref(),
-                    immediate: false,
-                })
+                Some(FailingRun::reported(f, &known.job_type, attempt, known.retry.as_ref(), f.worker_id.as_deref()))
             })
             .collect();
         if runs.is_empty() {
