@@ -353,7 +353,7 @@ impl Store {
         }
     }
 
-    /// Records many failures in one transaction (the worker's completer). Failures of jobs that
+    /// Records many failures in one transaction. Failures of jobs that
     /// are no longer active at that attempt are skipped and absent from the answer.
     pub async fn fail_batch(&self, failures: &[Failure]) -> Result<Vec<FailureResult>, StoreError> {
         if failures.is_empty() {
@@ -391,8 +391,9 @@ impl Store {
     }
 
     /// Like [`Store::fail_batch`], for a caller that only needs to know which failures were
-    /// recorded (the worker's completer): reads only what deciding needs, and answers with the
-    /// ids of the jobs written rather than every updated row. Failures of jobs that are no
+    /// recorded: reads only what deciding needs, and answers with the ids of the jobs written
+    /// rather than every updated row (the worker, which knows its jobs, uses
+    /// [`Store::fail_batch_known`] and skips the read). Failures of jobs that are no
     /// longer active at that attempt are skipped and absent from the answer.
     pub async fn fail_batch_ids(&self, failures: &[Failure]) -> Result<Vec<Uuid>, StoreError> {
         if failures.is_empty() {
