@@ -122,7 +122,9 @@ async fn private_cluster() -> PgConnectOptions {
     panic!("no Postgres: set DATABASE_URL, run one on 127.0.0.1:5432, or install initdb/pg_ctl");
 }
 
-fn pg_bin(name: &str) -> PathBuf {
+/// A Postgres program (`initdb`, `pg_ctl`, …): from `PATH`, else the newest
+/// `/usr/lib/postgresql/*/bin`, else the bare name.
+pub fn pg_bin(name: &str) -> PathBuf {
     if let Ok(out) = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output() {
         let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if !p.is_empty() {
@@ -181,7 +183,8 @@ fn start_cluster(dir: &Path, port: u16) {
     ]);
 }
 
-fn is_root() -> bool {
+/// Whether this process runs as root (`initdb` refuses root: clusters are then run as `postgres`).
+pub fn is_root() -> bool {
     Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
 }
 

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use rebound_queue::testing::{is_root, pg_bin};
 use rebound_queue::{NewJob, Store};
 use serde_json::json;
 use sqlx::Connection;
@@ -23,28 +24,6 @@ struct PrivateCluster {
     dir: PathBuf,
     port: u16,
     as_postgres: bool,
-}
-
-fn pg_bin(name: &str) -> PathBuf {
-    if let Ok(out) = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output() {
-        let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if !p.is_empty() {
-            return PathBuf::from(p);
-        }
-    }
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("bin").join(name))
-        .filter(|p| p.exists())
-        .collect();
-    found.sort();
-    found.pop().unwrap_or_else(|| PathBuf::from(name))
-}
-
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
 }
 
 fn free_port() -> u16 {
