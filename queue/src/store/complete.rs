@@ -31,7 +31,9 @@ UPDATE jobs j
 SET state = 'completed', completed_at = now(), result = i.result, last_error = NULL,
     locked_by = COALESCE(i.worker_id, j.locked_by), lock_expires_at = NULL, updated_at = now()
 FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::jsonb[]) AS i(id, attempt, worker_id, result)
-WHERE j.id = i.id AND j.state = 'active' AND (i.attempt IS NULL OR j.attempt = i.attempt)
+-- A sub-select rather than a literal, so the plan never rests on the statistics' idea of how
+-- many jobs are active (see the same guard in fail.rs): each job is looked up by key.
+WHERE j.id = i.id AND j.state = (SELECT 'active'::job_state) AND (i.attempt IS NULL OR j.attempt = i.attempt)
 RETURNING ",
             $returning
         )

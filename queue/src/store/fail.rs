@@ -80,7 +80,12 @@ WITH input AS (
     FROM input i
     -- Optimistic guard: the decision was made on a read of this exact attempt. If the job moved
     -- on meanwhile (cancelled, rescued, claimed again) the failure no longer applies.
-    WHERE j.id = i.id AND j.state = 'active' AND j.attempt = i.ran_attempt
+    -- The state is compared with a sub-select, not a literal, so the planner cannot answer it
+    -- from the `active` partial index: statistics rarely see active jobs, so the prepared
+    -- statement's generic plan would take that index for one row and rescan the whole batch
+    -- once per job (500 x 500 comparisons, ten times the write itself). Without it, every job
+    -- is looked up by key.
+    WHERE j.id = i.id AND j.state = (SELECT 'active'::job_state) AND j.attempt = i.ran_attempt
     RETURNING ",
             $updated,
             "
