@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rebound_queue::outcome::{HandlerError, Outcome};
 use rebound_queue::policy::PolicyPatch;
-use rebound_queue::store::{Actor, ClaimRequest, Completion, Failure, KnownRun, StoreError};
+use rebound_queue::store::{Actor, ClaimRequest, Completion, Failure, InPlaceEnd, InPlaceRun, KnownRun, RetriedInPlace, StoreError};
 use rebound_queue::testing::TestDb;
 use rebound_queue::{JobState, NewJob, Store};
 use serde_json::json;
@@ -250,4 +250,70 @@ async fn known_failures_read_only_the_live_policies_and_stay_guarded() {
     assert_eq!(s.job(claimed[2].id).await.unwrap().state, JobState::Cancelled);
     assert_eq!(s.job(claimed[3].id).await.unwrap().state, JobState::Active);
     assert_eq!(s.attempts(claimed[0].id).await.unwrap().len(), 1, "the duplicate is recorded once");
+}
+
+#[tokio::test]
+async fn retries_in_place_record_every_failure_and_stay_guarded() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    put_policy(s, "inplace", json!({"max_attempts": 5, "initial_interval": "PT0.0001S", "backoff_strategy": "constant", "jitter": false})).await;
+    let jobs = (0..4).map(|i| NewJob::new("inplace", json!([i]))).collect();
+    s.enqueue_batch(jobs).await.unwrap();
+    let claimed = s.claim(&claim_req("default", "w1", 4)).await.unwrap();
+    assert_eq!(claimed.len(), 4);
+    let policy = std::sync::Arc::new(s.effective_policy("inplace", None).await.unwrap().policy);
+    let claimed_at = claimed[0].started_at.unwrap();
+    let at = |ms: i64| claimed_at.checked_add(jiff::SignedDuration::from_millis(ms)).unwrap();
+    let retried = |attempt: i32, from: i64| RetriedInPlace {
+        attempt,
+        error: HandlerError::new("app.flaky", format!("attempt {attempt} failed")).with_details(json!({"n": attempt})),
+        policy: policy.clone(),
+        started_at: at(from),
+        finished_at: at(from + 5),
+    };
+    let run = |i: usize, stored: i32, retried: Vec<RetriedInPlace>, started: i64, end: InPlaceEnd| InPlaceRun {
+        id: claimed[i].id,
+        stored_attempt: stored,
+        worker_id: "w1".into(),
+        retried,
+        started_at: at(started),
+        end,
+    };
+    s.cancel(claimed[2].id, Some(&Actor::new("ops"))).await.unwrap();
+    let runs = [
+        // Failed twice, then completed: one write for all three executions.
+        run(0, 1, vec![retried(1, 0), retried(2, 5)], 10, InPlaceEnd::Completed(Some(json!({"ok": true})))),
+        // Failed once and still running again.
+        run(1, 1, vec![retried(1, 0)], 5, InPlaceEnd::Running),
+        // Cancelled meanwhile, and a stale attempt: neither is written, failures included.
+        run(2, 1, vec![retried(1, 0)], 5, InPlaceEnd::Running),
+        run(3, 2, vec![retried(2, 0)], 5, InPlaceEnd::Running),
+    ];
+    let written = s.record_in_place(&runs.iter().collect::<Vec<_>>()).await.unwrap();
+    assert_eq!(written.iter().copied().collect::<HashSet<_>>(), HashSet::from([claimed[0].id, claimed[1].id]));
+
+    let done = s.job(claimed[0].id).await.unwrap();
+    assert_eq!((done.state, done.attempt, done.result.clone(), done.last_error.clone()), (JobState::Completed, 3, Some(json!({"ok": true})), None));
+    assert_eq!(done.started_at, Some(at(10)), "the job row holds the execution that completed");
+    let history = s.attempts(claimed[0].id).await.unwrap();
+    let summary: Vec<_> = history.iter().map(|a| (a.attempt, a.outcome.as_str(), a.error_type.as_deref(), a.worker_id.as_deref())).collect();
+    assert_eq!(
+        summary,
+        vec![(1, "retried", Some("app.flaky"), Some("w1")), (2, "retried", Some("app.flaky"), Some("w1")), (3, "completed", None, Some("w1"))]
+    );
+    assert_eq!((history[0].started_at, history[0].finished_at), (Some(at(0)), at(5)));
+    assert_eq!(history[1].error_details, Some(json!({"n": 2})));
+    assert_eq!(history[1].delay_ms, Some(0));
+    assert_eq!(history[0].policy.as_ref().map(|p| p["initial_interval"].clone()), Some(json!("PT0.0001S")));
+
+    let running = s.job(claimed[1].id).await.unwrap();
+    assert_eq!((running.state, running.attempt, running.locked_by.as_deref()), (JobState::Active, 2, Some("w1")));
+    assert!(running.lock_expires_at.unwrap() > jiff::Timestamp::now(), "the lock is renewed for the next execution");
+    assert_eq!(running.last_error.as_ref().map(|e| e["message"].clone()), Some(json!("attempt 1 failed")));
+    // Its next result names the new attempt, as for any claim.
+    assert_eq!(s.complete_batch(&[Completion { id: claimed[1].id, attempt: Some(2), worker_id: None, result: None }]).await.unwrap(), vec![claimed[1].id]);
+
+    assert!(s.attempts(claimed[2].id).await.unwrap().is_empty(), "a refused run records no failure");
+    assert!(s.attempts(claimed[3].id).await.unwrap().is_empty());
+    assert_eq!(s.job(claimed[3].id).await.unwrap().attempt, 1);
 }

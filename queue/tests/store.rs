@@ -8,7 +8,7 @@ use rebound_queue::job::{OnConflict, UniqueSpec};
 use rebound_queue::outcome::{HandlerError, Outcome};
 use rebound_queue::policy::PolicyPatch;
 use rebound_queue::store::{
-    Actor, AuditFilter, ClaimRequest, Completion, EnqueueOutcome, EventFilter, Failure, JobFilter, JobSelection, PruneConfig,
+    Actor, AuditFilter, ClaimRequest, Completion, EnqueueOutcome, EventFilter, Failure, JobFilter, JobSelection, Notification, PruneConfig,
     RedriveBudget, RedriveOptions, StoreError,
 };
 use rebound_queue::testing::TestDb;
@@ -504,7 +504,18 @@ async fn notifications_wake_listeners() {
     let mut listener = s.listen().await.unwrap();
     s.enqueue(NewJob::new("t", json!([])).queue("wake")).await.unwrap();
     let got = listener.next(Duration::from_secs(5)).await.unwrap();
-    assert_eq!(got.as_deref(), Some("wake"));
+    assert_eq!(got, Some(Notification::Jobs("wake".into())));
+
+    // Policy edits are heard however they are made: through the store, or by hand in SQL.
+    let patch = PolicyPatch::from_json(&json!({"max_attempts": 2})).unwrap();
+    s.put_policy("t", &patch, &Actor::new("test"), None).await.unwrap();
+    assert_eq!(listener.next(Duration::from_secs(5)).await.unwrap(), Some(Notification::Policies));
+    sqlx::query("UPDATE retry_policies SET policy = '{\"max_attempts\": 4}' WHERE job_type = 't'").execute(s.pool()).await.unwrap();
+    assert_eq!(listener.next(Duration::from_secs(5)).await.unwrap(), Some(Notification::Policies));
+    let layers = s.policy_layers().await.unwrap();
+    let failed = Outcome::Retry(HandlerError::new("x.y", "boom"));
+    let (policy, _) = layers.decide("t", None, 1, &failed, jiff::Timestamp::now(), &mut fastrand::Rng::with_seed(1));
+    assert_eq!(policy.max_attempts, 4, "the hand edit is what a fresh read resolves");
 }
 
 #[tokio::test]

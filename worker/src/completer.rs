@@ -1,13 +1,16 @@
 //! Writes what handlers ended with, in batches.
 //!
 //! Results arrive on a channel; a batch is written when `batch_size` wait or `flush_interval`
-//! after the first one, as one `complete_batch`, one `fail_batch` and one `release` statement,
+//! after the first one, as one `complete_batch`, one `fail_batch`, one `release` and one
+//! `record_in_place` statement,
 //! so throughput is bounded by Postgres rather than by round trips. Up to `flushes_in_flight`
 //! batches are written at once: with one at a time, every batch would wait out the previous
 //! one's commit (a WAL flush, with `synchronous_commit` on) while both Postgres and the worker
 //! sit idle; a few at once overlap those waits and let Postgres flush their commits together.
 //! Batches hold distinct results, and every write names the attempt and the worker, so the
 //! store refuses a result for a run that is no longer current whichever batch lands first.
+//! A job has one result, except one retried in place whose failures were written ahead of its
+//! final result: a job's results are written in the order they came, one write at a time.
 //!
 //! The claim loops pause while more than `max_backlog` results are unwritten (see
 //! [`ResultBacklog`]): a worker whose writes fall behind its claims would otherwise keep
@@ -27,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rebound_queue::Outcome;
 use rebound_queue::storage_retry::StorageRetry;
-use rebound_queue::store::{Completion, Failure, KnownRun};
+use rebound_queue::store::{Completion, Failure, InPlaceEnd, InPlaceRun, KnownRun};
 use rebound_queue::{Store, StoreError};
 use serde_json::Value;
 use tokio::sync::{Notify, mpsc};
@@ -47,12 +50,18 @@ pub enum Finished {
     Failed { id: Uuid, attempt: i32, outcome: Outcome, known: KnownRun },
     /// Handed back without counting the attempt (shutdown before the handler finished).
     Released { id: Uuid, attempt: i32 },
+    /// Failures retried in place, with the execution after them still running or completed
+    /// (see [`crate::executor`]). A job may have one of these and then another result: the
+    /// completer writes a job's results in the order they came, one write at a time.
+    InPlace(InPlaceRun),
 }
 
 impl Finished {
+    /// The job and the attempt it holds in the database (the one the write is guarded by).
     fn key(&self) -> (Uuid, i32) {
         match self {
             Finished::Completed { id, attempt, .. } | Finished::Failed { id, attempt, .. } | Finished::Released { id, attempt } => (*id, *attempt),
+            Finished::InPlace(run) => (run.id, run.stored_attempt),
         }
     }
 }
@@ -168,6 +177,9 @@ impl Completer {
         let mut writes: JoinSet<BatchOutcome> = JoinSet::new();
         // What each write carries, so a write that panics still lets go of its jobs.
         let mut carried: HashMap<tokio::task::Id, Vec<(Uuid, i32)>> = HashMap::new();
+        // Jobs with a write in flight: their next result waits for it (a job retried in place
+        // has its failures written before its final result, never beside or after it).
+        let mut in_flight: HashSet<Uuid> = HashSet::new();
         let mut open = true;
         let mut flush_at: Option<Instant> = None;
         let mut outage = OutageBackoff::like(&self.writer.retry);
@@ -185,9 +197,13 @@ impl Completer {
                 if !go {
                     break;
                 }
-                let take = buffer.len().min(batch_size);
-                let batch: Vec<Finished> = buffer.drain(..take).collect();
-                let keys = batch.iter().map(Finished::key).collect();
+                let batch = take_batch(&mut buffer, batch_size, &in_flight);
+                if batch.is_empty() {
+                    // Everything waiting belongs to jobs with a write in flight.
+                    break;
+                }
+                let keys: Vec<(Uuid, i32)> = batch.iter().map(Finished::key).collect();
+                in_flight.extend(keys.iter().map(|(id, _)| *id));
                 let handle = writes.spawn(self.writer.clone().write(batch, hard_stop.clone()));
                 carried.insert(handle.id(), keys);
             }
@@ -203,7 +219,7 @@ impl Completer {
                 biased;
                 _ = hard_stop.cancelled() => break,
                 Some(done) = writes.join_next_with_id(), if !writes.is_empty() => {
-                    self.absorb(done, &mut carried, &mut buffer, &mut outage, &mut flush_at);
+                    self.absorb(done, &mut carried, &mut in_flight, &mut buffer, &mut outage, &mut flush_at);
                 }
                 msg = self.rx.recv(), if open => match msg {
                     Some(f) => {
@@ -223,7 +239,7 @@ impl Completer {
         }
         // After a hard stop the writes in flight end promptly: the stop cancels them.
         while let Some(done) = writes.join_next_with_id().await {
-            self.absorb(done, &mut carried, &mut buffer, &mut outage, &mut flush_at);
+            self.absorb(done, &mut carried, &mut in_flight, &mut buffer, &mut outage, &mut flush_at);
         }
         self.report.unwritten += buffer.len() as u64;
         if !buffer.is_empty() {
@@ -240,19 +256,24 @@ impl Completer {
         &mut self,
         done: Result<(tokio::task::Id, BatchOutcome), tokio::task::JoinError>,
         carried: &mut HashMap<tokio::task::Id, Vec<(Uuid, i32)>>,
+        in_flight: &mut HashSet<Uuid>,
         buffer: &mut Vec<Finished>,
         outage: &mut OutageBackoff,
         flush_at: &mut Option<Instant>,
     ) {
+        let task = match &done {
+            Ok((id, _)) => *id,
+            Err(e) => e.id(),
+        };
+        let keys = carried.remove(&task).unwrap_or_default();
+        for (id, _) in &keys {
+            in_flight.remove(id);
+        }
         let outcome = match done {
-            Ok((id, outcome)) => {
-                carried.remove(&id);
-                outcome
-            }
+            Ok((_, outcome)) => outcome,
             Err(e) => {
                 // Cannot happen short of a bug; the jobs are let go so the rescuer re-runs them
                 // rather than this worker heartbeating them forever.
-                let keys = carried.remove(&e.id()).unwrap_or_default();
                 tracing::error!(error = %e, count = keys.len(), "writing job results failed unexpectedly; leaving their jobs to the rescuer");
                 for (id, attempt) in &keys {
                     self.running.release(*id, *attempt);
@@ -268,11 +289,30 @@ impl Completer {
         }
         for (item, written) in &outcome.settled {
             let (id, attempt) = item.key();
+            settled += 1;
+            if let Finished::InPlace(run) = item
+                && run.end == InPlaceEnd::Running
+            {
+                if *written {
+                    // The job now stands at the attempt still running; its result names it.
+                    self.report.failed += run.retried.len() as u64;
+                    self.running.advance(id, attempt, run.current_attempt());
+                } else {
+                    // No longer ours: stop the execution still running, write nothing more.
+                    self.report.refused += 1;
+                    self.running.lose(&[(id, attempt)]);
+                }
+                continue;
+            }
             if *written {
                 match item {
                     Finished::Completed { .. } => self.report.completed += 1,
                     Finished::Failed { .. } => self.report.failed += 1,
                     Finished::Released { .. } => self.report.released += 1,
+                    Finished::InPlace(run) => {
+                        self.report.failed += run.retried.len() as u64;
+                        self.report.completed += 1;
+                    }
                 }
             } else {
                 // Rescued, cancelled or already written by an earlier try whose answer was
@@ -281,7 +321,6 @@ impl Completer {
                 tracing::debug!(job_id = %id, attempt, "result refused: the attempt is no longer current");
             }
             self.running.release(id, attempt);
-            settled += 1;
         }
         self.backlog.remove(settled);
         if outcome.unwritten.is_empty() {
@@ -334,20 +373,24 @@ impl BatchWriter {
         let mut completions = Vec::new();
         let mut failures = Vec::new();
         let mut releases = Vec::new();
+        let mut in_place = Vec::new();
         for f in batch {
             match f {
                 Finished::Completed { .. } => completions.push(f),
                 Finished::Failed { .. } => failures.push(f),
                 Finished::Released { .. } => releases.push(f),
+                Finished::InPlace(_) => in_place.push(f),
             }
         }
-        let (c, f, r) = tokio::join!(
+        // A batch holds one result per job (see `take_batch`), so the four are independent.
+        let (c, f, r, p) = tokio::join!(
             self.write_completions(&completions, &cancel),
             self.write_failures(&failures, &cancel),
             self.write_releases(&releases, &cancel),
+            self.write_in_place(&in_place, &cancel),
         );
         let mut out = BatchOutcome::default();
-        for (outcome, items) in [(c, completions), (f, failures), (r, releases)] {
+        for (outcome, items) in [(c, completions), (f, failures), (r, releases), (p, in_place)] {
             match outcome {
                 Ok(written) => out.settle(items, &written),
                 Err(e) if !e.is_transient() && !matches!(e, StoreError::Cancelled) => self.isolate(items, e, &cancel, &mut out).await,
@@ -373,6 +416,7 @@ impl BatchWriter {
                 Finished::Completed { .. } => self.write_completions(single, cancel).await,
                 Finished::Failed { .. } => self.write_failures(single, cancel).await,
                 Finished::Released { .. } => self.write_releases(single, cancel).await,
+                Finished::InPlace(_) => self.write_in_place(single, cancel).await,
             };
             match outcome {
                 Ok(written) => out.settle(vec![item], &written),
@@ -423,6 +467,20 @@ impl BatchWriter {
         self.retry.run("fail", cancel, || self.store.fail_batch_known(&batch)).await
     }
 
+    async fn write_in_place(&self, items: &[Finished], cancel: &CancellationToken) -> Result<Vec<Uuid>, StoreError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let runs: Vec<&InPlaceRun> = items
+            .iter()
+            .filter_map(|f| match f {
+                Finished::InPlace(run) => Some(run),
+                _ => None,
+            })
+            .collect();
+        self.retry.run("record retries in place", cancel, || self.store.record_in_place(&runs)).await
+    }
+
     async fn write_releases(&self, items: &[Finished], cancel: &CancellationToken) -> Result<Vec<Uuid>, StoreError> {
         if items.is_empty() {
             return Ok(Vec::new());
@@ -435,6 +493,24 @@ impl BatchWriter {
             .await?;
         Ok(released.into_iter().map(|j| j.id).collect())
     }
+}
+
+/// Takes up to `batch_size` results from the front of `buffer`, in order, at most one per
+/// job and none of a job with a write in flight; the others keep their places.
+fn take_batch(buffer: &mut Vec<Finished>, batch_size: usize, in_flight: &HashSet<Uuid>) -> Vec<Finished> {
+    let mut batch = Vec::with_capacity(buffer.len().min(batch_size));
+    let mut taken: HashSet<Uuid> = HashSet::with_capacity(batch.capacity());
+    let mut kept = Vec::new();
+    for f in buffer.drain(..) {
+        let id = f.key().0;
+        if batch.len() < batch_size && !in_flight.contains(&id) && taken.insert(id) {
+            batch.push(f);
+        } else {
+            kept.push(f);
+        }
+    }
+    *buffer = kept;
+    batch
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {

@@ -1,16 +1,29 @@
-//! Runs one attempt of one job and says how it ended.
+//! Runs the attempts of a claimed job and says how they ended.
 //!
 //! The handler's future races three things: its per-attempt timeout (job `timeout_ms`, else
 //! the type's default, else the worker's), the loss of the job's lock (found by a heartbeat),
 //! and the end of the shutdown grace period. A timeout or a panic is a failed attempt
 //! (`rebound.timeout`, `rebound.panic`); a lost job is left alone (the database has already
 //! moved on); an attempt cut short by shutdown is released without being counted.
+//!
+//! **Retries in place.** When the live policy retries a failure with no backoff, the job
+//! runs again at once in the same slot, under the same lock, as the next attempt, instead of
+//! going back through the queue to be claimed again (it would be `available` at once anyway,
+//! for any worker). The policy is read from the worker's copy ([`LivePolicies`]); without a
+//! fresh copy, during shutdown, or with `retry_in_place` off, the failure goes to the
+//! database as usual, which decides with the live policy. Every failure is still an attempt
+//! row with its error and policy: it is written with the next execution's result when that
+//! comes quickly, or on its own once that execution has run for `in_place_write_after`, so a
+//! long one shows as the running attempt it is. Pausing a queue stops claims, not the
+//! immediate retries of a job already running.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use rebound_queue::store::KnownRun;
-use rebound_queue::{HandlerError, Job, Outcome};
+use jiff::{SignedDuration, Timestamp};
+use rebound_queue::outcome::NextStep;
+use rebound_queue::store::{InPlaceEnd, InPlaceRun, KnownRun, RetriedInPlace};
+use rebound_queue::{HandlerError, Job, Outcome, RetryPolicy};
 use serde_json::json;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
@@ -18,8 +31,19 @@ use tokio_util::task::TaskTracker;
 
 use crate::completer::{CompleterHandle, Finished};
 use crate::handler::JobContext;
+use crate::live_policies::LivePolicies;
 use crate::panic_capture;
 use crate::registry::HandlerRegistry;
+
+/// How failures are retried in place (see the module docs).
+#[derive(Clone, Debug)]
+pub struct InPlaceRetries {
+    pub enabled: bool,
+    pub write_after: Duration,
+    pub policies: Arc<LivePolicies>,
+    /// Fired when shutdown begins: nothing new starts after that.
+    pub stopping: CancellationToken,
+}
 
 /// Starts attempts of claimed jobs as tasks.
 #[derive(Clone)]
@@ -31,24 +55,128 @@ pub struct Dispatcher {
     /// Fired when the shutdown grace period is over.
     abort: CancellationToken,
     tracker: TaskTracker,
+    in_place: InPlaceRetries,
+}
+
+/// Database time for a job's executions: the claim's timestamp plus what this process's
+/// monotonic clock measured since, so attempt times never depend on this host's wall clock.
+struct JobClock {
+    claimed_at: Timestamp,
+    since: Instant,
+}
+
+impl JobClock {
+    fn start(job: &Job) -> Self {
+        JobClock { claimed_at: job.started_at.unwrap_or_else(Timestamp::now), since: Instant::now() }
+    }
+
+    fn now(&self) -> Timestamp {
+        let elapsed = SignedDuration::try_from(self.since.elapsed()).unwrap_or(SignedDuration::MAX);
+        self.claimed_at.checked_add(elapsed).unwrap_or(self.claimed_at)
+    }
 }
 
 impl Dispatcher {
-    pub fn new(registry: Arc<HandlerRegistry>, completer: CompleterHandle, worker_id: Arc<str>, default_timeout: Duration, abort: CancellationToken, tracker: TaskTracker) -> Self {
-        Dispatcher { registry, completer, worker_id, default_timeout, abort, tracker }
+    pub fn new(
+        registry: Arc<HandlerRegistry>,
+        completer: CompleterHandle,
+        worker_id: Arc<str>,
+        default_timeout: Duration,
+        abort: CancellationToken,
+        tracker: TaskTracker,
+        in_place: InPlaceRetries,
+    ) -> Self {
+        Dispatcher { registry, completer, worker_id, default_timeout, abort, tracker, in_place }
     }
 
     /// Runs `job` on its own task, holding `slot` (a unit of its queue's concurrency) until
-    /// the handler is done. `lost` fires if the job stops being ours.
+    /// its last execution is done. `lost` fires if the job stops being ours.
     pub fn dispatch(&self, job: Job, lost: CancellationToken, slot: OwnedSemaphorePermit) {
         let me = self.clone();
         self.tracker.spawn(async move {
-            let finished = me.execute(Arc::new(job), lost).await;
+            me.run(job, lost).await;
             drop(slot);
-            if let Some(f) = finished {
-                me.completer.send(f);
-            }
         });
+    }
+
+    /// Executes `job` until an execution ends in something other than a failure retried in
+    /// place, and hands what is to be written to the completer.
+    async fn run(&self, job: Job, lost: CancellationToken) {
+        let clock = JobClock::start(&job);
+        let mut started_at = clock.claimed_at;
+        let mut job = Arc::new(job);
+        // The attempt the database holds: results are written guarded by it.
+        let mut stored_attempt = job.attempt;
+        let mut retried: Vec<RetriedInPlace> = Vec::new();
+        loop {
+            let execution = self.execute(job.clone(), lost.clone());
+            tokio::pin!(execution);
+            let finished = if retried.is_empty() {
+                execution.await
+            } else {
+                tokio::select! {
+                    f = &mut execution => f,
+                    _ = tokio::time::sleep(self.in_place.write_after) => {
+                        // Taking a while: the failures are written now, so they show (and are
+                        // kept) while this execution runs on as the job's current attempt.
+                        let run = self.in_place_run(&job, stored_attempt, std::mem::take(&mut retried), started_at, InPlaceEnd::Running);
+                        stored_attempt = job.attempt;
+                        self.completer.send(Finished::InPlace(run));
+                        execution.await
+                    }
+                }
+            };
+            let Some(finished) = finished else { return };
+            let finished_at = clock.now();
+            if let Finished::Failed { outcome, .. } = &finished
+                && let Some(error) = outcome.error()
+                && let Some(policy) = self.retry_at_once(&job, outcome, &lost)
+            {
+                tracing::debug!(job_id = %job.id, attempt = job.attempt, error_type = %error.error_type, "retrying in place");
+                retried.push(RetriedInPlace { attempt: job.attempt, error: error.clone(), policy, started_at, finished_at });
+                // The handler's context is gone with its execution, so this is the only
+                // reference left and the job is updated in place rather than copied.
+                let next = Arc::make_mut(&mut job);
+                next.attempt += 1;
+                next.started_at = Some(finished_at);
+                started_at = finished_at;
+                continue;
+            }
+            if retried.is_empty() {
+                self.completer.send(finished);
+            } else if let Finished::Completed { result, .. } = finished {
+                let run = self.in_place_run(&job, stored_attempt, retried, started_at, InPlaceEnd::Completed(result));
+                self.completer.send(Finished::InPlace(run));
+            } else {
+                // The completer writes a job's results in order: the failures first.
+                self.completer.send(Finished::InPlace(self.in_place_run(&job, stored_attempt, retried, started_at, InPlaceEnd::Running)));
+                self.completer.send(finished);
+            }
+            return;
+        }
+    }
+
+    /// The policy that retries this failure at once, if it is to be retried in place.
+    fn retry_at_once(&self, job: &Job, outcome: &Outcome, lost: &CancellationToken) -> Option<Arc<RetryPolicy>> {
+        let p = &self.in_place;
+        if !p.enabled || p.stopping.is_cancelled() || self.abort.is_cancelled() || lost.is_cancelled() {
+            return None;
+        }
+        // Only failures the policy judges; a job with no handler here would only fail again.
+        if !matches!(outcome, Outcome::Retry(_)) || self.registry.lookup(&job.job_type).is_none() {
+            return None;
+        }
+        let layers = p.policies.current()?;
+        let (policy, decision) = layers.decide(&job.job_type, job.retry.as_ref(), job.attempt, outcome, Timestamp::now(), &mut fastrand::Rng::new());
+        // The store's rule too: a sub-millisecond backoff is no backoff.
+        match decision.next {
+            NextStep::Retry { delay, .. } if delay.as_millis() == 0 => Some(policy),
+            _ => None,
+        }
+    }
+
+    fn in_place_run(&self, job: &Job, stored_attempt: i32, retried: Vec<RetriedInPlace>, started_at: Timestamp, end: InPlaceEnd) -> InPlaceRun {
+        InPlaceRun { id: job.id, stored_attempt, worker_id: self.worker_id.to_string(), retried, started_at, end }
     }
 
     /// The per-attempt timeout: the job's own, else its type's, else the worker's.

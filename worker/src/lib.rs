@@ -22,8 +22,10 @@
 //!
 //! * [`runtime`]: [`Worker`] and its builder; starts every part and runs the shutdown sequence.
 //! * [`claimer`]: a queue's claim loops (one per claim batch of slots), each claiming up to
-//!   the free slots; woken by [`notifier`], paused while the completer is behind.
-//! * [`executor`]: runs one attempt: timeout, panic capture, lost locks, shutdown aborts.
+//!   the free slots; woken by [`notifier`] (which also keeps [`live_policies`] fresh), paused while the completer is behind.
+//! * [`executor`]: runs one attempt: timeout, panic capture, lost locks, shutdown aborts;
+//!   and runs a failure again at once, in place, when its policy has no backoff
+//!   ([`live_policies`] is the copy of the policies it decides with).
 //! * [`completer`]: writes results in batches, a few at once, and keeps them until the
 //!   database takes them.
 //! * [`heartbeat`]: extends the locks of running jobs and the worker's own registry row.
@@ -43,6 +45,7 @@ pub mod handler;
 pub mod handlers;
 pub mod heartbeat;
 pub mod identity;
+pub mod live_policies;
 pub mod maintenance;
 pub mod notifier;
 pub mod outage;

@@ -1,7 +1,10 @@
-//! LISTEN/NOTIFY: wakes the claim loop of a queue when jobs become available in it.
+//! LISTEN/NOTIFY: wakes the claim loop of a queue when jobs become available in it, and
+//! keeps the worker's copy of the retry policies ([`LivePolicies`]) fresh.
 //!
-//! Notifications are an optimisation: the claim loops poll anyway, so a listener that is
+//! Job notifications are an optimisation: the claim loops poll anyway, so a listener that is
 //! down (database restarting) only costs latency. It reconnects with backoff until shutdown.
+//! The policy copy is dropped whenever a change may have gone unheard, and read again once
+//! the listener is back.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,9 +12,11 @@ use std::time::Duration;
 
 use rebound_queue::Store;
 use rebound_queue::storage_retry::StorageRetry;
+use rebound_queue::store::Notification;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::live_policies::LivePolicies;
 use crate::outage::OutageBackoff;
 
 /// Routes notifications to per-queue wake-ups.
@@ -22,6 +27,7 @@ pub struct Notifier {
     /// and connection health again.
     pub wait: Duration,
     pub retry: StorageRetry,
+    pub policies: Arc<LivePolicies>,
 }
 
 impl Notifier {
@@ -36,11 +42,15 @@ impl Notifier {
                 Ok(l) => {
                     outage.reset();
                     // Anything notified while we were not listening is picked up by a poll;
-                    // waking every loop now shortens that wait.
+                    // waking every loop now shortens that wait. Policies may have changed
+                    // unheard too: read them again now that changes will be heard.
                     self.wake_all();
+                    self.policies.invalidate();
+                    self.policies.reload(&self.store).await;
                     l
                 }
                 Err(e) => {
+                    self.policies.invalidate();
                     tracing::warn!(error = %e, "cannot listen for new jobs; relying on polling for now");
                     if !outage.wait(&shutdown).await {
                         return;
@@ -54,13 +64,30 @@ impl Notifier {
                     n = listener.next(self.wait) => n,
                 };
                 match next {
-                    Ok(Some(queue)) => {
+                    Ok(Some(Notification::Jobs(queue))) => {
                         if let Some(wake) = self.wakes.get(&queue) {
                             wake.notify_one();
                         }
                     }
-                    Ok(None) => {}
+                    Ok(Some(Notification::Policies)) => {
+                        self.policies.invalidate();
+                        self.policies.reload(&self.store).await;
+                    }
+                    Ok(Some(Notification::Reconnected)) => {
+                        // Changes may have gone unheard. Listening again from scratch reads
+                        // the policies once the new subscription is in place; until then,
+                        // failures are decided by the database.
+                        self.policies.invalidate();
+                        continue 'connect;
+                    }
+                    Ok(None) => {
+                        // A read that failed (database down) is tried again while idle.
+                        if self.policies.current().is_none() {
+                            self.policies.reload(&self.store).await;
+                        }
+                    }
                     Err(e) => {
+                        self.policies.invalidate();
                         tracing::warn!(error = %e, "lost the notification listener; reconnecting");
                         if !outage.wait(&shutdown).await {
                             return;

@@ -53,6 +53,14 @@ impl RunningJobs {
         }
     }
 
+    /// The job now holds `to` in the database (its failures retried in place were written
+    /// while it ran on): later results and heartbeats name that attempt.
+    pub fn advance(&self, id: Uuid, from: i32, to: i32) {
+        if let Some(held) = self.lock().get_mut(&id).filter(|h| h.attempt == from) {
+            held.attempt = to;
+        }
+    }
+
     /// Marks jobs as lost (the database says they are no longer ours): their handlers are
     /// told to stop and nothing more is written for them.
     pub fn lose(&self, lost: &[(Uuid, i32)]) {
@@ -102,7 +110,12 @@ mod tests {
         running.lose(&[(id, 2)]);
         assert!(running.contains(id));
         assert!(!lost3.is_cancelled());
+        running.advance(id, 2, 4);
+        assert_eq!(running.snapshot(), vec![(id, 3)], "only the attempt held advances");
+        running.advance(id, 3, 4);
         running.lose(&[(id, 3)]);
+        assert!(!lost3.is_cancelled());
+        running.lose(&[(id, 4)]);
         assert!(lost3.is_cancelled());
         assert!(running.is_empty());
     }

@@ -22,10 +22,11 @@ use tokio_util::task::TaskTracker;
 
 use crate::claimer::Claimer;
 use crate::completer::{Completer, CompleterReport};
-use crate::executor::Dispatcher;
+use crate::executor::{Dispatcher, InPlaceRetries};
 use crate::handler::Handler;
 use crate::heartbeat::Heartbeat;
 use crate::identity;
+use crate::live_policies::LivePolicies;
 use crate::maintenance::Maintenance;
 use crate::notifier::Notifier;
 use crate::outage::OutageBackoff;
@@ -197,9 +198,17 @@ impl Worker {
 
         let abort = CancellationToken::new();
         let tracker = TaskTracker::new();
-        let dispatcher = Dispatcher::new(self.registry.clone(), results, Arc::from(self.id.as_str()), s.job_timeout, abort.clone(), tracker.clone());
+        let policies = Arc::new(LivePolicies::new());
+        let in_place = InPlaceRetries { enabled: s.retry_in_place, write_after: s.in_place_write_after, policies: policies.clone(), stopping: shutdown.clone() };
+        let dispatcher = Dispatcher::new(self.registry.clone(), results, Arc::from(self.id.as_str()), s.job_timeout, abort.clone(), tracker.clone(), in_place);
         let wakes: HashMap<String, Arc<Notify>> = self.queues.iter().map(|(q, _)| (q.clone(), Arc::new(Notify::new()))).collect();
-        let notifier = Notifier { store: self.store.clone(), wakes: wakes.clone(), wait: s.poll_interval.max(Duration::from_secs(1)), retry: s.claim_retry.clone() };
+        let notifier = Notifier {
+            store: self.store.clone(),
+            wakes: wakes.clone(),
+            wait: s.poll_interval.max(Duration::from_secs(1)),
+            retry: s.claim_retry.clone(),
+            policies,
+        };
         let notifier_task = tokio::spawn(notifier.run(shutdown.clone()));
 
         let mut claimers = JoinSet::new();

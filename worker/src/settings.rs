@@ -30,6 +30,13 @@ pub struct RuntimeSettings {
     /// batch) before claiming, so short jobs are claimed in batches rather than one by one.
     pub claim_gather: Duration,
     pub completer: CompleterSettings,
+    /// Run a failed job again at once, in the same slot, when its live policy retries it with
+    /// no backoff, instead of sending it back through the queue (see [`crate::executor`]).
+    pub retry_in_place: bool,
+    /// When the execution after a failure retried in place is still running this long, the
+    /// failure is written on its own, so it is visible (and kept) while the job runs on. A
+    /// quicker execution carries it in its own write.
+    pub in_place_write_after: Duration,
     /// Retry of complete / fail / release / heartbeat / registry writes (seed 000 defaults).
     pub storage_retry: StorageRetry,
     /// Retry of claims; longer waits, since the claim loop polls anyway.
@@ -50,6 +57,8 @@ impl Default for RuntimeSettings {
             claim_batch_max: 500,
             claim_gather: Duration::from_millis(2),
             completer: CompleterSettings::default(),
+            retry_in_place: true,
+            in_place_write_after: Duration::from_millis(50),
             storage_retry: StorageRetry::storage_default(),
             claim_retry: StorageRetry::claim_default(),
             maintenance: Some(MaintenanceSettings::default()),

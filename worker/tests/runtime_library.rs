@@ -186,6 +186,8 @@ async fn results_written_in_overlapping_batches_land_exactly_once() {
     settings.completer.batch_size = 25;
     settings.completer.flushes_in_flight = 4;
     settings.completer.max_backlog = 100;
+    // Through the queue: every retry is claimed again (retries in place have their own test).
+    settings.retry_in_place = false;
     let store = Store::connect(&db.url, settings.connections_needed([300])).await.unwrap();
     let worker = quick(Worker::builder(store).settings(settings))
         .queue("bulk", 300)
@@ -228,6 +230,86 @@ async fn results_written_in_overlapping_batches_land_exactly_once() {
         .await
         .unwrap();
     assert_eq!(per_job, 0, "no job has more or less than one completion");
+}
+
+#[tokio::test]
+async fn failures_retried_at_once_run_again_in_place_and_each_is_recorded() {
+    let db = TestDb::new().await;
+    let put = |v: serde_json::Value| {
+        let store = db.store.clone();
+        async move { store.put_policy("lib.inplace", &PolicyPatch::from_json(&v).unwrap(), &Actor::new("test"), None).await.unwrap() }
+    };
+    put(json!({"max_attempts": 4, "initial_interval": "PT0.0001S", "backoff_strategy": "constant", "jitter": false})).await;
+    // Attempt 1 fails at once; attempt 2 fails after a while (long enough for the first failure
+    // to be written on its own while it runs); attempt 3 completes.
+    let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = runs.clone();
+    let worker = quick(Worker::builder(db.store.clone()))
+        .queue("default", 4)
+        .handler(
+            "lib.inplace",
+            handler_fn(move |job| {
+                seen.lock().unwrap().push((job.id(), job.attempt()));
+                let attempt = job.attempt();
+                async move {
+                    match attempt {
+                        1 => Err(Outcome::Retry(HandlerError::new("lib.flaky", "attempt 1 failed"))),
+                        2 => {
+                            tokio::time::sleep(Duration::from_millis(600)).await;
+                            Err(Outcome::Retry(HandlerError::new("lib.flaky", "attempt 2 failed")))
+                        }
+                        _ => Ok(Some(json!({"attempt": attempt}))),
+                    }
+                }
+            }),
+        )
+        .build()
+        .unwrap();
+    let worker_id = worker.id().to_string();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+    // The worker reads its copy of the policies once it listens; a job before that would be
+    // decided by the database (also correct, but not what this test is about).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let id = db.store.enqueue(NewJob::new("lib.inplace", json!([]))).await.unwrap().job.id;
+
+    // While attempt 2 runs, the job shows it, and attempt 1's failure is already recorded.
+    let during = eventually("attempt 2 to show as running", Duration::from_secs(10), || async {
+        db.store.job(id).await.ok().filter(|j| j.state == JobState::Active && j.attempt == 2)
+    })
+    .await;
+    assert_eq!(during.last_error.as_ref().map(|e| e["message"].clone()), Some(json!("attempt 1 failed")));
+    let first = db.store.attempts(id).await.unwrap();
+    assert_eq!(first.iter().map(|a| (a.attempt, a.outcome.as_str())).collect::<Vec<_>>(), vec![(1, "retried")]);
+
+    let done = wait_state(&db.store, id, JobState::Completed).await;
+    assert_eq!((done.attempt, done.result.clone()), (3, Some(json!({"attempt": 3}))));
+    let history = db.store.attempts(id).await.unwrap();
+    let summary: Vec<_> = history.iter().map(|a| (a.attempt, a.outcome.as_str(), a.error_message.as_deref(), a.worker_id.as_deref())).collect();
+    let me = Some(worker_id.as_str());
+    assert_eq!(
+        summary,
+        vec![(1, "retried", Some("attempt 1 failed"), me), (2, "retried", Some("attempt 2 failed"), me), (3, "completed", None, me)]
+    );
+    for pair in history.windows(2) {
+        assert!(pair[0].finished_at <= pair[1].started_at.unwrap(), "attempts follow each other: {pair:?}");
+    }
+    assert!(history[1].finished_at.duration_since(history[1].started_at.unwrap()) >= jiff::SignedDuration::from_millis(600));
+    assert_eq!(history[0].policy.as_ref().map(|p| p["initial_interval"].clone()), Some(json!("PT0.0001S")));
+
+    // An edit applies to the next failure: one attempt only now, so it is dead-lettered.
+    put(json!({"max_attempts": 1, "on_exhaustion": "dead_letter"})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let next = db.store.enqueue(NewJob::new("lib.inplace", json!([]))).await.unwrap().job.id;
+    let dead = wait_state(&db.store, next, JobState::Discarded).await;
+    assert!(dead.dead_letter);
+    assert_eq!(dead.attempt, 1);
+
+    shutdown.cancel();
+    let report = run.await.unwrap();
+    assert_eq!(report.claimed, 2, "the retries were not claimed again");
+    assert_eq!(runs.lock().unwrap().iter().map(|(_, a)| *a).collect::<Vec<_>>(), vec![1, 2, 3, 1], "each attempt ran once");
+    assert_eq!((report.results.completed, report.results.failed, report.results.refused), (1, 3, 0));
 }
 
 #[tokio::test]

@@ -11,11 +11,11 @@ use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgConnection, Row};
 use uuid::Uuid;
 
-use super::policies::PolicyLayers;
+use super::policies::{PolicyLayers, stored_override};
 use super::{Store, StoreError, jobs_from_rows, millis};
 use crate::job::{Job, JobState};
 use crate::outcome::{Decision, HandlerError, NextStep, Outcome, decide};
-use crate::policy::{PolicyPatch, RetryPolicy};
+use crate::policy::RetryPolicy;
 
 /// A failed (or snoozed) execution to record.
 #[derive(Clone, Debug, PartialEq)]
@@ -220,13 +220,7 @@ fn decide_failures<'a>(runs: impl ExactSizeIterator<Item = FailingRun<'a>>, laye
     };
     let mut by_type: HashMap<&str, usize> = HashMap::new();
     for run in runs {
-        let job_patch = match run.retry.map(PolicyPatch::from_json).transpose() {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(job_id = %run.id, error = %e, "stored job retry override no longer parses; ignoring it");
-                None
-            }
-        };
+        let job_patch = stored_override(run.retry);
         let shared = job_patch.is_none().then(|| by_type.get(run.job_type).copied()).flatten();
         let index = match shared {
             Some(i) => i,
@@ -333,7 +327,7 @@ pub(crate) async fn apply_failures(conn: &mut PgConnection, runs: Vec<FailedRun>
 }
 
 /// The `last_error` mirror, in the OJS error shape.
-fn last_error_json(e: &HandlerError, code: Option<&str>, attempt: i32, now: Timestamp) -> Value {
+pub(crate) fn last_error_json(e: &HandlerError, code: Option<&str>, attempt: i32, now: Timestamp) -> Value {
     let mut v = json!({
         "type": e.error_type,
         "code": code.unwrap_or(&e.error_type),

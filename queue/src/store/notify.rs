@@ -1,4 +1,5 @@
-//! LISTEN/NOTIFY: wake workers when due work appears in their queues.
+//! LISTEN/NOTIFY: wake workers when due work appears in their queues, and tell them when
+//! retry policies change.
 
 use std::time::Duration;
 
@@ -25,31 +26,48 @@ where
     Ok(())
 }
 
-/// A subscription to [`NOTIFY_CHANNEL`].
+/// The channel notified (by a trigger on `retry_policies`) whenever a stored policy layer
+/// changes, however it was changed: through the store, or by hand in SQL.
+pub const POLICY_CHANNEL: &str = "rebound_policies";
+
+/// What a [`JobListener`] heard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notification {
+    /// Jobs became available in this queue.
+    Jobs(String),
+    /// A retry policy changed: copies of the policies are stale.
+    Policies,
+    /// The connection was lost and is being re-established: anything notified meanwhile was
+    /// missed, so copies of the policies may be stale and queues may hold work.
+    Reconnected,
+}
+
+/// A subscription to [`NOTIFY_CHANNEL`] and [`POLICY_CHANNEL`].
 pub struct JobListener {
     listener: PgListener,
 }
 
 impl JobListener {
-    /// Waits for the next notification and returns its queue name, or `None` after `timeout`
-    /// (callers poll then, so a lost notification only delays work). Reconnects transparently
-    /// after the connection is lost.
-    pub async fn next(&mut self, timeout: Duration) -> Result<Option<String>, StoreError> {
+    /// Waits for the next notification, or `None` after `timeout` (callers poll then, so a
+    /// lost notification only delays work). Reconnects transparently after the connection is
+    /// lost, and says so.
+    pub async fn next(&mut self, timeout: Duration) -> Result<Option<Notification>, StoreError> {
         match tokio::time::timeout(timeout, self.listener.try_recv()).await {
             Err(_) => Ok(None),
-            Ok(Ok(Some(n))) => Ok(Some(n.payload().to_string())),
-            // The connection dropped; PgListener reconnects on the next call.
-            Ok(Ok(None)) => Ok(None),
+            Ok(Ok(Some(n))) if n.channel() == POLICY_CHANNEL => Ok(Some(Notification::Policies)),
+            Ok(Ok(Some(n))) => Ok(Some(Notification::Jobs(n.payload().to_string()))),
+            // The connection dropped; PgListener reconnects (and listens again) on the next call.
+            Ok(Ok(None)) => Ok(Some(Notification::Reconnected)),
             Ok(Err(e)) => Err(e.into()),
         }
     }
 }
 
 impl Store {
-    /// Subscribes to new-work notifications.
+    /// Subscribes to new-work and policy-change notifications.
     pub async fn listen(&self) -> Result<JobListener, StoreError> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen(NOTIFY_CHANNEL).await?;
+        listener.listen_all([NOTIFY_CHANNEL, POLICY_CHANNEL]).await?;
         Ok(JobListener { listener })
     }
 

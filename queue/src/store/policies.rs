@@ -4,6 +4,7 @@
 //! editable global default) ⊕ the job type's row ⊕ the job's own override.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use serde::Serialize;
@@ -12,7 +13,8 @@ use sqlx::{PgConnection, Row};
 
 use super::audit::{Actor, record};
 use super::{Store, StoreError, ts, ts_opt};
-use crate::policy::{self, PolicyPatch, ResolvedPolicy, RetryPolicy};
+use crate::outcome::{self, Decision, Outcome};
+use crate::policy::{self, JitterSource, PolicyPatch, ResolvedPolicy, RetryPolicy};
 
 /// The key of the editable global default layer in `retry_policies`.
 pub const DEFAULT_POLICY_KEY: &str = "*";
@@ -39,11 +41,17 @@ pub struct PolicyVersion {
     pub note: Option<String>,
 }
 
-/// The stored layers needed to resolve policies for a set of job types.
+/// The stored policy layers (the `*` row and per-type rows) as read at one moment: what
+/// deciding a failure needs besides the job. The worker keeps a copy of every row to decide
+/// at once whether a failure is retried in place (see [`Store::policy_layers`]).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct PolicyLayers {
+pub struct PolicyLayers {
     star: Option<PolicyPatch>,
     by_type: HashMap<String, PolicyPatch>,
+    /// Each stored type's effective policy, and the defaults' (for types with no row),
+    /// resolved once: a copy kept for many failures should not merge layers for each.
+    resolved: HashMap<String, Arc<RetryPolicy>>,
+    resolved_defaults: Arc<RetryPolicy>,
 }
 
 impl PolicyLayers {
@@ -53,6 +61,12 @@ impl PolicyLayers {
             .bind(types)
             .fetch_all(&mut *conn)
             .await?;
+        Self::from_rows(rows)
+    }
+
+    /// Loads every stored layer (the table holds one row per edited type).
+    pub(crate) async fn load_all(conn: &mut PgConnection) -> Result<PolicyLayers, StoreError> {
+        let rows = sqlx::query("SELECT job_type, policy FROM retry_policies").fetch_all(&mut *conn).await?;
         Self::from_rows(rows)
     }
 
@@ -70,6 +84,8 @@ impl PolicyLayers {
                 Err(e) => tracing::error!(job_type, error = %e, "stored retry policy is invalid; ignoring it"),
             }
         }
+        layers.resolved_defaults = Arc::new(layers.defaults());
+        layers.resolved = layers.by_type.keys().map(|t| (t.clone(), Arc::new(layers.resolve_lenient(t, None)))).collect();
         Ok(layers)
     }
 
@@ -98,6 +114,19 @@ impl PolicyLayers {
         policy::resolve(&self.defaults(), self.by_type.get(job_type), job_patch)
     }
 
+    /// The effective policy for a failure of a job of `job_type` with the stored override
+    /// `retry` (a job's `retry` column), resolved leniently (see
+    /// [`PolicyLayers::resolve_lenient`]), and what it decides for `outcome` of `attempt`.
+    pub fn decide(&self, job_type: &str, retry: Option<&Value>, attempt: i32, outcome: &Outcome, now: Timestamp, rng: &mut dyn JitterSource) -> (Arc<RetryPolicy>, Decision) {
+        let policy = match stored_override(retry) {
+            Some(patch) => Arc::new(self.resolve_lenient(job_type, Some(&patch))),
+            None => self.resolved.get(job_type).unwrap_or(&self.resolved_defaults).clone(),
+        };
+        let ran = u32::try_from(attempt.max(1)).unwrap_or(1);
+        let decision = outcome::decide(ran, &policy, outcome, now, rng);
+        (policy, decision)
+    }
+
     /// Like [`PolicyLayers::resolve`], but a job override that no longer combines validly
     /// with a later type edit falls back to the type's policy: recording a failure must
     /// never fail on policy grounds, or the job would be stuck.
@@ -111,6 +140,18 @@ impl PolicyLayers {
                     Err(_) => self.defaults(),
                 }
             }
+        }
+    }
+}
+
+/// A job's stored retry override. One that no longer parses (edited by hand) is ignored,
+/// loudly: a failure must still be recorded.
+pub(crate) fn stored_override(retry: Option<&Value>) -> Option<PolicyPatch> {
+    match retry.map(PolicyPatch::from_json).transpose() {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "stored job retry override no longer parses; ignoring it");
+            None
         }
     }
 }
@@ -149,6 +190,15 @@ impl Store {
         let mut conn = self.pool.acquire().await?;
         let layers = PolicyLayers::load(&mut conn, &[job_type.to_string()]).await?;
         Ok(layers.resolve(job_type, job_patch)?)
+    }
+
+    /// Every stored policy layer, as of now. Policy edits notify [`POLICY_CHANNEL`]
+    /// (a trigger on `retry_policies`), so a copy can be kept fresh.
+    ///
+    /// [`POLICY_CHANNEL`]: super::POLICY_CHANNEL
+    pub async fn policy_layers(&self) -> Result<PolicyLayers, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        PolicyLayers::load_all(&mut conn).await
     }
 
     /// Saves a new version of a type's policy (or of `*`). The result of merging it over the

@@ -47,6 +47,7 @@ pub struct WorkerSection {
     pub shutdown_grace: Option<ConfigDuration>,
     pub claim_batch_max: Option<i64>,
     pub claim_gather: Option<ConfigDuration>,
+    pub retry_in_place: Option<bool>,
     pub completer_batch_size: Option<i64>,
     pub completer_flush_interval: Option<ConfigDuration>,
     pub completer_flushes_in_flight: Option<i64>,

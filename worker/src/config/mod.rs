@@ -319,6 +319,8 @@ fn check_settings(file: &ConfigFile) -> Result<RuntimeSettings, ConfigError> {
             None => d.claim_batch_max,
         },
         claim_gather: w.claim_gather.map(|g| g.0).unwrap_or(d.claim_gather),
+        retry_in_place: w.retry_in_place.unwrap_or(d.retry_in_place),
+        in_place_write_after: d.in_place_write_after,
         completer: crate::settings::CompleterSettings {
             batch_size: match w.completer_batch_size {
                 Some(n) => positive("worker.completer_batch_size", n)? as usize,
