@@ -284,9 +284,8 @@ impl Completer {
             }
         };
         let mut settled = outcome.rejected.len();
-        for (id, attempt) in &outcome.rejected {
-            self.running.release(*id, *attempt);
-        }
+        let mut done: Vec<(Uuid, i32)> = Vec::with_capacity(outcome.settled.len() + outcome.rejected.len());
+        done.extend(&outcome.rejected);
         for (item, written) in &outcome.settled {
             let (id, attempt) = item.key();
             settled += 1;
@@ -320,8 +319,9 @@ impl Completer {
                 self.report.refused += 1;
                 tracing::debug!(job_id = %id, attempt, "result refused: the attempt is no longer current");
             }
-            self.running.release(id, attempt);
+            done.push((id, attempt));
         }
+        self.running.release_all(&done);
         self.backlog.remove(settled);
         if outcome.unwritten.is_empty() {
             if outage.failures() > 0 {

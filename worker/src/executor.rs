@@ -109,13 +109,14 @@ impl Dispatcher {
         let mut stored_attempt = job.attempt;
         let mut retried: Vec<RetriedInPlace> = Vec::new();
         loop {
-            let execution = self.execute(job.clone(), lost.clone());
-            tokio::pin!(execution);
+            // Boxed: an execution's state (the handler's future, its timeout, the races) is
+            // large, and every claimed job's task would otherwise be spawned at that size.
+            let mut execution = Box::pin(self.execute(job.clone(), lost.clone()));
             let finished = if retried.is_empty() {
                 execution.await
             } else {
                 tokio::select! {
-                    f = &mut execution => f,
+                    f = execution.as_mut() => f,
                     _ = tokio::time::sleep(self.in_place.write_after) => {
                         // Taking a while: the failures are written now, so they show (and are
                         // kept) while this execution runs on as the job's current attempt.
@@ -128,12 +129,15 @@ impl Dispatcher {
             };
             let Some(finished) = finished else { return };
             let finished_at = clock.now();
-            if let Finished::Failed { outcome, .. } = &finished
-                && let Some(error) = outcome.error()
-                && let Some(policy) = self.retry_at_once(&job, outcome, &lost)
+            let policy = match &finished {
+                Finished::Failed { outcome, .. } => self.retry_at_once(&job, outcome, &lost),
+                _ => None,
+            };
+            if let Some(policy) = policy
+                && let Finished::Failed { outcome: Outcome::Retry(error), .. } = finished
             {
                 tracing::debug!(job_id = %job.id, attempt = job.attempt, error_type = %error.error_type, "retrying in place");
-                retried.push(RetriedInPlace { attempt: job.attempt, error: error.clone(), policy, started_at, finished_at });
+                retried.push(RetriedInPlace { attempt: job.attempt, error, policy, started_at, finished_at });
                 // The handler's context is gone with its execution, so this is the only
                 // reference left and the job is updated in place rather than copied.
                 let next = Arc::make_mut(&mut job);

@@ -47,9 +47,16 @@ impl RunningJobs {
 
     /// Stops holding a job whose result was written (or refused).
     pub fn release(&self, id: Uuid, attempt: i32) {
+        self.release_all(&[(id, attempt)]);
+    }
+
+    /// [`RunningJobs::release`] for a batch's jobs, under one lock.
+    pub fn release_all(&self, settled: &[(Uuid, i32)]) {
         let mut jobs = self.lock();
-        if jobs.get(&id).is_some_and(|h| h.attempt == attempt) {
-            jobs.remove(&id);
+        for (id, attempt) in settled {
+            if jobs.get(id).is_some_and(|h| h.attempt == *attempt) {
+                jobs.remove(id);
+            }
         }
     }
 
