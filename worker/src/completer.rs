@@ -177,9 +177,7 @@ impl Completer {
         let mut writes: JoinSet<BatchOutcome> = JoinSet::new();
         // What each write carries, so a write that panics still lets go of its jobs.
         let mut carried: HashMap<tokio::task::Id, Vec<(Uuid, i32)>> = HashMap::new();
-        // Jobs with a write in flight: their next result waits for it (a job retried in place
-        // has its failures written before its final result, never beside or after it).
-        let mut in_flight: HashSet<Uuid> = HashSet::new();
+        let mut order = ResultOrder::default();
         let mut open = true;
         let mut flush_at: Option<Instant> = None;
         let mut outage = OutageBackoff::like(&self.writer.retry);
@@ -197,13 +195,13 @@ impl Completer {
                 if !go {
                     break;
                 }
-                let batch = take_batch(&mut buffer, batch_size, &in_flight);
+                let batch = order.take(&mut buffer, batch_size);
                 if batch.is_empty() {
                     // Everything waiting belongs to jobs with a write in flight.
                     break;
                 }
                 let keys: Vec<(Uuid, i32)> = batch.iter().map(Finished::key).collect();
-                in_flight.extend(keys.iter().map(|(id, _)| *id));
+                order.sent(&keys);
                 let handle = writes.spawn(self.writer.clone().write(batch, hard_stop.clone()));
                 carried.insert(handle.id(), keys);
             }
@@ -219,15 +217,19 @@ impl Completer {
                 biased;
                 _ = hard_stop.cancelled() => break,
                 Some(done) = writes.join_next_with_id(), if !writes.is_empty() => {
-                    self.absorb(done, &mut carried, &mut in_flight, &mut buffer, &mut outage, &mut flush_at);
+                    self.absorb(done, &mut carried, &mut order, &mut buffer, &mut outage, &mut flush_at);
                 }
                 msg = self.rx.recv(), if open => match msg {
                     Some(f) => {
+                        order.note(&f);
                         buffer.push(f);
                         // Take whatever else is already queued without waiting.
                         while buffer.len() < batch_size.saturating_mul(most_in_flight) {
                             match self.rx.try_recv() {
-                                Ok(f) => buffer.push(f),
+                                Ok(f) => {
+                                    order.note(&f);
+                                    buffer.push(f);
+                                }
                                 Err(_) => break,
                             }
                         }
@@ -239,7 +241,7 @@ impl Completer {
         }
         // After a hard stop the writes in flight end promptly: the stop cancels them.
         while let Some(done) = writes.join_next_with_id().await {
-            self.absorb(done, &mut carried, &mut in_flight, &mut buffer, &mut outage, &mut flush_at);
+            self.absorb(done, &mut carried, &mut order, &mut buffer, &mut outage, &mut flush_at);
         }
         self.report.unwritten += buffer.len() as u64;
         if !buffer.is_empty() {
@@ -256,7 +258,7 @@ impl Completer {
         &mut self,
         done: Result<(tokio::task::Id, BatchOutcome), tokio::task::JoinError>,
         carried: &mut HashMap<tokio::task::Id, Vec<(Uuid, i32)>>,
-        in_flight: &mut HashSet<Uuid>,
+        order: &mut ResultOrder,
         buffer: &mut Vec<Finished>,
         outage: &mut OutageBackoff,
         flush_at: &mut Option<Instant>,
@@ -266,9 +268,7 @@ impl Completer {
             Err(e) => e.id(),
         };
         let keys = carried.remove(&task).unwrap_or_default();
-        for (id, _) in &keys {
-            in_flight.remove(id);
-        }
+        order.returned(&keys);
         let outcome = match done {
             Ok((_, outcome)) => outcome,
             Err(e) => {
@@ -276,6 +276,7 @@ impl Completer {
                 // rather than this worker heartbeating them forever.
                 tracing::error!(error = %e, count = keys.len(), "writing job results failed unexpectedly; leaving their jobs to the rescuer");
                 for (id, attempt) in &keys {
+                    order.settled(*id);
                     self.running.release(*id, *attempt);
                 }
                 self.report.unwritten += keys.len() as u64;
@@ -286,6 +287,15 @@ impl Completer {
         let mut settled = outcome.rejected.len();
         let mut done: Vec<(Uuid, i32)> = Vec::with_capacity(outcome.settled.len() + outcome.rejected.len());
         done.extend(&outcome.rejected);
+        // Written, refused or given up: either way nothing of these jobs waits on them now.
+        for (id, _) in &outcome.rejected {
+            order.settled(*id);
+        }
+        for (item, _) in &outcome.settled {
+            if matches!(item, Finished::InPlace(run) if run.end == InPlaceEnd::Running) {
+                order.settled(item.key().0);
+            }
+        }
         for (item, written) in &outcome.settled {
             let (id, attempt) = item.key();
             settled += 1;
@@ -495,6 +505,58 @@ impl BatchWriter {
     }
 }
 
+/// Keeps a job's results in order. A job retried in place may send its failures (with the
+/// execution after them still running) and then another result; that result must not be
+/// written beside or before them. Every other job has a single result, so while no such
+/// failures are unwritten, batches are taken straight from the front of the buffer.
+#[derive(Debug, Default)]
+struct ResultOrder {
+    /// Jobs whose failures retried in place are unwritten.
+    pending: HashSet<Uuid>,
+    /// Those of them in a write in flight.
+    in_flight: HashSet<Uuid>,
+}
+
+impl ResultOrder {
+    fn note(&mut self, f: &Finished) {
+        if let Finished::InPlace(run) = f
+            && run.end == InPlaceEnd::Running
+        {
+            self.pending.insert(run.id);
+        }
+    }
+
+    fn take(&self, buffer: &mut Vec<Finished>, batch_size: usize) -> Vec<Finished> {
+        if self.pending.is_empty() {
+            let take = buffer.len().min(batch_size);
+            return buffer.drain(..take).collect();
+        }
+        take_batch(buffer, batch_size, &self.in_flight)
+    }
+
+    fn sent(&mut self, keys: &[(Uuid, i32)]) {
+        if !self.pending.is_empty() {
+            self.in_flight.extend(keys.iter().map(|(id, _)| *id).filter(|id| self.pending.contains(id)));
+        }
+    }
+
+    /// A write came back (whatever it did).
+    fn returned(&mut self, keys: &[(Uuid, i32)]) {
+        if !self.in_flight.is_empty() {
+            for (id, _) in keys {
+                self.in_flight.remove(id);
+            }
+        }
+    }
+
+    /// The job's failures are written, refused or given up: nothing waits on them now.
+    fn settled(&mut self, id: Uuid) {
+        if !self.pending.is_empty() {
+            self.pending.remove(&id);
+        }
+    }
+}
+
 /// Takes up to `batch_size` results from the front of `buffer`, in order, at most one per
 /// job and none of a job with a write in flight; the others keep their places.
 fn take_batch(buffer: &mut Vec<Finished>, batch_size: usize, in_flight: &HashSet<Uuid>) -> Vec<Finished> {
@@ -524,7 +586,52 @@ async fn sleep_until_opt(at: Option<Instant>) {
 mod tests {
     use std::time::Duration;
 
+    use rebound_queue::HandlerError;
+    use rebound_queue::store::RetriedInPlace;
+
     use super::*;
+
+    #[test]
+    fn a_result_after_failures_retried_in_place_waits_until_they_are_written() {
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let now = jiff::Timestamp::now();
+        let failures = Finished::InPlace(InPlaceRun {
+            id: a,
+            stored_attempt: 1,
+            worker_id: "w".into(),
+            retried: vec![RetriedInPlace {
+                attempt: 1,
+                error: HandlerError::new("x.y", "boom"),
+                policy: Arc::default(),
+                started_at: now,
+                finished_at: now,
+            }],
+            started_at: now,
+            end: InPlaceEnd::Running,
+        });
+        let then = Finished::Released { id: a, attempt: 2 };
+        let other = Finished::Completed { id: b, attempt: 1, result: None };
+        let mut order = ResultOrder::default();
+        let mut buffer = vec![failures.clone(), other.clone(), then.clone()];
+        for f in &buffer {
+            order.note(f);
+        }
+        let first = order.take(&mut buffer, 10);
+        assert_eq!(first, vec![failures.clone(), other], "one result per job and batch");
+        let keys: Vec<_> = first.iter().map(Finished::key).collect();
+        order.sent(&keys);
+        assert!(order.take(&mut buffer, 10).is_empty(), "not while the failures are being written");
+        order.returned(&keys);
+        order.settled(a);
+        assert_eq!(order.take(&mut buffer, 10), vec![then]);
+        assert!(order.pending.is_empty() && order.in_flight.is_empty());
+
+        // Without such failures, batches come straight off the front.
+        let mut plain: Vec<Finished> = (1..=3).map(|n| Finished::Completed { id: Uuid::now_v7(), attempt: n, result: None }).collect();
+        let expected = plain[..2].to_vec();
+        assert_eq!(order.take(&mut plain, 2), expected);
+        assert_eq!(plain.len(), 1);
+    }
 
     #[tokio::test]
     async fn a_claim_waits_until_the_backlog_is_below_the_limit_or_shutdown() {

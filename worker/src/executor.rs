@@ -45,9 +45,12 @@ pub struct InPlaceRetries {
     pub stopping: CancellationToken,
 }
 
-/// Starts attempts of claimed jobs as tasks.
+/// Starts attempts of claimed jobs as tasks. Cheap to clone: every job's task holds one.
 #[derive(Clone)]
-pub struct Dispatcher {
+pub struct Dispatcher(Arc<Executor>);
+
+/// What every job's task shares.
+struct Executor {
     registry: Arc<HandlerRegistry>,
     completer: CompleterHandle,
     worker_id: Arc<str>,
@@ -86,18 +89,21 @@ impl Dispatcher {
         tracker: TaskTracker,
         in_place: InPlaceRetries,
     ) -> Self {
-        Dispatcher { registry, completer, worker_id, default_timeout, abort, tracker, in_place }
+        Dispatcher(Arc::new(Executor { registry, completer, worker_id, default_timeout, abort, tracker, in_place }))
     }
 
     /// Runs `job` on its own task, holding `slot` (a unit of its queue's concurrency) until
     /// its last execution is done. `lost` fires if the job stops being ours.
     pub fn dispatch(&self, job: Job, lost: CancellationToken, slot: OwnedSemaphorePermit) {
-        let me = self.clone();
-        self.tracker.spawn(async move {
+        let me = self.0.clone();
+        self.0.tracker.spawn(async move {
             me.run(job, lost).await;
             drop(slot);
         });
     }
+}
+
+impl Executor {
 
     /// Executes `job` until an execution ends in something other than a failure retried in
     /// place, and hands what is to be written to the completer.
@@ -183,8 +189,7 @@ impl Dispatcher {
         InPlaceRun { id: job.id, stored_attempt, worker_id: self.worker_id.to_string(), retried, started_at, end }
     }
 
-    /// The per-attempt timeout: the job's own, else its type's, else the worker's.
-    pub fn timeout_for(&self, job: &Job) -> Duration {
+    fn timeout_for(&self, job: &Job) -> Duration {
         job.timeout_ms
             .filter(|ms| *ms > 0)
             .map(|ms| Duration::from_millis(ms as u64))
