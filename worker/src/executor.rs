@@ -96,6 +96,8 @@ impl Dispatcher {
     /// its last execution is done. `lost` fires if the job stops being ours.
     pub fn dispatch(&self, job: Job, lost: CancellationToken, slot: OwnedSemaphorePermit) {
         let me = self.0.clone();
+        // Boxed before the task is spawned: a job is large and the task's future holds it.
+        let job = Arc::new(job);
         self.0.tracker.spawn(async move {
             me.run(job, lost).await;
             drop(slot);
@@ -107,10 +109,9 @@ impl Executor {
 
     /// Executes `job` until an execution ends in something other than a failure retried in
     /// place, and hands what is to be written to the completer.
-    async fn run(&self, job: Job, lost: CancellationToken) {
+    async fn run(&self, mut job: Arc<Job>, lost: CancellationToken) {
         let clock = JobClock::start(&job);
         let mut started_at = clock.claimed_at;
-        let mut job = Arc::new(job);
         // The attempt the database holds: results are written guarded by it.
         let mut stored_attempt = job.attempt;
         let mut retried: Vec<RetriedInPlace> = Vec::new();
