@@ -106,7 +106,6 @@ impl Dispatcher {
 }
 
 impl Executor {
-
     /// Executes `job` until an execution ends in something other than a failure retried in
     /// place, and hands what is to be written to the completer.
     async fn run(&self, mut job: Arc<Job>, lost: CancellationToken) {

@@ -89,16 +89,9 @@ WITH input AS (
     RETURNING ",
             $updated,
             "
-), policies AS (
-    -- The batch's distinct effective policies are sent once each, not once per job, and
-    -- stored once each: an attempt row keeps the key of the policy that judged it.
-    SELECT t.ord::int AS policy_index, md5(t.p::text)::uuid AS id, t.p AS policy
-    FROM unnest($17::jsonb[]) WITH ORDINALITY AS t(p, ord)
-), snapshots AS (
-    INSERT INTO policy_snapshots (id, policy)
-    SELECT DISTINCT ON (id) id, policy FROM policies
-    ON CONFLICT (id) DO NOTHING
-), recorded AS (
+), ",
+            policy_snapshots_sql!("$17"),
+            ", recorded AS (
     INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error_type, error_code,
                               error_message, error_details, delay_ms, next_run_at, policy_id)
     SELECT i.id, i.ran_attempt, i.worker_id, u.started_at, i.outcome, i.error_type, i.error_code,

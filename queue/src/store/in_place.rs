@@ -27,6 +27,8 @@ pub struct RetriedInPlace {
     pub error: HandlerError,
     /// The effective policy that retried it at once; kept with the attempt as every failure's is.
     pub policy: Arc<RetryPolicy>,
+    /// On the database's clock, like every other time of a job: the worker counts from the
+    /// claim's timestamp with its own monotonic clock rather than reading its wall clock.
     pub started_at: Timestamp,
     pub finished_at: Timestamp,
 }
@@ -61,14 +63,17 @@ impl InPlaceRun {
     }
 }
 
-const RECORD: &str = "
+const RECORD: &str = concat!(
+    "
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::int4[], $3::int4[], $4::text[], $5::int8[], $6::bool[], $7::jsonb[],
                          $8::jsonb[], $9::int4[])
         AS t(id, stored_attempt, new_attempt, worker_id, started_at, completed, result, last_error, max_attempts)
 ), updated AS (
     UPDATE jobs j
-    SET attempt = i.new_attempt, started_at = 'epoch'::timestamptz + i.started_at * interval '1 microsecond', max_attempts = i.max_attempts,
+    -- Times come as microseconds since the epoch (on the database's clock: see RetriedInPlace).
+    SET attempt = i.new_attempt, started_at = 'epoch'::timestamptz + i.started_at * interval '1 microsecond',
+        max_attempts = i.max_attempts,
         state = CASE WHEN i.completed THEN 'completed' ELSE 'active' END::job_state,
         completed_at = CASE WHEN i.completed THEN now() END,
         result = CASE WHEN i.completed THEN i.result END,
@@ -86,24 +91,23 @@ WITH input AS (
     SELECT * FROM unnest($10::uuid[], $11::int4[], $12::int8[], $13::int8[], $14::text[], $15::text[],
                          $16::jsonb[], $17::int4[])
         AS t(job_id, attempt, started_at, finished_at, error_type, error_message, error_details, policy_index)
-), policies AS (
-    SELECT t.ord::int AS policy_index, md5(t.p::text)::uuid AS id, t.p AS policy
-    FROM unnest($18::jsonb[]) WITH ORDINALITY AS t(p, ord)
-), snapshots AS (
-    INSERT INTO policy_snapshots (id, policy)
-    SELECT DISTINCT ON (id) id, policy FROM policies
-    ON CONFLICT (id) DO NOTHING
-), recorded AS (
+), ",
+    policy_snapshots_sql!("$18"),
+    ", recorded AS (
     INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, finished_at, outcome, error_type, error_code,
                               error_message, error_details, delay_ms, next_run_at, policy_id)
-    SELECT r.job_id, r.attempt, i.worker_id, 'epoch'::timestamptz + r.started_at * interval '1 microsecond', 'epoch'::timestamptz + r.finished_at * interval '1 microsecond', $19, r.error_type, r.error_type,
-           r.error_message, r.error_details, 0, 'epoch'::timestamptz + r.finished_at * interval '1 microsecond', p.id
+    SELECT r.job_id, r.attempt, i.worker_id,
+           'epoch'::timestamptz + r.started_at * interval '1 microsecond',
+           'epoch'::timestamptz + r.finished_at * interval '1 microsecond',
+           $19, r.error_type, r.error_type, r.error_message, r.error_details, 0,
+           'epoch'::timestamptz + r.finished_at * interval '1 microsecond', p.id
     FROM retried r JOIN updated u ON u.id = r.job_id JOIN input i ON i.id = r.job_id
     LEFT JOIN policies p ON p.policy_index = r.policy_index
     -- History is read in row order: number the rows in attempt order.
     ORDER BY r.job_id, r.attempt
 )
-SELECT id FROM updated";
+SELECT id FROM updated"
+);
 
 impl Store {
     /// Records jobs retried in place by the worker holding them (see the module docs). Returns

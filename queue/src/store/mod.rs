@@ -19,6 +19,27 @@ SELECT count(*) FROM gone"
     };
 }
 
+// The CTEs `policies`, a failure batch's distinct effective policies (sent once each, not once
+// per job, in the jsonb array parameter `$param`, numbered from 1 as `policy_index`), and
+// `snapshots`, which stores each once in `policy_snapshots` keyed by the md5 of its text: an
+// attempt row keeps the key of the policy that judged it.
+macro_rules! policy_snapshots_sql {
+    ($param:literal) => {
+        concat!(
+            "policies AS (
+    SELECT t.ord::int AS policy_index, md5(t.p::text)::uuid AS id, t.p AS policy
+    FROM unnest(",
+            $param,
+            "::jsonb[]) WITH ORDINALITY AS t(p, ord)
+), snapshots AS (
+    INSERT INTO policy_snapshots (id, policy)
+    SELECT DISTINCT ON (id) id, policy FROM policies
+    ON CONFLICT (id) DO NOTHING
+)"
+        )
+    };
+}
+
 mod audit;
 mod auth;
 mod cancel;
