@@ -3,6 +3,7 @@
 //! together by one statement guarded by the attempt that was read.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -11,10 +12,10 @@ use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgConnection, Row};
 use uuid::Uuid;
 
-use super::policies::{PolicyLayers, stored_override};
+use super::policies::PolicyLayers;
 use super::{Store, StoreError, jobs_from_rows, millis};
 use crate::job::{Job, JobState};
-use crate::outcome::{Decision, HandlerError, NextStep, Outcome, decide};
+use crate::outcome::{Decision, HandlerError, NextStep, Outcome};
 use crate::policy::RetryPolicy;
 
 /// A failed (or snoozed) execution to record.
@@ -180,7 +181,7 @@ struct DecidedFailures {
     /// 1-based index into `policy_json` / `policies` for each job.
     policy_index: Vec<i32>,
     policy_json: Vec<Value>,
-    policies: Vec<RetryPolicy>,
+    policies: Vec<Arc<RetryPolicy>>,
     decisions: Vec<Decision>,
 }
 
@@ -211,26 +212,18 @@ fn decide_failures<'a>(runs: impl ExactSizeIterator<Item = FailingRun<'a>>, laye
         policies: Vec::new(),
         decisions: Vec::with_capacity(n),
     };
-    let mut by_type: HashMap<&str, usize> = HashMap::new();
     for run in runs {
-        let job_patch = stored_override(run.retry);
-        let shared = job_patch.is_none().then(|| by_type.get(run.job_type).copied()).flatten();
-        let index = match shared {
+        // The same decision the worker makes for retries in place. Jobs without an override
+        // of their own share their type's resolved policy (one `Arc`), sent and stored once.
+        let (policy, mut decision) = layers.decide(run.job_type, run.retry, run.attempt, run.outcome, now, &mut rng);
+        let index = match d.policies.iter().position(|p| Arc::ptr_eq(p, &policy)) {
             Some(i) => i,
             None => {
-                let policy = layers.resolve_lenient(run.job_type, job_patch.as_ref());
                 d.policy_json.push(policy.to_json());
-                d.policies.push(policy);
-                let i = d.policies.len() - 1;
-                if job_patch.is_none() {
-                    by_type.insert(run.job_type, i);
-                }
-                i
+                d.policies.push(policy.clone());
+                d.policies.len() - 1
             }
         };
-        let policy = &d.policies[index];
-        let ran = u32::try_from(run.attempt.max(1)).unwrap_or(1);
-        let mut decision = decide(ran, policy, run.outcome, now, &mut rng);
         if run.immediate && matches!(decision.next, NextStep::Retry { .. }) {
             decision.next = NextStep::Retry { run_at: now, delay: Duration::ZERO };
         }
@@ -313,7 +306,7 @@ pub(crate) async fn apply_failures(conn: &mut PgConnection, runs: Vec<FailedRun>
         .zip(decisions)
         .zip(policy_index)
         .filter_map(|((id, decision), index)| {
-            let policy = policies.get(usize::try_from(index).ok()?.checked_sub(1)?)?.clone();
+            let policy = RetryPolicy::clone(policies.get(usize::try_from(index).ok()?.checked_sub(1)?)?);
             by_id.remove(id).map(|job| FailureResult { job, decision, policy })
         })
         .collect())
