@@ -94,7 +94,12 @@ impl StorageRetry {
                 Ok(v) => return Ok(v),
                 Err(e) if e.is_transient() && attempt < policy.max_attempts => {
                     let wait = policy.jittered_delay_for(attempt, &mut rng);
-                    tracing::warn!(operation = what, attempt, wait_ms = wait.as_millis() as u64, error = %e,
+                    let next_try_at = jiff::SignedDuration::try_from(wait)
+                        .ok()
+                        .and_then(|d| jiff::Timestamp::now().checked_add(d).ok())
+                        .map(|t| t.to_string())
+                        .unwrap_or_default();
+                    tracing::warn!(operation = what, attempt, wait_ms = wait.as_millis() as u64, next_try_at, error = %e,
                         "transient storage error; retrying");
                     tokio::select! {
                         _ = cancel.cancelled() => return Err(StoreError::Cancelled),

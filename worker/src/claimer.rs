@@ -9,6 +9,8 @@
 //! the claim retry; when that gives up, the loop backs off and tries again until shutdown:
 //! a database outage delays work, it never stops the worker. Shutdown ends the waits at
 //! once but never abandons a claim in flight (its jobs would be stranded until rescued).
+//! A claim that failed may have committed with its answer lost: its jobs are handed back,
+//! uncounted, before the next claim (see [`crate::orphans`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +23,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::completer::ResultBacklog;
+use crate::health::Health;
+use crate::orphans::{ClaimPermit, Orphans};
 use crate::executor::Dispatcher;
 use crate::outage::OutageBackoff;
 use crate::running::RunningJobs;
@@ -49,6 +53,9 @@ pub struct Claimer {
     pub max_backlog: usize,
     /// Whether other loops claim for the same queue (and may need waking).
     pub has_siblings: bool,
+    /// Shared by the worker's claim loops: keeps claims and orphan sweeps apart.
+    pub orphans: Arc<Orphans>,
+    pub health: Arc<Health>,
 }
 
 impl Claimer {
@@ -93,20 +100,20 @@ impl Claimer {
                 limit: wanted as u32,
                 visibility_timeout: self.visibility_timeout,
             };
-            let jobs = match self.claim_through_retries(&request, &shutdown).await {
-                Ok(jobs) => {
+            let (jobs, permit) = match self.claim_through_retries(&request, &shutdown).await {
+                Ok(claimed) => {
                     if outage.failures() > 0 {
                         tracing::info!(queue = %self.queue, "claims work again");
                     }
                     outage.reset();
-                    jobs
+                    self.health.claims_ok();
+                    claimed
                 }
                 Err(StoreError::Cancelled) => break,
                 Err(e) => {
                     drop(slots);
-                    tracing::error!(queue = %self.queue, error = %e, failures = outage.failures() + 1,
-                        "claiming failed; backing off and trying again");
-                    if !outage.wait(&shutdown).await {
+                    self.health.claims_failing(&e);
+                    if !outage.wait_logged(&format!("claiming from queue {}", self.queue), &e, &shutdown).await {
                         break;
                     }
                     continue;
@@ -121,6 +128,8 @@ impl Claimer {
                 let lost = self.running.hold(job.id, job.attempt, visibility);
                 self.dispatcher.dispatch(job, lost, slot);
             }
+            // Every claimed job is held now: a sweep may run.
+            drop(permit);
             drop(slots);
             if got == wanted && self.has_siblings {
                 // More is probably waiting; a sibling asleep since the queue last ran dry
@@ -152,10 +161,13 @@ impl Claimer {
     }
 
     /// Claims through transient errors with the claim retry's attempts and waits, like
-    /// [`StorageRetry::run`] but for one difference: shutdown interrupts the waits, never a
-    /// claim in flight. A claim that committed moved jobs to `active` under our name; dropping
-    /// its answer would strand them until the visibility timeout and cost them an attempt.
-    async fn claim_through_retries(&self, request: &ClaimRequest, shutdown: &CancellationToken) -> Result<Vec<Job>, StoreError> {
+    /// [`StorageRetry::run`] but for two differences. Shutdown interrupts the waits, never a
+    /// claim in flight: a claim that committed moved jobs to `active` under our name, and
+    /// dropping its answer would strand them. And a failed claim may have committed with its
+    /// answer lost, so the next try first hands back whatever we hold unknowingly (see
+    /// [`crate::orphans`]). The permit that comes with the jobs keeps sweeps out until the
+    /// caller holds them.
+    async fn claim_through_retries(&self, request: &ClaimRequest, shutdown: &CancellationToken) -> Result<(Vec<Job>, ClaimPermit<'_>), StoreError> {
         let policy = self.retry.as_policy();
         let mut rng = fastrand::Rng::new();
         let mut attempt: u32 = 1;
@@ -163,7 +175,19 @@ impl Claimer {
             if shutdown.is_cancelled() {
                 return Err(StoreError::Cancelled);
             }
-            let claim = self.store.claim(request);
+            let claim = async {
+                if self.orphans.suspected() {
+                    self.orphans.sweep().await?;
+                }
+                let permit = self.orphans.claim_permit().await;
+                match self.store.claim(request).await {
+                    Ok(jobs) => Ok((jobs, permit)),
+                    Err(e) => {
+                        self.orphans.suspect();
+                        Err(e)
+                    }
+                }
+            };
             tokio::pin!(claim);
             let result = tokio::select! {
                 biased;
@@ -172,17 +196,18 @@ impl Claimer {
                     // Let the statement finish (bounded: with the database down it may be
                     // waiting for a connection, and then it has claimed nothing), then hand
                     // back whatever it claimed without counting the attempt.
-                    if let Ok(Ok(jobs)) = tokio::time::timeout(IN_FLIGHT_CLAIM_GRACE, claim).await {
+                    if let Ok(Ok((jobs, _permit))) = tokio::time::timeout(IN_FLIGHT_CLAIM_GRACE, claim).await {
                         self.hand_back(&jobs).await;
                     }
                     return Err(StoreError::Cancelled);
                 }
             };
             match result {
-                Ok(jobs) => return Ok(jobs),
+                Ok(claimed) => return Ok(claimed),
                 Err(e) if e.is_transient() && attempt < policy.max_attempts => {
                     let wait = policy.jittered_delay_for(attempt, &mut rng);
-                    tracing::warn!(queue = %self.queue, attempt, wait_ms = wait.as_millis() as u64, error = %e, "transient error claiming jobs; retrying");
+                    tracing::warn!(queue = %self.queue, attempt, wait_ms = wait.as_millis() as u64,
+                        next_try_at = %crate::outage::at_after(wait), error = %e, "transient error claiming jobs; retrying");
                     tokio::select! {
                         _ = shutdown.cancelled() => return Err(StoreError::Cancelled),
                         _ = tokio::time::sleep(wait) => {}

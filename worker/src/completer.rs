@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::health::Health;
 use crate::outage::OutageBackoff;
 use crate::running::RunningJobs;
 use crate::settings::CompleterSettings;
@@ -154,17 +155,18 @@ pub struct Completer {
     rx: mpsc::UnboundedReceiver<Finished>,
     writer: Arc<BatchWriter>,
     running: Arc<RunningJobs>,
+    health: Arc<Health>,
     settings: CompleterSettings,
     backlog: Arc<ResultBacklog>,
     report: CompleterReport,
 }
 
 impl Completer {
-    pub fn new(store: Store, worker_id: String, running: Arc<RunningJobs>, settings: CompleterSettings, retry: StorageRetry) -> (Completer, CompleterHandle) {
+    pub fn new(store: Store, worker_id: String, running: Arc<RunningJobs>, health: Arc<Health>, settings: CompleterSettings, retry: StorageRetry) -> (Completer, CompleterHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
         let backlog = Arc::new(ResultBacklog::default());
         let writer = Arc::new(BatchWriter { store, worker_id, retry });
-        let completer = Completer { rx, writer, running, settings, backlog: backlog.clone(), report: CompleterReport::default() };
+        let completer = Completer { rx, writer, running, health, settings, backlog: backlog.clone(), report: CompleterReport::default() };
         (completer, CompleterHandle { tx, backlog })
     }
 
@@ -277,7 +279,7 @@ impl Completer {
                 tracing::error!(error = %e, count = keys.len(), "writing job results failed unexpectedly; leaving their jobs to the rescuer");
                 for (id, attempt) in &keys {
                     order.settled(*id);
-                    self.running.release(*id, *attempt);
+                    self.running.abandon(*id, *attempt);
                 }
                 self.report.unwritten += keys.len() as u64;
                 self.backlog.remove(keys.len());
@@ -285,11 +287,12 @@ impl Completer {
             }
         };
         let mut settled = outcome.rejected.len();
-        let mut done: Vec<(Uuid, i32)> = Vec::with_capacity(outcome.settled.len() + outcome.rejected.len());
-        done.extend(&outcome.rejected);
+        let mut done: Vec<(Uuid, i32)> = Vec::with_capacity(outcome.settled.len());
         // Written, refused or given up: either way nothing of these jobs waits on them now.
-        for (id, _) in &outcome.rejected {
+        for (id, attempt) in &outcome.rejected {
             order.settled(*id);
+            // They ran: their locks lapse and the rescuer counts the attempt.
+            self.running.abandon(*id, *attempt);
         }
         for (item, _) in &outcome.settled {
             if matches!(item, Finished::InPlace(run) if run.end == InPlaceEnd::Running) {
@@ -338,12 +341,15 @@ impl Completer {
                 tracing::info!("job results are written again");
             }
             outage.reset();
+            self.health.results_ok();
         } else {
             let wait = outage.next_delay();
             // Keep the order: unwritten results go back in front.
             buffer.splice(0..0, outcome.unwritten);
-            tracing::error!(pending = buffer.len(), retry_in_ms = wait.as_millis() as u64,
-                "could not write job results; keeping them and trying again");
+            let error = outcome.error.unwrap_or_default();
+            tracing::error!(pending = buffer.len(), retry_in_ms = wait.as_millis() as u64, next_try_at = %crate::outage::at_after(wait),
+                error = %error, "could not write job results; keeping them and trying again");
+            self.health.results_failing(&error);
             *flush_at = Some(Instant::now() + wait);
         }
     }
@@ -358,6 +364,8 @@ struct BatchOutcome {
     rejected: Vec<(Uuid, i32)>,
     /// Results not written for now (a transient error outlasted the storage retry).
     unwritten: Vec<Finished>,
+    /// Why they were not.
+    error: Option<String>,
 }
 
 impl BatchOutcome {
@@ -404,7 +412,10 @@ impl BatchWriter {
             match outcome {
                 Ok(written) => out.settle(items, &written),
                 Err(e) if !e.is_transient() && !matches!(e, StoreError::Cancelled) => self.isolate(items, e, &cancel, &mut out).await,
-                Err(_) => out.unwritten.extend(items),
+                Err(e) => {
+                    out.error = Some(e.to_string());
+                    out.unwritten.extend(items);
+                }
             }
         }
         out
@@ -430,7 +441,10 @@ impl BatchWriter {
             };
             match outcome {
                 Ok(written) => out.settle(vec![item], &written),
-                Err(e) if e.is_transient() || matches!(e, StoreError::Cancelled) => out.unwritten.push(item),
+                Err(e) if e.is_transient() || matches!(e, StoreError::Cancelled) => {
+                    out.error = Some(e.to_string());
+                    out.unwritten.push(item);
+                }
                 Err(e) => {
                     let (id, attempt) = item.key();
                     tracing::error!(job_id = %id, attempt, error = %e,

@@ -1,22 +1,27 @@
-//! Heartbeats: extends the lock of every held job, and the worker's own row in `workers`.
+//! Heartbeats: one statement ([`Store::worker_beat`]) extends the lock of every held job,
+//! hands back the lapsed jobs locked under this worker's id that it does not know (claims
+//! whose answer was lost: see [`crate::orphans`]), and records the worker's own heartbeat and
+//! status in `workers`. One statement, so the worker's row is never fresher than its locks.
 //!
-//! One `UPDATE … WHERE id = ANY(…)` covers every held job, however many. The interval is
-//! the configured one but at most a third of the shortest visibility timeout among held jobs,
-//! so a lock survives two failed heartbeats. A job the database no longer reports as ours
-//! (cancelled by an operator, rescued after a long stall) is marked lost, which stops its
-//! handler; whatever it would have written would be refused anyway.
+//! The interval is the configured one but at most a third of the shortest visibility timeout
+//! among held jobs, so a lock survives two failed heartbeats. A job the database no longer
+//! reports as ours (cancelled by an operator, rescued after a long stall) is marked lost,
+//! which stops its handler; whatever it would have written would be refused anyway. A worker
+//! whose row is gone (pruned while the worker was cut off, or deleted by hand) registers again.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rebound_queue::Store;
-use rebound_queue::storage_retry::StorageRetry;
 use rebound_queue::StoreError;
+use rebound_queue::storage_retry::StorageRetry;
+use rebound_queue::store::{WorkerBeat, WorkerRegistration};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::completer::ResultBacklog;
+use crate::health::Health;
 use crate::running::RunningJobs;
 
 /// The floor of the heartbeat interval, so a tiny visibility timeout cannot spin the loop.
@@ -24,12 +29,14 @@ const MIN_INTERVAL: Duration = Duration::from_millis(50);
 
 pub struct Heartbeat {
     pub store: Store,
-    pub worker_id: String,
+    pub registration: WorkerRegistration,
     pub running: Arc<RunningJobs>,
     pub interval: Duration,
     pub retry: StorageRetry,
     /// Reported in the registry so the dashboard shows a draining worker.
     pub stopping: Arc<AtomicBool>,
+    pub health: Arc<Health>,
+    pub backlog: Arc<ResultBacklog>,
 }
 
 impl Heartbeat {
@@ -46,39 +53,44 @@ impl Heartbeat {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(self.next_interval()) => {}
             }
-            if let Err(e) = self.beat_jobs(&stop).await {
-                if matches!(e, StoreError::Cancelled) {
-                    return;
-                }
-                tracing::warn!(error = %e, held = self.running.len(), "could not extend job locks; trying again at the next heartbeat");
-            }
-            let running = i32::try_from(self.running.len()).unwrap_or(i32::MAX);
-            let stopping = self.stopping.load(Ordering::Relaxed);
-            match self.retry.run("worker heartbeat", &stop, || self.store.worker_heartbeat(&self.worker_id, running, stopping)).await {
+            match self.beat(&stop).await {
                 Ok(()) | Err(StoreError::Cancelled) => {}
-                Err(e) => tracing::warn!(error = %e, "could not record the worker heartbeat"),
+                Err(e) => tracing::warn!(error = %e, held = self.running.len(),
+                    "could not send the heartbeat (job locks, worker row); trying again at the next one"),
             }
         }
     }
 
-    /// Extends every held job's lock once; marks the ones that are no longer ours as lost.
-    pub async fn beat_jobs(&self, cancel: &CancellationToken) -> Result<(), StoreError> {
+    /// One heartbeat; marks the held jobs that are no longer ours as lost.
+    pub async fn beat(&self, cancel: &CancellationToken) -> Result<(), StoreError> {
         let held = self.running.snapshot();
-        if held.is_empty() {
-            return Ok(());
+        let held_ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
+        let known = self.running.known();
+        let (status, detail) = self.health.status(self.stopping.load(Ordering::Relaxed), self.backlog.len());
+        let beat = WorkerBeat {
+            worker_id: &self.registration.id,
+            held: &held_ids,
+            known: &known,
+            running: i32::try_from(held_ids.len()).unwrap_or(i32::MAX),
+            status,
+            detail: detail.as_deref(),
+        };
+        let report = self.retry.run("heartbeat", cancel, || self.store.worker_beat(&beat)).await?;
+        if !report.released.is_empty() {
+            let ids: Vec<String> = report.released.iter().map(Uuid::to_string).collect();
+            tracing::warn!(count = ids.len(), ids = ?ids,
+                "handed back lapsed jobs claimed under this worker's id that it never received; their attempts are not counted");
         }
-        let ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
-        let extended: HashSet<Uuid> = self
-            .retry
-            .run("heartbeat", cancel, || self.store.heartbeat(Some(&self.worker_id), &ids, None))
-            .await?
-            .into_iter()
-            .collect();
+        let extended: std::collections::HashSet<Uuid> = report.extended.into_iter().collect();
         let lost: Vec<(Uuid, i32)> = held.into_iter().filter(|(id, _)| !extended.contains(id)).collect();
         if !lost.is_empty() {
             // A job written back between the snapshot and the update also shows up here; its
             // entry is already gone, so marking it lost does nothing.
             self.running.lose(&lost);
+        }
+        if !report.registered {
+            tracing::warn!(worker_id = %self.registration.id, "this worker's row is gone from the registry; registering again");
+            self.retry.run("register worker", cancel, || self.store.register_worker(&self.registration)).await?;
         }
         Ok(())
     }

@@ -213,8 +213,7 @@ where
             Ok(()) => return true,
             Err(rebound_queue::StoreError::Cancelled) => return false,
             Err(e) => {
-                tracing::error!(step = what, error = %e, "startup step failed; trying again");
-                if !outage.wait(shutdown).await {
+                if !outage.wait_logged(what, &e, shutdown).await {
                     return false;
                 }
             }

@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::live_policies::LivePolicies;
+use crate::orphans::Orphans;
 use crate::outage::OutageBackoff;
 
 /// Routes notifications to per-queue wake-ups.
@@ -28,6 +29,8 @@ pub struct Notifier {
     pub wait: Duration,
     pub retry: StorageRetry,
     pub policies: Arc<LivePolicies>,
+    /// Told when the connection was lost: a claim may have committed unanswered meanwhile.
+    pub orphans: Arc<Orphans>,
 }
 
 impl Notifier {
@@ -51,8 +54,7 @@ impl Notifier {
                 }
                 Err(e) => {
                     self.policies.invalidate();
-                    tracing::warn!(error = %e, "cannot listen for new jobs; relying on polling for now");
-                    if !outage.wait(&shutdown).await {
+                    if !outage.wait_logged("listening for new jobs (polling meanwhile)", &e, &shutdown).await {
                         return;
                     }
                     continue 'connect;
@@ -78,6 +80,7 @@ impl Notifier {
                         // the policies once the new subscription is in place; until then,
                         // failures are decided by the database.
                         self.policies.invalidate();
+                        self.orphans.suspect();
                         continue 'connect;
                     }
                     Ok(None) => {
@@ -88,8 +91,7 @@ impl Notifier {
                     }
                     Err(e) => {
                         self.policies.invalidate();
-                        tracing::warn!(error = %e, "lost the notification listener; reconnecting");
-                        if !outage.wait(&shutdown).await {
+                        if !outage.wait_logged("the notification listener", &e, &shutdown).await {
                             return;
                         }
                         continue 'connect;

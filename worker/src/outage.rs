@@ -43,6 +43,19 @@ impl OutageBackoff {
         }
     }
 
+    /// Like [`OutageBackoff::wait`], after logging that `what` failed with `error`, how many
+    /// rounds in a row have, and when the next try is: an operator watching a worker that
+    /// cannot reach its database sees every wait, not one line and then silence.
+    pub async fn wait_logged(&mut self, what: &str, error: &(dyn std::fmt::Display + Sync), cancel: &CancellationToken) -> bool {
+        let delay = self.next_delay();
+        tracing::error!(failures = self.failures, error = %error, retry_in_ms = delay.as_millis() as u64,
+            next_try_at = %at_after(delay), "{what} failed; waiting, then trying again");
+        tokio::select! {
+            _ = cancel.cancelled() => false,
+            _ = tokio::time::sleep(delay) => true,
+        }
+    }
+
     /// The loop got through: the next outage starts from the initial wait again.
     pub fn reset(&mut self) {
         self.failures = 0;
@@ -52,6 +65,12 @@ impl OutageBackoff {
     pub fn failures(&self) -> u32 {
         self.failures
     }
+}
+
+/// The wall-clock time `wait` from now, for logs ("next try at …").
+pub fn at_after(wait: Duration) -> jiff::Timestamp {
+    let now = jiff::Timestamp::now();
+    jiff::SignedDuration::try_from(wait).ok().and_then(|d| now.checked_add(d).ok()).unwrap_or(now)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! until its handler returned), so heartbeats keep the lock of a job whose completion is
 //! waiting out a database restart, and the rescuer never re-runs finished work.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -25,6 +25,10 @@ struct Held {
 #[derive(Debug, Default)]
 pub struct RunningJobs {
     jobs: Mutex<HashMap<Uuid, Held>>,
+    /// Jobs that ran here but whose result the database refused for good: no longer held
+    /// (their locks lapse and the rescuer counts the attempt, since they did run), but known,
+    /// so they are never handed back uncounted as if they had never started.
+    abandoned: Mutex<HashSet<Uuid>>,
 }
 
 impl RunningJobs {
@@ -79,6 +83,24 @@ impl RunningJobs {
                 held.lost.cancel();
             }
         }
+    }
+
+    /// Stops holding a job that ran but whose result cannot be written (see `abandoned`).
+    pub fn abandon(&self, id: Uuid, attempt: i32) {
+        let mut jobs = self.lock();
+        if jobs.get(&id).is_some_and(|h| h.attempt == attempt) {
+            jobs.remove(&id);
+            self.abandoned.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+        }
+    }
+
+    /// Every job this worker claimed and has not settled: the held ones and the abandoned ones.
+    /// A job locked under this worker's id and not among these was claimed by an answer that
+    /// never arrived.
+    pub fn known(&self) -> Vec<Uuid> {
+        let held: Vec<Uuid> = self.lock().keys().copied().collect();
+        let abandoned = self.abandoned.lock().unwrap_or_else(|p| p.into_inner());
+        held.into_iter().chain(abandoned.iter().copied()).collect()
     }
 
     /// `(id, attempt)` of every held job.

@@ -24,11 +24,13 @@ use crate::claimer::Claimer;
 use crate::completer::{Completer, CompleterReport};
 use crate::executor::{Dispatcher, InPlaceRetries};
 use crate::handler::Handler;
+use crate::health::Health;
 use crate::heartbeat::Heartbeat;
 use crate::identity;
 use crate::live_policies::LivePolicies;
 use crate::maintenance::Maintenance;
 use crate::notifier::Notifier;
+use crate::orphans::Orphans;
 use crate::outage::OutageBackoff;
 use crate::panic_capture;
 use crate::registry::HandlerRegistry;
@@ -176,8 +178,11 @@ impl Worker {
 
         let s = self.settings.clone();
         let running = Arc::new(RunningJobs::new());
+        let health = Arc::new(Health::default());
+        let orphans = Arc::new(Orphans::new(self.store.clone(), self.id.clone(), running.clone()));
         let hard_stop = CancellationToken::new();
-        let (completer, results) = Completer::new(self.store.clone(), self.id.clone(), running.clone(), s.completer.clone(), s.storage_retry.clone());
+        let (completer, results) =
+            Completer::new(self.store.clone(), self.id.clone(), running.clone(), health.clone(), s.completer.clone(), s.storage_retry.clone());
         let completer_task = tokio::spawn(completer.run(hard_stop.clone()));
         // Claims pause while the completer is this far behind.
         let backlog = results.backlog();
@@ -186,11 +191,13 @@ impl Worker {
         let stopping = Arc::new(AtomicBool::new(false));
         let heartbeat = Heartbeat {
             store: self.store.clone(),
-            worker_id: self.id.clone(),
+            registration: self.registration(),
             running: running.clone(),
             interval: s.heartbeat_interval,
             retry: s.storage_retry.clone(),
             stopping: stopping.clone(),
+            health: health.clone(),
+            backlog: backlog.clone(),
         };
         let heartbeat_task = tokio::spawn(heartbeat.run(background_stop.clone()));
 
@@ -208,6 +215,7 @@ impl Worker {
             wait: s.poll_interval.max(Duration::from_secs(1)),
             retry: s.claim_retry.clone(),
             policies,
+            orphans: orphans.clone(),
         };
         let notifier_task = tokio::spawn(notifier.run(shutdown.clone()));
 
@@ -234,6 +242,8 @@ impl Worker {
                     backlog: backlog.clone(),
                     max_backlog: s.completer.max_backlog,
                     has_siblings: loops > 1,
+                    orphans: orphans.clone(),
+                    health: health.clone(),
                 };
                 claimers.spawn(claimer.run(shutdown.clone()));
             }
@@ -270,6 +280,12 @@ impl Worker {
                 completer_task.await.unwrap_or_default()
             }
         };
+        // Every result is written (or given up). A claim that failed on the way out may have
+        // left jobs under our id that we never received: hand them back uncounted now, rather
+        // than leave them to the rescuer.
+        if orphans.suspected() {
+            self.final_sweep(&orphans).await;
+        }
         background_stop.cancel();
         let _ = heartbeat_task.await;
         self.deregister().await;
@@ -278,24 +294,37 @@ impl Worker {
         report
     }
 
-    /// Registers in `workers`, waiting out outages; false if shutdown came first.
-    async fn register(&self, shutdown: &CancellationToken) -> bool {
-        let registration = WorkerRegistration {
+    fn registration(&self) -> WorkerRegistration {
+        WorkerRegistration {
             id: self.id.clone(),
             host: identity::host_name(),
             pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
             queues: self.queues.iter().map(|(q, _)| q.clone()).collect(),
             concurrency: i32::try_from(self.queues.iter().map(|(_, c)| u64::from(*c)).sum::<u64>()).unwrap_or(i32::MAX),
             version: identity::VERSION.to_string(),
-        };
+        }
+    }
+
+    /// Bounded like deregistering: what cannot be handed back now is handed back by nobody but
+    /// the rescuer, which counts the attempt.
+    async fn final_sweep(&self, orphans: &Orphans) {
+        match tokio::time::timeout(Duration::from_secs(5), orphans.sweep()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not hand back jobs claimed while the connection was lost; the rescuer will"),
+            Err(_) => tracing::warn!("handing back jobs claimed while the connection was lost took too long; the rescuer will"),
+        }
+    }
+
+    /// Registers in `workers`, waiting out outages; false if shutdown came first.
+    async fn register(&self, shutdown: &CancellationToken) -> bool {
+        let registration = self.registration();
         let mut outage = OutageBackoff::like(&self.settings.storage_retry);
         loop {
             match self.settings.storage_retry.run("register worker", shutdown, || self.store.register_worker(&registration)).await {
                 Ok(()) => return true,
                 Err(StoreError::Cancelled) => return false,
                 Err(e) => {
-                    tracing::error!(error = %e, "cannot register with the database yet; waiting for it");
-                    if !outage.wait(shutdown).await {
+                    if !outage.wait_logged("registering with the database", &e, shutdown).await {
                         return false;
                     }
                 }

@@ -26,6 +26,8 @@ pub struct WorkerRow {
     pub silent_for: String,
     pub stale: bool,
     pub stopping: bool,
+    /// What the worker last said is failing (claims, result writes), if anything.
+    pub degraded: Option<String>,
 }
 
 #[server(endpoint = "workers")]
@@ -50,6 +52,8 @@ pub async fn workers() -> Result<Vec<WorkerRow>, AppError> {
             started: When::of(w.started_at, now),
             last_heartbeat: When::of(w.last_heartbeat_at, now),
             stopping: w.stopping,
+            degraded: (w.status == rebound_queue::store::WorkerStatus::Degraded)
+                .then(|| w.status_detail.unwrap_or_else(|| "degraded".to_string())),
         })
         .collect())
 }
@@ -80,6 +84,8 @@ pub fn WorkersPage() -> impl IntoView {
                                             view! { <span class="tag stale" title="no heartbeat for over a minute">"stale"</span> }.into_any()
                                         } else if w.stopping {
                                             view! { <span class="tag stopping">"stopping"</span> }.into_any()
+                                        } else if let Some(why) = w.degraded.clone() {
+                                            view! { <span class="tag degraded" title=why.clone()>"degraded"</span> " " <small class="muted">{why}</small> }.into_any()
                                         } else {
                                             view! { <span class="tag running">"live"</span> }.into_any()
                                         };

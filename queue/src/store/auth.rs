@@ -99,7 +99,7 @@ impl Store {
         if username.trim().is_empty() || username.len() > 64 {
             return Err(StoreError::invalid("username", "must be 1 to 64 characters"));
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let row = sqlx::query(
             "INSERT INTO operators (username, password_hash, role) VALUES ($1, $2, $3)
              ON CONFLICT (username) DO UPDATE SET password_hash = EXCLUDED.password_hash, role = EXCLUDED.role, disabled = false
@@ -129,7 +129,7 @@ impl Store {
 
     /// Disables an operator and ends their sessions. Returns whether they existed.
     pub async fn disable_operator(&self, username: &str, actor: &Actor) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let id: Option<i64> = sqlx::query_scalar("UPDATE operators SET disabled = true WHERE username = $1 RETURNING id")
             .bind(username)
             .fetch_optional(&mut *tx)
@@ -144,7 +144,7 @@ impl Store {
 
     /// Starts a session for an operator.
     pub async fn create_session(&self, operator_id: i64, token_hash: &str, csrf_token: &str, ttl: std::time::Duration) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         sqlx::query(
             "INSERT INTO sessions (token_hash, operator_id, csrf_token, expires_at)
              VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')",
@@ -186,7 +186,7 @@ impl Store {
 
     /// Stores a new API token under a unique name.
     pub async fn create_token(&self, name: &str, token_hash: &str, actor: &Actor) -> Result<ApiToken, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let row = sqlx::query("INSERT INTO api_tokens (name, token_hash) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING RETURNING *")
             .bind(name)
             .bind(token_hash)
@@ -200,7 +200,7 @@ impl Store {
 
     /// Revokes a token by name. Returns whether a live one existed.
     pub async fn revoke_token(&self, name: &str, actor: &Actor) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let n = sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL")
             .bind(name)
             .execute(&mut *tx)

@@ -47,7 +47,7 @@ impl Store {
     /// Cancels a job that has not finished (active jobs too: their worker's result is then
     /// refused). A finished job is a conflict. With an actor, the action is audited.
     pub async fn cancel(&self, id: Uuid, actor: Option<&Actor>) -> Result<Job, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let row = sqlx::query(
             "UPDATE jobs SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL,
                              updated_at = now()
@@ -57,7 +57,8 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = row else {
-            drop(tx);
+            // Nothing was written; a failed rollback closes the connection instead.
+            let _ = tx.rollback().await;
             return Err(self.conflict_or_missing(id, "cancel").await);
         };
         if let Some(actor) = actor {
@@ -89,7 +90,7 @@ impl Store {
     }
 
     async fn bulk(&self, sel: &JobSelection, actor: &Actor, action: &str, eligible: &str, update: &'static str) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let ids: Vec<Uuid> = sel.select_ids(eligible, BULK_LIMIT).build_query_scalar().fetch_all(&mut *tx).await?;
         let mut qb = QueryBuilder::<Postgres>::new(update);
         qb.push(" WHERE id = ANY(").push_bind(ids.clone()).push(") RETURNING *");

@@ -4,7 +4,6 @@
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::notify::notify_queues;
 use super::{Store, StoreError, jobs_from_rows};
 use crate::job::Job;
 
@@ -41,6 +40,48 @@ RETURNING ",
 }
 
 const COMPLETE: &str = complete_sql!("j.*");
+
+// The CTEs `released`, `recorded` and `woken`: hand the active jobs `$selection` picks back to
+// `available`, uncounted (the attempt number goes back; a `released` row with the reason
+// `$reason` says the execution did not count), and notify the queues that have work again.
+// `released` returns `$returning` plus `attempt_worker`; the statement must reference `woken`
+// (unreferenced SELECT CTEs are not run).
+macro_rules! release_ctes {
+    ($selection:literal, $reason:literal, $returning:literal) => {
+        concat!(
+            "released AS (
+    UPDATE jobs j
+    SET state = 'available', attempt = GREATEST(j.attempt - 1, 0), locked_by = NULL, lock_expires_at = NULL,
+        enqueued_at = now(), scheduled_at = now(), updated_at = now()
+    -- The job as it was, for the worker that held it.
+    FROM jobs o
+    WHERE o.id = j.id AND j.state = 'active' AND ",
+            $selection,
+            "
+    RETURNING ",
+            $returning,
+            ", o.locked_by AS attempt_worker
+), recorded AS (
+    INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error_message)
+    SELECT id, attempt + 1, attempt_worker, started_at, 'released', ",
+            $reason,
+            " FROM released
+), woken AS (
+    SELECT pg_notify('rebound_jobs', q.queue) FROM (SELECT DISTINCT queue FROM released) AS q
+)"
+        )
+    };
+}
+pub(crate) use release_ctes;
+
+macro_rules! release_sql {
+    ($selection:literal) => {
+        concat!("WITH ", release_ctes!($selection, "$3", "j.*"), " SELECT * FROM released WHERE (SELECT count(*) FROM woken) >= 0")
+    };
+}
+
+/// Why [`Store::release_orphans`] handed a job back, as its `released` row says.
+pub const ORPHAN_REASON: &str = "claimed while the connection to the database was lost, so the worker never received it; the attempt is not counted";
 // The worker's completer only needs to know which results were taken: returning the ids alone
 // spares Postgres sending, and the worker decoding, every full row of every batch.
 const COMPLETE_IDS: &str = complete_sql!("j.id");
@@ -92,33 +133,28 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(
-            "WITH released AS (
-                 UPDATE jobs j
-                 SET state = 'available', attempt = GREATEST(j.attempt - 1, 0), locked_by = NULL, lock_expires_at = NULL,
-                     enqueued_at = now(), scheduled_at = now(), updated_at = now()
-                 FROM jobs o
-                 WHERE j.id = ANY($1) AND o.id = j.id AND j.state = 'active' AND ($2::text IS NULL OR j.locked_by = $2)
-                 RETURNING j.*, o.locked_by AS attempt_worker
-             ), recorded AS (
-                 INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error_message)
-                 SELECT id, attempt + 1, attempt_worker, started_at, 'released', $3 FROM released
-             )
-             SELECT * FROM released",
-        )
-        .bind(ids)
-        .bind(worker_id)
-        .bind(reason)
-        .fetch_all(&mut *tx)
-        .await?;
-        let jobs = jobs_from_rows(&rows)?;
-        let mut queues: Vec<String> = jobs.iter().map(|j| j.queue.clone()).collect();
-        queues.sort();
-        queues.dedup();
-        notify_queues(&mut *tx, &queues).await?;
-        tx.commit().await?;
-        Ok(jobs)
+        let rows = sqlx::query(release_sql!("j.id = ANY($1) AND ($2::text IS NULL OR j.locked_by = $2)"))
+            .bind(ids)
+            .bind(worker_id)
+            .bind(reason)
+            .fetch_all(&self.pool)
+            .await?;
+        jobs_from_rows(&rows)
+    }
+
+    /// Hands back, without counting the attempt, every job still active under `worker_id`
+    /// that is not in `known`: the worker holds everything it runs, so a job it does not know
+    /// is one whose claim committed while the answer was lost with the connection. It never
+    /// started, so it costs nothing. Jobs claimed by a claim still in flight must be in
+    /// `known` (or the caller must have no claim in flight). Returns the jobs handed back.
+    pub async fn release_orphans(&self, worker_id: &str, known: &[Uuid]) -> Result<Vec<Job>, StoreError> {
+        let rows = sqlx::query(release_sql!("j.locked_by = $2 AND NOT (j.id = ANY($1))"))
+            .bind(known)
+            .bind(worker_id)
+            .bind(ORPHAN_REASON)
+            .fetch_all(&self.pool)
+            .await?;
+        jobs_from_rows(&rows)
     }
 
     /// Releases one job; not active (or not this worker's) is a conflict.

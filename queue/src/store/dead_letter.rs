@@ -36,7 +36,7 @@ pub type RedriveTarget = JobSelection;
 impl Store {
     /// Re-drives dead letters in the selection (at most 50 000 per call). Returns how many.
     pub async fn redrive(&self, sel: &JobSelection, opts: &RedriveOptions) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let ids: Vec<Uuid> = sel.select_ids("j.dead_letter", BULK_LIMIT).build_query_scalar().fetch_all(&mut *tx).await?;
         let queues: Vec<String> = sqlx::query_scalar(
             "WITH picked AS (
@@ -84,7 +84,7 @@ impl Store {
 
     /// Deletes dead letters in the selection for good, with their attempts. Returns how many.
     pub async fn purge_dead_letters(&self, sel: &JobSelection, actor: &Actor, reason: Option<&str>) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let ids: Vec<Uuid> = sel.select_ids("j.dead_letter", BULK_LIMIT).build_query_scalar().fetch_all(&mut *tx).await?;
         let deleted = sqlx::query_scalar::<_, i64>(delete_with_history!("SELECT unnest($1::uuid[])"))
             .bind(&ids)

@@ -147,7 +147,7 @@ impl Store {
                 Ok(Enqueued { job, outcome: EnqueueOutcome::Created })
             }
             Some(spec) => {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.begin().await?;
                 let out = insert_unique(&mut tx, &job, spec, max_attempts).await?;
                 tx.commit().await?;
                 Ok(out)
@@ -168,7 +168,7 @@ impl Store {
             let mut conn = self.pool.acquire().await?;
             return insert_many(&mut conn, jobs, &checked).await;
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let out = {
             let mut out = Vec::with_capacity(jobs.len());
             for (i, (job, max)) in jobs.iter().zip(&checked).enumerate() {

@@ -106,7 +106,14 @@ WITH input AS (
     -- History is read in row order: number the rows in attempt order.
     ORDER BY r.job_id, r.attempt
 )
-SELECT id FROM updated"
+SELECT id FROM updated
+UNION ALL
+-- Written by an earlier try whose answer was lost with the connection: the job already stands
+-- at its new attempt under this worker's lock, so the write is done, not refused (refused, the
+-- worker would stop the execution that is running). This reads the statement's snapshot, from
+-- before `updated`.
+SELECT j.id FROM jobs j JOIN input i ON i.id = j.id
+WHERE NOT i.completed AND j.state = 'active' AND j.attempt = i.new_attempt AND j.locked_by = i.worker_id"
 );
 
 impl Store {

@@ -82,7 +82,8 @@ impl Leadership {
         .unwrap_or(false)
     }
 
-    /// Gives leadership up at once (on shutdown) rather than when the connection closes.
+    /// Gives leadership up at once (on shutdown). Dropping a `Leadership` also ends it: its
+    /// connection is closed, and the lock goes with the session.
     pub async fn release(mut self) -> Result<(), StoreError> {
         sqlx::query("SELECT pg_advisory_unlock($1)").bind(LEADER_LOCK).execute(&mut *self.conn).await?;
         Ok(())
@@ -93,14 +94,18 @@ impl Store {
     /// Tries to become the maintenance leader; `None` if another process is.
     pub async fn try_lead(&self) -> Result<Option<Leadership>, StoreError> {
         let mut conn = self.pool.acquire().await?;
+        // A session lock lives as long as its connection: one that went back to the pool still
+        // holding it would keep this process leading, silently, through a pooled connection.
+        // The leader's connection is therefore closed when leadership ends, never pooled; and
+        // closed too if this future is dropped with the lock's answer in flight.
+        conn.close_on_drop();
         let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(LEADER_LOCK).fetch_one(&mut *conn).await?;
-        // The connection must not go back to the pool holding the lock.
         Ok(got.then(|| Leadership { conn }))
     }
 
     /// Scheduler: moves due `scheduled` and `retryable` jobs to `available`, at most `limit`.
     pub async fn promote_due(&self, limit: i64) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let queues: Vec<String> = sqlx::query_scalar(
             "WITH due AS (
                  SELECT id FROM jobs WHERE state IN ('scheduled', 'retryable') AND scheduled_at <= now()
@@ -123,15 +128,26 @@ impl Store {
         Ok(moved)
     }
 
-    /// Rescuer: active jobs whose lock expired (`rebound.stalled`, re-run at once) or whose
+    /// Rescuer: active jobs whose lock lapsed (`rebound.stalled`, re-run at once) or whose
     /// per-attempt timeout passed (`rebound.timeout`, normal backoff) become failed attempts,
     /// and their policy decides what follows. At most `limit` per call.
+    ///
+    /// A lapsed lock means the worker crashed, was killed, or could not reach the database for
+    /// a whole visibility timeout (not counting a database restart: see the statement). The
+    /// attempt is counted: the rescuer cannot tell whether the job started, and a job that
+    /// kills its worker must spend its budget rather than crash workers forever. Jobs that
+    /// provably never started are the ones a live worker claimed without receiving them; it
+    /// hands those back itself, uncounted ([`Store::release_orphans`], [`Store::worker_beat`]).
     pub async fn rescue_expired(&self, limit: i64) -> Result<RescueReport, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let rows = sqlx::query(
             "SELECT * FROM jobs
              WHERE state = 'active'
-               AND (lock_expires_at < now()
+               AND ((lock_expires_at < now()
+                     -- Nobody could extend a lock while the database was down. After a restart,
+                     -- a lock lapses no sooner than one visibility timeout after it, so the
+                     -- workers that are still running their jobs get to say so first.
+                     AND pg_postmaster_start_time() + COALESCE(visibility_timeout_ms, 30000) * interval '1 millisecond' < now())
                     OR (timeout_ms IS NOT NULL AND started_at + timeout_ms * interval '1 millisecond' < now()))
              ORDER BY lock_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED",
         )

@@ -56,6 +56,7 @@ mod next_due;
 mod notify;
 mod policies;
 mod queues;
+mod transaction;
 mod workers;
 
 use std::time::Duration;
@@ -72,7 +73,7 @@ use crate::policy::PolicyError;
 pub use audit::{Actor, AuditEntry, AuditFilter};
 pub use auth::{ApiToken, Operator, Role, Session};
 pub use claim::ClaimRequest;
-pub use complete::Completion;
+pub use complete::{Completion, ORPHAN_REASON};
 pub use cancel::{BULK_LIMIT, JobSelection};
 pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};
@@ -84,7 +85,7 @@ pub use in_place::{InPlaceEnd, InPlaceRun, RetriedInPlace};
 pub use notify::{JobListener, NOTIFY_CHANNEL, Notification, POLICY_CHANNEL};
 pub use policies::{DEFAULT_POLICY_KEY, PolicyLayers, PolicyVersion, StoredPolicy};
 pub use queues::QueueInfo;
-pub use workers::{WorkerInfo, WorkerRegistration};
+pub use workers::{BeatReport, WorkerBeat, WorkerInfo, WorkerRegistration, WorkerStatus};
 
 /// The migrations, embedded so both binaries can migrate on start.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
@@ -164,24 +165,14 @@ pub struct Store {
 impl Store {
     /// Connects with a pool of up to `max_connections`.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
-        let options: PgConnectOptions = url.parse()?;
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options)
-            .await?;
+        let pool = pool_options(max_connections).connect_with(connect_options(url)?).await?;
         Ok(Store { pool })
     }
 
     /// Like [`Store::connect`] but does not connect until first use, so a process can start
     /// while the database is still down and ride it out with storage retry.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Store, StoreError> {
-        let options: PgConnectOptions = url.parse()?;
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options);
-        Ok(Store { pool })
+        Ok(Store { pool: pool_options(max_connections).connect_lazy_with(connect_options(url)?) })
     }
 
     /// Wraps an existing pool.
@@ -252,6 +243,28 @@ impl Store {
             Err(e) => e,
         }
     }
+}
+
+/// How long Postgres lets a session sit idle inside a transaction before ending it. Rebound
+/// never leaves a transaction idle for more than a round trip; a session idle in one for
+/// longer has been abandoned (see [`transaction`]) and holds row locks nobody else can take.
+pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connection settings every Rebound process uses. `application_name` defaults to the
+/// program's name so operators can tell workers from servers in `pg_stat_activity`; a URL
+/// that sets its own wins.
+pub fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
+    let mut options: PgConnectOptions = url.parse()?;
+    if options.get_application_name().is_none() {
+        let program = std::env::current_exe().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+        options = options.application_name(program.as_deref().unwrap_or("rebound"));
+    }
+    let idle_ms = IDLE_IN_TRANSACTION_TIMEOUT.as_millis();
+    Ok(options.options([("idle_in_transaction_session_timeout", format!("{idle_ms}"))]))
+}
+
+fn pool_options(max_connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new().max_connections(max_connections).acquire_timeout(Duration::from_secs(10))
 }
 
 /// Reads a non-null timestamptz column.

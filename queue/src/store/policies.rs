@@ -208,7 +208,7 @@ impl Store {
         if job_type != DEFAULT_POLICY_KEY {
             crate::job::validate_type(job_type)?;
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         // Serialize edits of one type so versions are gap-free and checks see the latest `*`.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('rebound.policy.' || $1, 0))")
             .bind(job_type)
@@ -251,12 +251,15 @@ impl Store {
 
     /// Removes a type's policy so its jobs fall back to the defaults. Returns whether one existed.
     pub async fn delete_policy(&self, job_type: &str, actor: &Actor) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let deleted = sqlx::query("DELETE FROM retry_policies WHERE job_type = $1 RETURNING version")
             .bind(job_type)
             .fetch_optional(&mut *tx)
             .await?;
-        let Some(row) = deleted else { return Ok(false) };
+        let Some(row) = deleted else {
+            tx.rollback().await?;
+            return Ok(false);
+        };
         let version: i32 = row.try_get("version")?;
         sqlx::query("INSERT INTO retry_policy_versions (job_type, version, policy, created_by, note) VALUES ($1, $2, NULL, $3, 'deleted')")
             .bind(job_type)

@@ -99,7 +99,7 @@ impl Store {
     /// claimed from them. Audited.
     pub async fn set_queue_paused(&self, name: &str, paused: bool, actor: &Actor) -> Result<QueueInfo, StoreError> {
         validate_queue(name)?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         sqlx::query(
             "INSERT INTO queues (name, paused, paused_at, paused_by, updated_at)
              VALUES ($1, $2, CASE WHEN $2 THEN now() END, CASE WHEN $2 THEN $3 END, now())

@@ -3,8 +3,92 @@
 use jiff::Timestamp;
 use serde::Serialize;
 use sqlx::Row;
+use uuid::Uuid;
 
+use super::complete::{ORPHAN_REASON, release_ctes};
 use super::{Store, StoreError, ts};
+
+/// How a worker is doing, as it reports with every heartbeat (a `/readyz` in the database).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerStatus {
+    /// Claiming and writing results normally.
+    Ready,
+    /// Up, but claims or result writes are failing (the detail says which).
+    Degraded,
+    /// Draining after a shutdown signal: no new claims.
+    Stopping,
+}
+
+impl WorkerStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerStatus::Ready => "ready",
+            WorkerStatus::Degraded => "degraded",
+            WorkerStatus::Stopping => "stopping",
+        }
+    }
+
+    fn parse(s: &str) -> WorkerStatus {
+        match s {
+            "degraded" => WorkerStatus::Degraded,
+            "stopping" => WorkerStatus::Stopping,
+            _ => WorkerStatus::Ready,
+        }
+    }
+}
+
+/// One heartbeat of a worker process (see [`Store::worker_beat`]).
+#[derive(Clone, Debug)]
+pub struct WorkerBeat<'a> {
+    pub worker_id: &'a str,
+    /// The jobs whose locks to extend: every job the worker runs or has a result of to write.
+    pub held: &'a [Uuid],
+    /// Every job the worker knows it claimed and has not settled: `held`, plus any it no
+    /// longer extends but must not be handed back uncounted (a result the database refused).
+    pub known: &'a [Uuid],
+    pub running: i32,
+    pub status: WorkerStatus,
+    pub detail: Option<&'a str>,
+}
+
+/// What a heartbeat did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BeatReport {
+    /// The held jobs whose locks were extended; a held job missing here is no longer ours.
+    pub extended: Vec<Uuid>,
+    /// Jobs locked under this worker that it does not know, handed back uncounted.
+    pub released: Vec<Uuid>,
+    /// False if the worker has no row (pruned, or deleted by hand): register again.
+    pub registered: bool,
+}
+
+// One statement, so a worker's row is never fresher than its jobs' locks, and a lost claim's
+// jobs are handed back by the next heartbeat after their lock lapses even if the worker never
+// noticed the claim fail: the rescuer, which must count the attempt, is never their only way
+// back. The two updates of `jobs` touch disjoint rows (held / not known).
+const BEAT: &str = concat!(
+    "WITH extended AS (
+    UPDATE jobs SET lock_expires_at = now() + COALESCE(visibility_timeout_ms, 30000) * interval '1 millisecond'
+    WHERE id = ANY($1) AND state = 'active' AND locked_by = $2
+    RETURNING id
+), ",
+    release_ctes!(
+        "j.locked_by = $2 AND NOT (j.id = ANY($3)) AND j.lock_expires_at <= now()",
+        "$7",
+        "j.id, j.attempt, j.started_at, j.queue"
+    ),
+    ", beat AS (
+    UPDATE workers
+    SET last_heartbeat_at = now(), running = $4, stopping = ($5 = 'stopping'), status = $5, status_detail = $6,
+        status_since = CASE WHEN status = $5 THEN status_since ELSE now() END
+    WHERE id = $2
+    RETURNING id
+)
+SELECT 'extended' AS what, id FROM extended
+UNION ALL SELECT 'released', id FROM released WHERE (SELECT count(*) FROM woken) >= 0
+UNION ALL SELECT 'registered', NULL::uuid FROM beat"
+);
 
 /// What a worker says about itself when it starts.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,6 +114,9 @@ pub struct WorkerInfo {
     pub started_at: Timestamp,
     pub last_heartbeat_at: Timestamp,
     pub stopping: bool,
+    pub status: WorkerStatus,
+    pub status_detail: Option<String>,
+    pub status_since: Timestamp,
     /// Seconds since the last heartbeat, by the database's clock.
     pub silent_for_secs: f64,
 }
@@ -41,7 +128,8 @@ impl Store {
             "INSERT INTO workers (id, host, pid, queues, concurrency, version, started_at, last_heartbeat_at)
              VALUES ($1, $2, $3, $4, $5, $6, now(), now())
              ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, queues = EXCLUDED.queues,
-                 concurrency = EXCLUDED.concurrency, version = EXCLUDED.version, last_heartbeat_at = now(), stopping = false",
+                 concurrency = EXCLUDED.concurrency, version = EXCLUDED.version, last_heartbeat_at = now(), stopping = false,
+                 status = 'ready', status_detail = NULL, status_since = now()",
         )
         .bind(&w.id)
         .bind(&w.host)
@@ -52,6 +140,33 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// A worker process's heartbeat, in one statement: extends the locks of the jobs it holds,
+    /// hands back (uncounted) the lapsed jobs locked under its id that it does not know, and
+    /// records its own heartbeat and status.
+    pub async fn worker_beat(&self, beat: &WorkerBeat<'_>) -> Result<BeatReport, StoreError> {
+        let rows = sqlx::query(BEAT)
+            .bind(beat.held)
+            .bind(beat.worker_id)
+            .bind(beat.known)
+            .bind(beat.running)
+            .bind(beat.status.as_str())
+            .bind(beat.detail)
+            .bind(ORPHAN_REASON)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut report = BeatReport::default();
+        for row in rows {
+            let what: &str = row.try_get("what")?;
+            match (what, row.try_get::<Option<Uuid>, _>("id")?) {
+                ("extended", Some(id)) => report.extended.push(id),
+                ("released", Some(id)) => report.released.push(id),
+                ("registered", _) => report.registered = true,
+                _ => {}
+            }
+        }
+        Ok(report)
     }
 
     /// Records a worker's heartbeat and how many jobs it is running.
@@ -92,6 +207,9 @@ impl Store {
                     started_at: ts(r, "started_at")?,
                     last_heartbeat_at: ts(r, "last_heartbeat_at")?,
                     stopping: r.try_get("stopping")?,
+                    status: WorkerStatus::parse(r.try_get("status")?),
+                    status_detail: r.try_get("status_detail")?,
+                    status_since: ts(r, "status_since")?,
                     silent_for_secs: r.try_get("silent_for_secs")?,
                 })
             })

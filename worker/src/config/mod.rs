@@ -311,7 +311,7 @@ fn check_settings(file: &ConfigFile) -> Result<RuntimeSettings, ConfigError> {
         worker_id: w.id.clone().filter(|id| !id.trim().is_empty()),
         poll_interval: nonzero("worker.poll_interval", w.poll_interval, d.poll_interval)?,
         visibility_timeout: nonzero("worker.visibility_timeout", w.visibility_timeout, d.visibility_timeout)?,
-        heartbeat_interval: nonzero("worker.heartbeat_interval", w.heartbeat_interval, d.heartbeat_interval)?,
+        heartbeat_interval: d.heartbeat_interval,
         job_timeout: nonzero("worker.job_timeout", w.job_timeout, d.job_timeout)?,
         shutdown_grace: w.shutdown_grace.map(|g| g.0).unwrap_or(d.shutdown_grace),
         claim_batch_max: match w.claim_batch_max {
@@ -341,9 +341,17 @@ fn check_settings(file: &ConfigFile) -> Result<RuntimeSettings, ConfigError> {
         claim_retry: check_retry("retry.claim", &file.retry.claim, d.claim_retry)?,
         maintenance: None,
     };
-    if s.heartbeat_interval >= s.visibility_timeout {
-        return Err(ConfigError::new("worker.heartbeat_interval", "must be shorter than worker.visibility_timeout (a third of it or less is safest)"));
-    }
+    s.heartbeat_interval = match w.heartbeat_interval {
+        Some(_) => {
+            let set = nonzero("worker.heartbeat_interval", w.heartbeat_interval, d.heartbeat_interval)?;
+            if set >= s.visibility_timeout {
+                return Err(ConfigError::new("worker.heartbeat_interval", "must be shorter than worker.visibility_timeout (a third of it or less is safest)"));
+            }
+            set
+        }
+        // Unset, it follows the visibility timeout: two heartbeats may fail before a lock lapses.
+        None => d.heartbeat_interval.min(s.visibility_timeout / 3),
+    };
     if file.retry.disabled == Some(true) {
         s.disable_storage_retry();
     }
@@ -499,6 +507,24 @@ mod tests {
         assert_eq!(c.settings.claim_batch_max, RuntimeSettings::default().claim_batch_max);
         assert_eq!(c.settings.completer, RuntimeSettings::default().completer);
         assert_eq!(c.max_connections, RuntimeSettings::default().connections_needed([DEFAULT_QUEUE_CONCURRENCY]));
+    }
+
+    #[test]
+    fn the_heartbeat_interval_follows_a_short_visibility_timeout_unless_set() {
+        let load = |toml: &str| {
+            let scratch = std::env::temp_dir().join(format!("rebound-config-{}.toml", uuid::Uuid::now_v7().simple()));
+            let handlers = "[database]\nurl = \"postgres://x@127.0.0.1/x\"\n[handlers.\"x.y\"]\nkind = \"demo\"\nbehaviour = \"succeed\"\n";
+            std::fs::write(&scratch, format!("{toml}{handlers}")).unwrap();
+            let c = WorkerConfig::load(Some(&scratch), &Overrides::default());
+            let _ = std::fs::remove_file(&scratch);
+            c
+        };
+        let c = load("[worker]\nvisibility_timeout = \"5s\"\n").unwrap();
+        assert_eq!(c.settings.heartbeat_interval, Duration::from_secs(5) / 3);
+        let c = load("[worker]\nvisibility_timeout = \"2m\"\n").unwrap();
+        assert_eq!(c.settings.heartbeat_interval, RuntimeSettings::default().heartbeat_interval);
+        let c = load("[worker]\nvisibility_timeout = \"5s\"\nheartbeat_interval = \"4s\"\n").unwrap();
+        assert_eq!(c.settings.heartbeat_interval, Duration::from_secs(4));
     }
 
     #[test]

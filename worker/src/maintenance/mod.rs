@@ -32,20 +32,43 @@ pub trait MaintenanceService: Send + Sync + 'static {
     fn run_once(&self, store: &Store) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
+/// How long a pass under way when `stop` fires may still take. Passes hold transactions, and
+/// a transaction is not something to abandon mid-flight; but stepping down (the leader lost
+/// its lock, or the worker is shutting down) must not wait on a database that is not answering
+/// either. Past this, the pass is dropped: its transaction's connection is closed, not reused,
+/// so Postgres rolls it back (see `rebound_queue::store`'s transactions).
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
 /// Runs `service` pass after pass until `stop` fires. Errors are logged and the pass is tried
 /// again at the next interval: maintenance must outlive database blips like everything else.
+/// `stop` is looked at between passes; a pass under way finishes first (within [`STOP_GRACE`]).
 pub async fn run_service<S: MaintenanceService>(service: S, store: Store, stop: CancellationToken) {
     loop {
-        let more = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = service.run_once(&store) => match r {
-                Ok(more) => more,
-                Err(e) => {
-                    tracing::warn!(service = service.name(), error = %e, "maintenance pass failed; trying again later");
-                    false
+        if stop.is_cancelled() {
+            return;
+        }
+        let pass = service.run_once(&store);
+        tokio::pin!(pass);
+        let result = tokio::select! {
+            r = &mut pass => r,
+            _ = stop.cancelled() => match tokio::time::timeout(STOP_GRACE, &mut pass).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::warn!(service = service.name(), "a maintenance pass did not finish in time after stop; abandoned (rolled back)");
+                    return;
                 }
             },
         };
+        let more = match result {
+            Ok(more) => more,
+            Err(e) => {
+                tracing::warn!(service = service.name(), error = %e, "maintenance pass failed; trying again later");
+                false
+            }
+        };
+        if stop.is_cancelled() {
+            return;
+        }
         if more {
             tokio::task::yield_now().await;
             continue;

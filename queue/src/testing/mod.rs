@@ -16,6 +16,12 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 
 use crate::store::{MIGRATOR, Store};
 
+mod cluster;
+mod fault_proxy;
+
+pub use cluster::PrivateCluster;
+pub use fault_proxy::{Fault, FaultHits, FaultPoint, FaultProxy};
+
 /// A database that exists for one test and is dropped after it.
 pub struct TestDb {
     pub url: String,
@@ -143,44 +149,23 @@ pub fn pg_bin(name: &str) -> PathBuf {
 }
 
 fn start_cluster(dir: &Path, port: u16) {
-    let data = dir.join("data");
+    let data = dir.join("data").display().to_string();
     let as_postgres = is_root();
-    let run = |args: Vec<String>| {
-        let mut cmd = if as_postgres {
-            let mut c = Command::new("su");
-            let line = args.iter().map(|a| format!("'{a}'")).collect::<Vec<_>>().join(" ");
-            c.args(["postgres", "-s", "/bin/sh", "-c", &line]);
-            c
-        } else {
-            let mut c = Command::new(&args[0]);
-            c.args(&args[1..]);
-            c
-        };
-        let _ = cmd.status();
-    };
-    if as_postgres {
-        let _ = Command::new("chown").args(["-R", "postgres:postgres"]).arg(dir).status();
-    }
-    run(vec![
-        pg_bin("initdb").display().to_string(),
-        "-D".into(),
-        data.display().to_string(),
-        "-A".into(),
-        "trust".into(),
-        "-U".into(),
-        "postgres".into(),
-    ]);
-    run(vec![
+    cluster::own_for_postgres(dir);
+    let initdb = [pg_bin("initdb").display().to_string(), "-D".into(), data.clone(), "-A".into(), "trust".into(), "-U".into(), "postgres".into()];
+    cluster::run(&initdb, as_postgres);
+    let start = [
         pg_bin("pg_ctl").display().to_string(),
         "-D".into(),
-        data.display().to_string(),
+        data,
         "-o".into(),
         format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", dir.display()),
         "-l".into(),
         dir.join("pg.log").display().to_string(),
         "-w".into(),
         "start".into(),
-    ]);
+    ];
+    cluster::run(&start, as_postgres);
 }
 
 /// Whether this process runs as root (`initdb` refuses root: clusters are then run as `postgres`).

@@ -1,0 +1,212 @@
+//! The store under database faults injected at exact points (a proxy between the store and
+//! Postgres: `rebound_queue::testing::FaultProxy`), and what each costs a job:
+//!
+//! * a transaction whose caller is cancelled while `BEGIN` is on the wire leaves no session
+//!   inside a transaction, and the pool never hands out a connection in one;
+//! * a claim that commits with its answer lost costs nothing: the worker hands the jobs back
+//!   uncounted ([`Store::release_orphans`]), and a heartbeat does if the worker never noticed;
+//! * a retry-in-place write whose answer was lost is recognised as written when tried again;
+//! * after a database restart the rescuer gives every lock one visibility timeout.
+
+use std::time::Duration;
+
+use rebound_queue::outcome::HandlerError;
+use rebound_queue::store::{ClaimRequest, InPlaceEnd, InPlaceRun, ORPHAN_REASON, RetriedInPlace, WorkerBeat, WorkerRegistration, WorkerStatus};
+use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, PrivateCluster, TestDb};
+use rebound_queue::{JobState, NewJob, Store};
+use serde_json::json;
+use sqlx::Connection;
+use uuid::Uuid;
+
+fn claim_req(worker: &str, limit: u32, visibility: Duration) -> ClaimRequest {
+    ClaimRequest { worker_id: worker.into(), queues: vec!["default".into()], limit, visibility_timeout: visibility }
+}
+
+/// Sessions of `db` that are inside a transaction and have not done anything for `idle_for`.
+async fn idle_in_transaction(store: &Store, db: &str, idle_for: Duration) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = $1 AND state LIKE 'idle in transaction%' AND state_change < now() - $2 * interval '1 millisecond'",
+    )
+    .bind(db)
+    .bind(idle_for.as_millis() as i64)
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_transaction_cancelled_during_begin_leaves_no_session_in_a_transaction() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    // One connection, so the pool must hand the same one out again if it kept it.
+    let through = Store::connect(&proxy.url(&db.name), 1).await.unwrap();
+    let job = db.store.enqueue(NewJob::new("t.cancel", json!([]))).await.unwrap().job;
+
+    // `cancel` opens a transaction; its BEGIN reaches the server, the answer is held back, and
+    // the caller gives up meanwhile, as an HTTP handler does when its client disconnects.
+    let held = proxy.inject(Fault::once("BEGIN", FaultPoint::Delay(Duration::from_millis(600))));
+    let gave_up = tokio::time::timeout(Duration::from_millis(150), through.cancel(job.id, None)).await;
+    assert!(gave_up.is_err(), "the call was still waiting for BEGIN");
+    assert_eq!(held.count(), 1);
+
+    // The next borrower writes through the pool: that write must be committed on its own,
+    // not swallowed by a transaction left open by the cancelled call.
+    let other = through.enqueue(NewJob::new("t.after", json!([]))).await.unwrap().job;
+    let seen = db.store.get_job(other.id).await.unwrap();
+    assert!(seen.is_some(), "a write after the cancelled transaction is visible to other sessions");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(idle_in_transaction(&db.store, &db.name, Duration::from_secs(1)).await, 0, "no session sits in a transaction");
+    assert_eq!(db.store.job(job.id).await.unwrap().state, JobState::Available, "the cancelled call wrote nothing");
+}
+
+#[tokio::test]
+async fn a_claim_whose_answer_is_lost_costs_no_attempt() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    let jobs: Vec<Uuid> = db
+        .store
+        .enqueue_batch((0..3).map(|i| NewJob::new("t.claim", json!([i]))).collect())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.job.id)
+        .collect();
+
+    let lost = proxy.inject(Fault::once("SET state = 'active', attempt = j.attempt + 1", FaultPoint::AfterCommit));
+    let answer = through.claim(&claim_req("w1", 10, Duration::from_secs(60))).await;
+    assert!(answer.is_err(), "the claim's answer was lost: {answer:?}");
+    assert_eq!(lost.count(), 1);
+    for id in &jobs {
+        let job = db.store.job(*id).await.unwrap();
+        assert_eq!((job.state, job.attempt, job.locked_by.as_deref()), (JobState::Active, 1, Some("w1")), "committed, under w1");
+    }
+
+    // The worker holds none of them: it hands all three back, uncounted, with a record.
+    let released = through.release_orphans("w1", &[]).await.unwrap();
+    assert_eq!(released.len(), 3);
+    for id in &jobs {
+        let job = db.store.job(*id).await.unwrap();
+        assert_eq!((job.state, job.attempt, job.locked_by), (JobState::Available, 0, None));
+        let history = db.store.attempts(*id).await.unwrap();
+        assert_eq!(history.len(), 1);
+        assert_eq!((history[0].outcome.as_str(), history[0].attempt, history[0].worker_id.as_deref()), ("released", 1, Some("w1")));
+        assert_eq!(history[0].error_message.as_deref(), Some(ORPHAN_REASON));
+    }
+    // Claimed again, they run as attempt 1.
+    let again = through.claim(&claim_req("w1", 10, Duration::from_secs(60))).await.unwrap();
+    assert!(again.iter().all(|j| j.attempt == 1) && again.len() == 3);
+    // Jobs the worker holds are never touched.
+    let known: Vec<Uuid> = again.iter().map(|j| j.id).collect();
+    assert!(through.release_orphans("w1", &known).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_heartbeat_extends_what_is_held_and_hands_back_lapsed_jobs_it_does_not_know() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let registration = WorkerRegistration {
+        id: "w1".into(),
+        host: "h".into(),
+        pid: 1,
+        queues: vec!["default".into()],
+        concurrency: 4,
+        version: "t".into(),
+    };
+    s.register_worker(&registration).await.unwrap();
+    s.enqueue_batch((0..4).map(|i| NewJob::new("t.beat", json!([i]))).collect()).await.unwrap();
+    let claimed = s.claim(&claim_req("w1", 4, Duration::from_secs(60))).await.unwrap();
+    let [held, orphan, abandoned, fresh] = [claimed[0].id, claimed[1].id, claimed[2].id, claimed[3].id];
+    // Three lapsed locks: one the worker holds, one it never received, one whose result the
+    // database refused (known, not held). The fourth was claimed a moment ago and is not
+    // known yet (its claim's answer may still be on its way): a fresh lock is left alone.
+    sqlx::query("UPDATE jobs SET lock_expires_at = now() - interval '1 second' WHERE id = ANY($1)")
+        .bind(vec![held, orphan, abandoned])
+        .execute(s.pool())
+        .await
+        .unwrap();
+    let beat = WorkerBeat {
+        worker_id: "w1",
+        held: &[held],
+        known: &[held, abandoned],
+        running: 1,
+        status: WorkerStatus::Degraded,
+        detail: Some("claims failing: test"),
+    };
+    let report = s.worker_beat(&beat).await.unwrap();
+    assert_eq!(report.extended, vec![held]);
+    assert_eq!(report.released, vec![orphan]);
+    assert!(report.registered);
+    let job = |id| async move { s.job(id).await.unwrap() };
+    assert!(job(held).await.lock_expires_at.unwrap() > jiff::Timestamp::now());
+    let o = job(orphan).await;
+    assert_eq!((o.state, o.attempt), (JobState::Available, 0));
+    assert_eq!(job(abandoned).await.state, JobState::Active, "a known job is left for the rescuer");
+    assert_eq!(job(fresh).await.state, JobState::Active, "a fresh lock is never handed back");
+    let w = s.workers().await.unwrap().into_iter().find(|w| w.id == "w1").unwrap();
+    assert_eq!((w.status, w.status_detail.as_deref(), w.running), (WorkerStatus::Degraded, Some("claims failing: test"), 1));
+
+    // A worker whose row is gone hears so, to register again.
+    s.deregister_worker("w1").await.unwrap();
+    assert!(!s.worker_beat(&beat).await.unwrap().registered);
+}
+
+#[tokio::test]
+async fn a_retry_in_place_whose_answer_was_lost_is_written_not_refused() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    db.store.enqueue(NewJob::new("t.inplace", json!([]))).await.unwrap();
+    let job = db.store.claim(&claim_req("w1", 1, Duration::from_secs(60))).await.unwrap().remove(0);
+    let policy = std::sync::Arc::new(db.store.effective_policy("t.inplace", None).await.unwrap().policy);
+    let now = jiff::Timestamp::now();
+    let run = InPlaceRun {
+        id: job.id,
+        stored_attempt: 1,
+        worker_id: "w1".into(),
+        retried: vec![RetriedInPlace { attempt: 1, error: HandlerError::new("app.flaky", "once"), policy, started_at: now, finished_at: now }],
+        started_at: now,
+        end: InPlaceEnd::Running,
+    };
+    proxy.inject(Fault::once("WITH input AS", FaultPoint::AfterCommit));
+    assert!(through.record_in_place(&[&run]).await.is_err(), "the answer was lost");
+    // The retry finds the job already at attempt 2 under our lock: written.
+    assert_eq!(through.record_in_place(&[&run]).await.unwrap(), vec![job.id]);
+    let stored = db.store.job(job.id).await.unwrap();
+    assert_eq!((stored.state, stored.attempt), (JobState::Active, 2));
+    assert_eq!(db.store.attempts(job.id).await.unwrap().len(), 1, "the failure is recorded once");
+}
+
+#[tokio::test]
+async fn after_a_restart_the_rescuer_gives_every_lock_one_visibility_timeout() {
+    let cluster = PrivateCluster::start(&[]);
+    {
+        let mut admin = sqlx::PgConnection::connect(&cluster.url("postgres")).await.unwrap();
+        sqlx::query("CREATE DATABASE rebound").execute(&mut admin).await.unwrap();
+    }
+    let store = Store::connect(&cluster.url("rebound"), 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let mut job = NewJob::new("t.restart", json!([]));
+    job.visibility_timeout_ms = Some(2_000);
+    let job = store.enqueue(job).await.unwrap().job;
+    store.claim(&claim_req("w1", 1, Duration::from_secs(2))).await.unwrap();
+    // Its lock lapsed while the database was down (nobody could have extended it).
+    sqlx::query("UPDATE jobs SET lock_expires_at = now() - interval '1 second'").execute(store.pool()).await.unwrap();
+    cluster.pg_ctl(&["-m", "immediate", "restart"]);
+
+    let rescued = async || {
+        for _ in 0..50 {
+            if let Ok(r) = store.rescue_expired(10).await {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the database did not come back");
+    };
+    assert_eq!(rescued().await.stalled, 0, "just after the restart, the worker gets to extend the lock first");
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    assert_eq!(rescued().await.stalled, 1, "one visibility timeout after the restart, the lock has lapsed");
+    let after = store.job(job.id).await.unwrap();
+    assert_eq!((after.state, after.attempt), (JobState::Available, 1));
+}

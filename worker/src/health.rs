@@ -1,0 +1,94 @@
+//! How the worker is doing, for its row in `workers` (a `/readyz` operators read from the
+//! dashboard): `ready`, `degraded` with what is failing, or `stopping`.
+//!
+//! The parts that talk to the database say when their writes start and stop failing; the
+//! heartbeat reports the sum. A worker cut off from its database cannot update its row, of
+//! course: the row then goes silent (and its log shows every retry); once the database is
+//! back, the row says `degraded` until claims and result writes get through again.
+
+use std::sync::Mutex;
+
+use rebound_queue::store::WorkerStatus;
+
+#[derive(Debug, Default)]
+struct Failing {
+    claims: Option<String>,
+    results: Option<String>,
+}
+
+/// Shared by the claim loops, the completer and the heartbeat.
+#[derive(Debug, Default)]
+pub struct Health {
+    failing: Mutex<Failing>,
+}
+
+impl Health {
+    fn failing(&self) -> std::sync::MutexGuard<'_, Failing> {
+        self.failing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn claims_failing(&self, error: &dyn std::fmt::Display) {
+        self.failing().claims = Some(error.to_string());
+    }
+
+    pub fn claims_ok(&self) {
+        let mut f = self.failing();
+        if f.claims.is_some() {
+            f.claims = None;
+        }
+    }
+
+    pub fn results_failing(&self, error: &dyn std::fmt::Display) {
+        self.failing().results = Some(error.to_string());
+    }
+
+    pub fn results_ok(&self) {
+        let mut f = self.failing();
+        if f.results.is_some() {
+            f.results = None;
+        }
+    }
+
+    /// The status to report, and what is wrong if anything.
+    pub fn status(&self, stopping: bool, unwritten_results: usize) -> (WorkerStatus, Option<String>) {
+        let f = self.failing();
+        let mut problems = Vec::new();
+        if let Some(e) = &f.claims {
+            problems.push(format!("claims failing: {e}"));
+        }
+        if let Some(e) = &f.results {
+            problems.push(format!("{unwritten_results} job results waiting to be written: {e}"));
+        }
+        let detail = (!problems.is_empty()).then(|| problems.join("; "));
+        let status = if stopping {
+            WorkerStatus::Stopping
+        } else if detail.is_some() {
+            WorkerStatus::Degraded
+        } else {
+            WorkerStatus::Ready
+        };
+        (status, detail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn degraded_while_anything_fails_and_stopping_wins() {
+        let h = Health::default();
+        assert_eq!(h.status(false, 0), (WorkerStatus::Ready, None));
+        h.claims_failing(&"connection refused");
+        h.results_failing(&"connection refused");
+        let (status, detail) = h.status(false, 12);
+        assert_eq!(status, WorkerStatus::Degraded);
+        let detail = detail.unwrap_or_default();
+        assert!(detail.contains("claims failing: connection refused") && detail.contains("12 job results waiting"), "{detail}");
+        h.claims_ok();
+        assert_eq!(h.status(false, 12).0, WorkerStatus::Degraded);
+        assert_eq!(h.status(true, 12).0, WorkerStatus::Stopping);
+        h.results_ok();
+        assert_eq!(h.status(false, 0), (WorkerStatus::Ready, None));
+    }
+}

@@ -1,0 +1,82 @@
+//! Jobs claimed by answers that never arrived.
+//!
+//! A claim is one autocommit statement. If the connection breaks after Postgres committed it
+//! but before the worker read the rows (a restart at the wrong moment), the jobs are `active`
+//! under this worker's id and the worker knows nothing of them. They never started, so they
+//! must not cost an attempt, and they must not wait for the rescuer, which has to assume a
+//! lapsed job ran and count it.
+//!
+//! So after any claim that failed (the worker cannot know whether it committed), the next
+//! claim is preceded by a sweep: every job locked under this worker's id that it does not
+//! know (see [`RunningJobs::known`]) is handed back uncounted, with a `released` row
+//! ([`Store::release_orphans`]). A sweep must not run while another claim of this worker is
+//! between its commit and the moment its jobs are held, or it would hand those back too:
+//! claims hold the gate shared from the statement until their jobs are held, sweeps hold it
+//! exclusively. The heartbeat is a second path for the same jobs once their lock lapses
+//! ([`Store::worker_beat`]), in case no claim comes (shutdown, say).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rebound_queue::{Store, StoreError};
+use tokio::sync::{RwLock, RwLockReadGuard};
+
+use crate::running::RunningJobs;
+
+/// Claims and sweeps of one worker process.
+#[derive(Debug)]
+pub struct Orphans {
+    store: Store,
+    worker_id: String,
+    running: Arc<RunningJobs>,
+    gate: RwLock<()>,
+    suspected: AtomicBool,
+}
+
+/// Held by a claim from before its statement until its jobs are held.
+pub type ClaimPermit<'a> = RwLockReadGuard<'a, ()>;
+
+impl Orphans {
+    pub fn new(store: Store, worker_id: String, running: Arc<RunningJobs>) -> Self {
+        Orphans { store, worker_id, running, gate: RwLock::new(()), suspected: AtomicBool::new(false) }
+    }
+
+    /// Waits until no sweep runs, and keeps sweeps out until the permit is dropped.
+    pub async fn claim_permit(&self) -> ClaimPermit<'_> {
+        self.gate.read().await
+    }
+
+    /// A claim failed: it may have committed with its answer lost.
+    pub fn suspect(&self) {
+        self.suspected.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a sweep is due.
+    pub fn suspected(&self) -> bool {
+        self.suspected.load(Ordering::SeqCst)
+    }
+
+    /// Hands back every job locked under this worker's id that it does not know, waiting until
+    /// no claim of this worker is in flight. Returns how many. On error the sweep stays due.
+    pub async fn sweep(&self) -> Result<usize, StoreError> {
+        let _exclusive = self.gate.write().await;
+        // Cleared before the read: a claim failing from here on cannot be in flight (we hold
+        // the gate), so nothing is missed.
+        self.suspected.store(false, Ordering::SeqCst);
+        let known = self.running.known();
+        match self.store.release_orphans(&self.worker_id, &known).await {
+            Ok(released) => {
+                if !released.is_empty() {
+                    let ids: Vec<String> = released.iter().map(|j| j.id.to_string()).collect();
+                    tracing::warn!(count = released.len(), ids = ?ids,
+                        "handed back jobs whose claim committed while its answer was lost; their attempts are not counted");
+                }
+                Ok(released.len())
+            }
+            Err(e) => {
+                self.suspect();
+                Err(e)
+            }
+        }
+    }
+}
