@@ -177,3 +177,111 @@ command = ["sh", "-c", "sleep {sleep}; echo \"$REBOUND_JOB_ID $REBOUND_JOB_ATTEM
         log.display()
     )
 }
+
+/// An HTTP endpoint for the `http` handler that records every execution it is sent and answers
+/// as the job's args ask: `{"fail_attempts": n, "sleep_ms": m}` fails (500) attempts 1..=n and
+/// completes later ones, each after `m` ms.
+pub struct Recorder {
+    pub url: String,
+    calls: std::sync::Arc<std::sync::Mutex<Vec<(uuid::Uuid, i32)>>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Recorder {
+    pub async fn start() -> Recorder {
+        use axum::Json;
+        use axum::extract::State;
+        use axum::http::StatusCode;
+        type Calls = std::sync::Arc<std::sync::Mutex<Vec<(uuid::Uuid, i32)>>>;
+        async fn run(State(calls): State<Calls>, Json(job): Json<serde_json::Value>) -> (StatusCode, Json<serde_json::Value>) {
+            let id: uuid::Uuid = job["id"].as_str().and_then(|s| s.parse().ok()).unwrap_or_default();
+            let attempt = job["attempt"].as_i64().unwrap_or(0) as i32;
+            calls.lock().unwrap().push((id, attempt));
+            let args = &job["args"][0];
+            if let Some(ms) = args["sleep_ms"].as_u64() {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            if i64::from(attempt) <= args["fail_attempts"].as_i64().unwrap_or(0) {
+                (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({"error": "asked to fail"})))
+            } else {
+                (StatusCode::OK, Json(serde_json::json!({"ok": true})))
+            }
+        }
+        let calls: Calls = Default::default();
+        let app = axum::Router::new().route("/run", axum::routing::post(run)).with_state(calls.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the recorder");
+        let url = format!("http://{}/run", listener.local_addr().expect("recorder address"));
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Recorder { url, calls, server }
+    }
+
+    /// A handler section sending `job_type` here.
+    pub fn handler(&self, job_type: &str) -> String {
+        format!("[handlers.\"{job_type}\"]\nkind = \"http\"\nurl = \"{}\"\nrequest_timeout = \"60s\"\n", self.url)
+    }
+
+    /// Every execution so far, as (job id, attempt), in the order they started.
+    pub fn executions(&self) -> Vec<(uuid::Uuid, i32)> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Watches `pg_stat_activity` of one database for sessions idle inside a transaction, the
+/// trace of a transaction abandoned by a cancelled caller (and the cause of row locks nobody
+/// can take). [`TransactionWatch::worst`] is the longest such idle time seen.
+pub struct TransactionWatch {
+    worst_ms: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TransactionWatch {
+    pub fn start(admin_url: &str, database: &str) -> TransactionWatch {
+        let worst_ms = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let (worst, url, db) = (worst_ms.clone(), admin_url.to_string(), database.to_string());
+        let task = tokio::spawn(async move {
+            use sqlx::Connection;
+            loop {
+                // Reconnects across database restarts; a failed sample is simply skipped.
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&url).await {
+                    loop {
+                        let sample: Result<Option<i64>, _> = sqlx::query_scalar(
+                            "SELECT (extract(epoch FROM max(now() - state_change)) * 1000)::int8 FROM pg_stat_activity
+                             WHERE datname = $1 AND state LIKE 'idle in transaction%'",
+                        )
+                        .bind(&db)
+                        .fetch_one(&mut conn)
+                        .await;
+                        match sample {
+                            Ok(ms) => {
+                                worst.fetch_max(ms.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
+                            }
+                            Err(_) => break,
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        TransactionWatch { worst_ms, task }
+    }
+
+    /// The longest time a session of the database was seen idle inside a transaction.
+    pub fn worst(&self) -> Duration {
+        Duration::from_millis(self.worst_ms.load(std::sync::atomic::Ordering::SeqCst).max(0) as u64)
+    }
+}
+
+impl Drop for TransactionWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
