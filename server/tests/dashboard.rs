@@ -213,6 +213,43 @@ async fn pages_render_without_javascript() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_page_shows_what_a_degraded_worker_reports() {
+    use rebound_queue::store::{WorkerBeat, WorkerRegistration, WorkerStatus};
+    let d = Dashboard::new().await;
+    d.user("victor", "viewer password", Role::Viewer).await;
+    let registration = |id: &str| WorkerRegistration {
+        id: id.into(),
+        host: "db-less-host".into(),
+        pid: 42,
+        queues: vec!["default".into()],
+        concurrency: 8,
+        version: "t".into(),
+    };
+    for id in ["healthy-worker", "cut-off-worker"] {
+        d.db.store.register_worker(&registration(id)).await.expect("register");
+    }
+    let beat = WorkerBeat {
+        worker_id: "cut-off-worker",
+        held: &[],
+        known: &[],
+        running: 0,
+        status: WorkerStatus::Degraded,
+        detail: Some("12 job results waiting to be written: connection refused"),
+    };
+    d.db.store.worker_beat(&beat).await.expect("beat");
+    let b = d.sign_in("victor", "viewer password").await;
+    let page = d.get("/workers", Some(&b)).await;
+    assert_eq!(page.status, StatusCode::OK);
+    // A table row, not the serialized data after the table.
+    let row = |id: &str| {
+        let row = page.text.split("<tr").find(|r| r.contains(id)).unwrap_or_default();
+        row.split("</tr>").next().unwrap_or_default().to_string()
+    };
+    assert!(row("cut-off-worker").contains("degraded") && row("cut-off-worker").contains("12 job results waiting to be written"), "{}", page.text);
+    assert!(!row("healthy-worker").contains("degraded") && row("healthy-worker").contains("live"), "{}", row("healthy-worker"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_viewer_cannot_act_and_nothing_changes() {
     let d = Dashboard::new().await;
     d.user("victor", "viewer password", Role::Viewer).await;

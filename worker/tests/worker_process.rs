@@ -296,3 +296,33 @@ async fn systemd_hears_ready_watchdog_and_stopping() {
     let status = worker.exit_within(Duration::from_secs(20)).await.expect("exits");
     assert_eq!(status.code(), Some(0));
 }
+
+#[tokio::test]
+async fn a_worker_started_before_its_database_logs_every_wait_and_lives_on() {
+    // A "database" that takes connections and hangs up at once: each try fails fast.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hangups = tokio::spawn(async move {
+        loop {
+            if let Ok((conn, _)) = listener.accept().await {
+                drop(conn);
+            }
+        }
+    });
+    let config = fast_config("", "default = 1", "[handlers.\"x.y\"]\nkind = \"demo\"\nbehaviour = \"succeed\"\n");
+    let url = format!("postgres://postgres@{addr}/nowhere?sslmode=disable");
+    let mut worker = WorkerProcess::start(&url, &config, &[]);
+    let waits = eventually("several logged waits", Duration::from_secs(30), || async {
+        let log = worker.log_text();
+        let waits: Vec<String> = log.lines().filter(|l| l.contains("next_try_at=")).map(str::to_string).collect();
+        // The storage retry's quick tries, then the outage backoff's longer waits.
+        (waits.len() >= 6 && waits.iter().any(|l| l.contains("waiting, then trying again"))).then_some(waits)
+    })
+    .await;
+    assert!(waits.iter().all(|l| l.contains("register")), "{waits:?}");
+    assert!(worker.running(), "the worker gave up:\n{}", worker.log_text());
+    worker.signal("TERM");
+    let status = worker.exit_within(Duration::from_secs(15)).await.expect("exits after SIGTERM while waiting");
+    assert_eq!(status.code(), Some(0), "{}", worker.log_text());
+    hangups.abort();
+}

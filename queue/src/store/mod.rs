@@ -112,7 +112,7 @@ pub enum StoreError {
     /// The operation was abandoned because the caller is shutting down.
     #[error("cancelled")]
     Cancelled,
-    #[error("database: {0}")]
+    #[error("database: {}", describe_sqlx(.0))]
     Database(#[from] sqlx::Error),
     #[error("migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -130,6 +130,18 @@ impl StoreError {
 
     pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
         StoreError::Invalid { field: field.into(), reason: reason.into() }
+    }
+}
+
+/// sqlx's text, except where it hides what an operator needs to know.
+fn describe_sqlx(e: &sqlx::Error) -> String {
+    match e {
+        // sqlx keeps retrying a refused connection until the acquire timeout, then reports
+        // only that it timed out.
+        sqlx::Error::PoolTimedOut => {
+            "no connection within the acquire timeout: the database is down or unreachable, or every pooled connection is busy".to_string()
+        }
+        other => other.to_string(),
     }
 }
 
