@@ -79,3 +79,51 @@ pub async fn run_service<S: MaintenanceService>(service: S, store: Store, stop: 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use rebound_queue::testing::TestDb;
+
+    use super::*;
+
+    /// A pass that takes a while, as a pass on a slow database does.
+    struct Slow {
+        started: Arc<AtomicU32>,
+        finished: Arc<AtomicU32>,
+    }
+
+    impl MaintenanceService for Slow {
+        fn name(&self) -> &'static str {
+            "slow"
+        }
+
+        fn interval(&self) -> Duration {
+            Duration::from_millis(10)
+        }
+
+        async fn run_once(&self, store: &Store) -> Result<bool, StoreError> {
+            self.started.fetch_add(1, Ordering::SeqCst);
+            // A transaction that a cancelled future would leave mid-way.
+            sqlx::query("SELECT pg_sleep(0.3)").execute(store.pool()).await?;
+            self.finished.fetch_add(1, Ordering::SeqCst);
+            Ok(false)
+        }
+    }
+
+    #[tokio::test]
+    async fn stopping_lets_the_pass_under_way_finish_and_starts_no_other() {
+        let db = TestDb::new().await;
+        let (started, finished) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run_service(Slow { started: started.clone(), finished: finished.clone() }, db.store.clone(), stop.clone()));
+        while started.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task).await.expect("stops within the grace").expect("no panic");
+        assert_eq!((started.load(Ordering::SeqCst), finished.load(Ordering::SeqCst)), (1, 1), "the pass ran to its end, and no other began");
+    }
+}
