@@ -22,6 +22,7 @@ use uuid::Uuid;
 
 use crate::completer::ResultBacklog;
 use crate::health::Health;
+use crate::orphans::Orphans;
 use crate::running::RunningJobs;
 
 /// The floor of the heartbeat interval, so a tiny visibility timeout cannot spin the loop.
@@ -37,6 +38,7 @@ pub struct Heartbeat {
     pub stopping: Arc<AtomicBool>,
     pub health: Arc<Health>,
     pub backlog: Arc<ResultBacklog>,
+    pub orphans: Arc<Orphans>,
 }
 
 impl Heartbeat {
@@ -63,6 +65,9 @@ impl Heartbeat {
 
     /// One heartbeat; marks the held jobs that are no longer ours as lost.
     pub async fn beat(&self, cancel: &CancellationToken) -> Result<(), StoreError> {
+        // No claim may land between the snapshot below and the statement's answer, however
+        // long the statement waits for a connection (see `crate::orphans`).
+        let _no_claims = self.orphans.exclusive().await;
         let held = self.running.snapshot();
         let held_ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
         let known = self.running.known();

@@ -13,13 +13,16 @@
 //! between its commit and the moment its jobs are held, or it would hand those back too:
 //! claims hold the gate shared from the statement until their jobs are held, sweeps hold it
 //! exclusively. The heartbeat is a second path for the same jobs once their lock lapses
-//! ([`Store::worker_beat`]), in case no claim comes (shutdown, say).
+//! ([`Store::worker_beat`]), in case no claim comes (shutdown, say); it holds the gate
+//! exclusively too, from its snapshot of the known jobs until its statement is answered. A
+//! snapshot taken earlier goes stale while the statement waits out an outage: the jobs claimed
+//! meanwhile, run, and not yet written would look unknown and be handed back to run again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rebound_queue::{Store, StoreError};
-use tokio::sync::{RwLock, RwLockReadGuard};
+use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::running::RunningJobs;
 
@@ -56,10 +59,18 @@ impl Orphans {
         self.suspected.load(Ordering::SeqCst)
     }
 
+    /// Waits until no claim of this worker is in flight, and keeps new ones out until the guard
+    /// is dropped: what [`RunningJobs::known`] says then stays true of the database (jobs only
+    /// leave it, by being written) for as long as the guard is held, however long a statement
+    /// waits for its connection. The heartbeat holds it while it hands back lapsed orphans.
+    pub async fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+        self.gate.write().await
+    }
+
     /// Hands back every job locked under this worker's id that it does not know, waiting until
     /// no claim of this worker is in flight. Returns how many. On error the sweep stays due.
     pub async fn sweep(&self) -> Result<usize, StoreError> {
-        let _exclusive = self.gate.write().await;
+        let _exclusive = self.exclusive().await;
         // Cleared before the read: a claim failing from here on cannot be in flight (we hold
         // the gate), so nothing is missed.
         self.suspected.store(false, Ordering::SeqCst);

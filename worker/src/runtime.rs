@@ -198,6 +198,7 @@ impl Worker {
             stopping: stopping.clone(),
             health: health.clone(),
             backlog: backlog.clone(),
+            orphans: orphans.clone(),
         };
         let heartbeat_task = tokio::spawn(heartbeat.run(background_stop.clone()));
 

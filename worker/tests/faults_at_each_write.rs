@@ -222,3 +222,31 @@ cases! {
     rescue_lost_before_it_ran: RESCUE, BeforeSend, Rescue;
     rescue_committed_answer_lost: RESCUE, AfterCommit, Rescue;
 }
+
+/// A heartbeat decides what it knows, then waits for its connection (the database is away)
+/// while the world moves on. Nothing claimed meanwhile may be taken for an orphan when the
+/// statement finally runs: a job claimed, run and not yet written would be handed back to run
+/// again. So no claim lands between a heartbeat's snapshot and its answer.
+#[tokio::test]
+async fn a_heartbeat_that_waits_for_its_connection_hands_back_nothing_that_ran() {
+    let s = setup().await;
+    let cfg = fast_config("visibility_timeout = \"1s\"", "default = 4", &s.recorder.handler("fault.*"));
+    let mut worker = WorkerProcess::start(&s.proxy.url(&s.db.name), &cfg, &["--worker-id", "held"]);
+    eventually("the worker to register", Duration::from_secs(30), || async {
+        s.db.store.workers().await.ok().filter(|w| !w.is_empty()).map(|_| ())
+    })
+    .await;
+    // The next heartbeat reaches the server 2.5 s after it was decided: longer than the
+    // visibility timeout of any job claimed in between.
+    let held = s.proxy.inject(Fault::once(HEARTBEAT, FaultPoint::HoldRequest(Duration::from_millis(2_500))));
+    eventually("a heartbeat to be held", Duration::from_secs(10), || async { (held.count() == 1).then_some(()) }).await;
+    let ids = enqueue(&s, "fault.ok", 4, json!({"sleep_ms": 1500})).await;
+    settled(&s, &ids, JobState::Completed).await;
+    let ran = executions(&s);
+    for id in &ids {
+        assert_eq!(ran.get(id).cloned().unwrap_or_default(), vec![1], "job {id} ran once:\n{}", worker.log_text());
+        assert!(attempt_rows(&s, *id).await.is_empty(), "job {id}: {:?}", attempt_rows(&s, *id).await);
+    }
+    worker.signal("TERM");
+    assert_eq!(worker.exit_within(Duration::from_secs(30)).await.and_then(|s| s.code()), Some(0));
+}

@@ -12,7 +12,9 @@
 //!   again (its own autocommit, or the `COMMIT` of the transaction it ran in), then drop the
 //!   connection without forwarding any of those answers: committed, answer lost;
 //! * [`FaultPoint::Delay`]: hold its answer back, so a client can be cancelled while the
-//!   statement is in flight.
+//!   statement is in flight;
+//! * [`FaultPoint::HoldRequest`]: hold the statement back before the server sees it, so the
+//!   world moves on between the moment the client decided what to send and its execution.
 //!
 //! Connect through [`FaultProxy::url`]; TLS is turned off on that URL because the proxy must
 //! read the messages.
@@ -39,6 +41,9 @@ pub enum FaultPoint {
     AfterCommit,
     /// The answer is held back this long; the connection stays up.
     Delay(Duration),
+    /// The statement itself is held back this long before the server sees it, as when it
+    /// waits for a connection while the database is away.
+    HoldRequest(Duration),
 }
 
 /// A fault armed on the proxy: strikes the next `times` statements whose SQL contains `sql`.
@@ -254,11 +259,13 @@ async fn frontend(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<S
     let mut this_sync: Option<Pending> = None;
     loop {
         let Ok((kind, body)) = read_message(&mut from).await else { return };
-        let strike = |sql: &str, this_sync: &mut Option<Pending>| -> bool {
+        let mut hold = None;
+        let mut strike = |sql: &str, this_sync: &mut Option<Pending>| -> bool {
             match shared.matching(sql) {
                 Some(FaultPoint::BeforeSend) => return true,
                 Some(FaultPoint::AfterCommit) => this_sync.get_or_insert_with(Pending::default).fire_when_idle = true,
                 Some(FaultPoint::Delay(d)) => this_sync.get_or_insert_with(Pending::default).delay = Some(d),
+                Some(FaultPoint::HoldRequest(d)) => hold = Some(d),
                 None => {}
             }
             false
@@ -292,6 +299,9 @@ async fn frontend(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<S
                 conversation.lock().unwrap_or_else(|p| p.into_inner()).pending.push_back(this_sync.take());
             }
             _ => {}
+        }
+        if let Some(d) = hold.take() {
+            tokio::time::sleep(d).await;
         }
         let mut out = Vec::with_capacity(body.len() + 5);
         encode(kind, &body, &mut out);
