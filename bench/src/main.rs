@@ -4,6 +4,8 @@
 //!   same workload measured in the same run. Creates (and drops) its own database.
 //! * `dashboard`: seeds 1 000 000 jobs and 100 000 dead letters into a server's database and
 //!   measures server-side render times of the busiest pages.
+//! * `peer`: the modes of `../shared/bench`'s peer contract, driven by `bench/compare.sh`,
+//!   which prints Rebound beside graphile-worker and the raw-SQL ceiling on one cluster.
 //!
 //! ```text
 //! cargo run --release -p rebound-bench -- throughput --jobs 100000 --rounds 3
@@ -12,6 +14,7 @@
 
 mod ceiling;
 mod dashboard;
+mod peer;
 mod work;
 
 use std::time::Duration;
@@ -30,6 +33,8 @@ enum Command {
     Throughput(Args),
     /// Server-side render times of the dashboard on a large database.
     Dashboard(DashboardArgs),
+    /// The modes of `../shared/bench`'s peer contract, for `bench/compare.sh`.
+    Peer(peer::PeerArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -100,6 +105,7 @@ fn rate(n: usize, d: Duration) -> f64 {
 async fn main() -> anyhow::Result<()> {
     match Command::parse() {
         Command::Throughput(args) => throughput(args).await,
+        Command::Peer(args) => peer::run(args).await,
         Command::Dashboard(args) => {
             let store = Store::connect(&args.database_url, 4).await?;
             if args.seed {

@@ -4,7 +4,7 @@
 //! | type | does | args (first element, all optional) |
 //! | --- | --- | --- |
 //! | `demo.succeed` | completes at once, echoing its args | anything |
-//! | `demo.flaky` | fails transiently (`demo.transient`) with a probability | `{"failure_rate": 0.5}` |
+//! | `demo.flaky` | fails transiently (`demo.transient`) with a probability, or its first n attempts | `{"failure_rate": 0.5}`, `{"fail_attempts": 1}` |
 //! | `demo.fail` | always fails with `demo.invalid_input` | `{"reason": "…"}` |
 //! | `demo.slow` | sleeps, then completes | `{"ms": 3000}` |
 //!
@@ -73,6 +73,13 @@ impl DemoHandler {
         match self.behaviour {
             DemoBehaviour::Succeed => Ok(Some(json!({ "echo": job.args() }))),
             DemoBehaviour::Flaky => {
+                if let Some(n) = options.get("fail_attempts").and_then(Value::as_i64) {
+                    return if i64::from(job.attempt()) <= n {
+                        Err(Outcome::Retry(HandlerError::new("demo.transient", format!("attempt {} of the first {n} fails by request", job.attempt()))))
+                    } else {
+                        Ok(Some(json!({ "survived_attempt": job.attempt() })))
+                    };
+                }
                 let rate = options.get("failure_rate").and_then(Value::as_f64).or_else(|| options.as_f64()).unwrap_or(0.5).clamp(0.0, 1.0);
                 if fastrand::f64() < rate {
                     Err(Outcome::Retry(
@@ -150,6 +157,8 @@ mod tests {
     async fn behaviours() {
         assert_eq!(run(DemoBehaviour::Succeed, json!([1])).await.unwrap(), Some(json!({"echo": [1]})));
         assert!(run(DemoBehaviour::Flaky, json!([{"failure_rate": 0.0}])).await.is_ok());
+        assert!(run(DemoBehaviour::Flaky, json!([{"fail_attempts": 1}])).await.is_err(), "attempt 1 of 1 failing");
+        assert!(run(DemoBehaviour::Flaky, json!([{"fail_attempts": 0}])).await.is_ok());
         match run(DemoBehaviour::Flaky, json!([{"failure_rate": 1.0}])).await {
             Err(Outcome::Retry(e)) => assert_eq!(e.error_type, "demo.transient"),
             other => panic!("{other:?}"),

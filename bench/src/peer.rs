@@ -1,0 +1,224 @@
+//! The peer-comparison contract of `../shared/bench` (see its README): the same modes as the
+//! graphile-worker and pg-boss harnesses, so `bench/compare.sh` can measure Rebound on the
+//! same cluster, with the same job shape (type `noop`, args `[{"i": n}]`: OJS args are an
+//! array, holding the peers' `{"i": n}` payload; queue `default`), in
+//! the same rounds, and bracket it with the same CPU and WAL counters. Each measured mode
+//! prints one `RESULT {json}` line.
+//!
+//! Work is done by the real `rebound-worker` binary at its defaults (one process or several),
+//! not by the library in process: the figure is what an operator gets. The time is read from
+//! the database: first claim to last completion, as the peers measure it.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use rebound_queue::policy::PolicyPatch;
+use rebound_queue::store::Actor;
+use rebound_queue::{NewJob, Store};
+use serde_json::json;
+use sqlx::Row;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum PeerMode {
+    /// Drop and re-create Rebound's schema.
+    Reset,
+    /// Enqueue N no-op jobs, B per call (the store's batch enqueue, as the API's batch uses it).
+    AddBatch { n: usize, batch: usize },
+    /// Enqueue N jobs as fast as possible, untimed (`--fail-once`: each fails its first attempt).
+    Preload {
+        n: usize,
+        #[arg(long)]
+        fail_once: bool,
+    },
+    /// Run P `rebound-worker` processes at their defaults until N jobs are completed.
+    Process {
+        n: usize,
+        #[arg(long, default_value_t = 1)]
+        processes: usize,
+        /// The jobs fail their first attempt and are retried after this backoff, through the
+        /// queue (preload them with `--fail-once`).
+        #[arg(long)]
+        backoff: Option<String>,
+    },
+    /// Enqueue → handler start on an idle worker: N jobs enqueued one at a time, spaced.
+    Latency { n: usize },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PeerArgs {
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+    /// The worker binary (a release build for figures).
+    #[arg(long, default_value = "target/release/rebound-worker")]
+    pub worker_bin: PathBuf,
+    #[command(subcommand)]
+    pub mode: PeerMode,
+}
+
+const NOOP: &str = "noop";
+const FLAKY: &str = "noop.flaky";
+
+fn result(v: serde_json::Value) {
+    println!("RESULT {v}");
+}
+
+pub async fn run(args: PeerArgs) -> anyhow::Result<()> {
+    let store = Store::connect(&args.database_url, 8).await.context("connecting to the database")?;
+    match args.mode {
+        PeerMode::Reset => {
+            sqlx::query("DROP SCHEMA public CASCADE").execute(store.pool()).await?;
+            sqlx::query("CREATE SCHEMA public").execute(store.pool()).await?;
+            store.migrate().await?;
+        }
+        PeerMode::AddBatch { n, batch } => {
+            // Warm the connection and the statement, as the peers' harnesses do.
+            store.enqueue_batch(vec![NewJob::new(NOOP, json!([{"i": -1}]))]).await?;
+            sqlx::query("TRUNCATE jobs, job_attempts").execute(store.pool()).await?;
+            let started = Instant::now();
+            let mut i = 0;
+            while i < n {
+                let k = batch.min(n - i);
+                store.enqueue_batch((i..i + k).map(|i| NewJob::new(NOOP, json!([{"i": i}]))).collect()).await?;
+                i += k;
+            }
+            let secs = started.elapsed().as_secs_f64();
+            result(json!({"jobs": n, "seconds": secs, "jobs_per_s": n as f64 / secs, "batch": batch}));
+        }
+        PeerMode::Preload { n, fail_once } => {
+            let (job_type, extra) = if fail_once { (FLAKY, json!({"fail_attempts": 1})) } else { (NOOP, json!({})) };
+            let mut i = 0;
+            while i < n {
+                let k = 5_000.min(n - i);
+                let jobs = (i..i + k)
+                    .map(|i| {
+                        let mut args = json!({"i": i});
+                        if let (Some(a), Some(e)) = (args.as_object_mut(), extra.as_object()) {
+                            a.extend(e.clone());
+                        }
+                        NewJob::new(job_type, json!([args]))
+                    })
+                    .collect();
+                store.enqueue_batch(jobs).await?;
+                i += k;
+            }
+            sqlx::query("VACUUM ANALYZE jobs").execute(store.pool()).await?;
+        }
+        PeerMode::Process { n, processes, backoff } => process(&args.database_url, &args.worker_bin, &store, n, processes, backoff).await?,
+        PeerMode::Latency { n } => latency(&args.database_url, &args.worker_bin, &store, n).await?,
+    }
+    Ok(())
+}
+
+/// A config for the worker binary: its defaults, the two no-op types, no pruning.
+fn worker_config(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let path = dir.join("bench-worker.toml");
+    std::fs::write(
+        &path,
+        format!("[prune]\nenabled = false\n\n[handlers.\"{NOOP}\"]\nkind = \"demo\"\nbehaviour = \"succeed\"\n\n[handlers.\"{FLAKY}\"]\nkind = \"demo\"\nbehaviour = \"flaky\"\n"),
+    )?;
+    Ok(path)
+}
+
+struct Workers(Vec<tokio::process::Child>);
+
+impl Workers {
+    fn start(url: &str, bin: &std::path::Path, count: usize) -> anyhow::Result<Workers> {
+        let dir = std::env::temp_dir().join(format!("rebound-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let config = worker_config(&dir)?;
+        let mut children = Vec::new();
+        for _ in 0..count {
+            let child = tokio::process::Command::new(bin)
+                .arg("--config")
+                .arg(&config)
+                .env("DATABASE_URL", url)
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("starting {} (build it with cargo build --release -p rebound-worker)", bin.display()))?;
+            children.push(child);
+        }
+        Ok(Workers(children))
+    }
+
+    async fn stop(mut self) {
+        for c in &mut self.0 {
+            if let Some(pid) = c.id() {
+                let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+            }
+        }
+        for c in &mut self.0 {
+            let _ = tokio::time::timeout(Duration::from_secs(30), c.wait()).await;
+        }
+    }
+}
+
+async fn completed(store: &Store) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'completed'").fetch_one(store.pool()).await?)
+}
+
+async fn process(url: &str, bin: &std::path::Path, store: &Store, n: usize, processes: usize, backoff: Option<String>) -> anyhow::Result<()> {
+    if let Some(interval) = &backoff {
+        let patch = PolicyPatch::from_json(&json!({
+            "max_attempts": 3, "initial_interval": interval, "backoff_strategy": "constant", "jitter": false
+        }))?;
+        store.put_policy(FLAKY, &patch, &Actor::system("bench"), None).await?;
+    }
+    let workers = Workers::start(url, bin, processes)?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    // Polled slowly: the bench's own queries should not take CPU from the run.
+    while (completed(store).await? as usize) < n {
+        if Instant::now() > deadline {
+            bail!("not every job completed within 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    workers.stop().await;
+    let row = sqlx::query(
+        "SELECT EXTRACT(EPOCH FROM (max(completed_at) - (SELECT min(started_at) FROM job_history)))::float8 AS secs,
+                count(*) FILTER (WHERE attempt > 1) AS retried
+         FROM jobs WHERE state = 'completed'",
+    )
+    .fetch_one(store.pool())
+    .await?;
+    let secs: f64 = row.try_get("secs")?;
+    let retried: i64 = row.try_get("retried")?;
+    result(json!({"jobs": n, "seconds": secs, "jobs_per_s": n as f64 / secs, "processes": processes,
+                  "backoff": backoff, "retried": retried}));
+    Ok(())
+}
+
+async fn latency(url: &str, bin: &std::path::Path, store: &Store, n: usize) -> anyhow::Result<()> {
+    let workers = Workers::start(url, bin, 1)?;
+    // Idle and listening before the first job.
+    let registered = Instant::now() + Duration::from_secs(30);
+    while store.workers().await?.is_empty() {
+        if Instant::now() > registered {
+            bail!("the worker did not register");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..n {
+        store.enqueue(NewJob::new(NOOP, json!([{"i": i}]))).await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while (completed(store).await? as usize) < n {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    workers.stop().await;
+    // Both ends on the database's clock: the enqueue's insert and the claim that started it.
+    let row = sqlx::query(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50, percentile_cont(0.95) WITHIN GROUP (ORDER BY ms) AS p95
+         FROM (SELECT EXTRACT(EPOCH FROM (started_at - created_at)) * 1000 AS ms FROM jobs) t",
+    )
+    .fetch_one(store.pool())
+    .await?;
+    let (p50, p95): (f64, f64) = (row.try_get("p50")?, row.try_get("p95")?);
+    result(json!({"jobs": n, "seconds": 0, "jobs_per_s": 0, "p50_ms": p50, "p95_ms": p95}));
+    Ok(())
+}
