@@ -13,6 +13,7 @@ pub mod outcome;
 pub mod policy;
 pub mod storage_retry;
 pub mod store;
+pub mod unique_key;
 
 pub use job::{Job, JobState, NewJob};
 pub use outcome::{Decision, HandlerError, Outcome};

@@ -17,8 +17,9 @@ use crate::auth::Caller;
 /// Counting stops here; `total` is then "at least this many".
 const COUNT_CAP: i64 = 100_000;
 
-/// `GET /ojs/v1/dead-letter?queue=&type=&limit=&cursor=`. `offset` is accepted only as 0:
-/// pages are keyset-based (page 1000 costs what page 1 does), follow `next_cursor`.
+/// `GET /ojs/v1/dead-letter?queue=&type=&limit=&cursor=|offset=`. Pages are keyset-based
+/// (page 1000 costs what page 1 does): follow `next_cursor`, or page by `offset` (see
+/// [`super::offset_pages`]), as some SDKs do.
 pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
     q.only(&["queue", "type", "limit", "cursor", "offset"])?;
     let mut filter = JobFilter::dead_letters();
@@ -31,15 +32,35 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
         filter.job_type = Some(t.to_owned());
     }
     let limit = q.i64_in("limit", 1, 200)?.unwrap_or(50);
-    // offset=0 is the first page, as without it; anything else would be an OFFSET scan.
-    q.i64_in("offset", 0, 0).map_err(|_| ApiError::invalid_field("offset", "only 0 is supported; page with cursor=<next_cursor> instead"))?;
-    let cursor = q.uuid("cursor")?;
+    let offset = q.i64_in("offset", 0, i64::from(i32::MAX))?;
+    let mut cursor = q.uuid("cursor")?;
+    // The listing's identity for remembered offsets: its filter, as the client spelled it.
+    let listing = format!("{:?}|{:?}", filter.queue, filter.job_type);
+    if let Some(offset) = offset.filter(|o| *o > 0) {
+        if cursor.is_some() {
+            return Err(ApiError::invalid_field("offset", "give either offset or cursor, not both"));
+        }
+        cursor = match state.offset_pages.start_of(&listing, offset) {
+            Some(id) => Some(id),
+            None => match state.store.job_id_at_offset(&filter, offset).await? {
+                Some(id) => Some(id),
+                None => {
+                    let total = state.store.count_jobs(&filter, COUNT_CAP).await?;
+                    let pagination = json!({ "total": total, "limit": limit, "offset": offset, "has_more": false });
+                    return Ok(Json(json!({ "jobs": [], "pagination": pagination })));
+                }
+            },
+        };
+    }
     let page = state.store.list_jobs(&filter, cursor, limit).await?;
+    if let (Some(offset), Some(last)) = (offset, page.items.last()) {
+        state.offset_pages.remember(&listing, offset + page.items.len() as i64, last.id);
+    }
     let total = state.store.count_jobs(&filter, COUNT_CAP).await?;
     let ids: Vec<Uuid> = page.items.iter().map(|j| j.id).collect();
     let attempts = state.store.attempts_for(&ids).await?;
     let jobs: Vec<Value> = page.items.iter().map(|j| job_json_with_errors(j, &attempts)).collect();
-    let mut pagination = json!({ "total": total, "limit": limit, "has_more": page.next.is_some() });
+    let mut pagination = json!({ "total": total, "limit": limit, "offset": offset.unwrap_or(0), "has_more": page.next.is_some() });
     if let (Some(next), Some(p)) = (page.next, pagination.as_object_mut()) {
         p.insert("next_cursor".into(), Value::String(next.to_string()));
     }

@@ -10,11 +10,13 @@ pub mod error;
 mod events;
 mod jobs;
 mod manifest;
+pub mod offset_pages;
 mod policies;
 pub mod query;
 mod queues;
 pub mod response;
 mod test_mode;
+pub mod unsupported;
 mod workers;
 
 use axum::Router;
@@ -67,6 +69,7 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(RequestBodyLimitLayer::new(state.config.max_body_bytes))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, state.config.request_timeout))
+        .layer(from_fn(unsupported::require_known_version))
         .layer(from_fn(response::ojs_response))
         .with_state(state)
 }

@@ -8,3 +8,4 @@ mod jobs;
 mod maintenance;
 mod metrics;
 mod policies;
+mod sdk_compat;
