@@ -8,6 +8,7 @@
 //! * [`store`]: every SQL statement of the system.
 //! * [`storage_retry`]: retrying storage operations through transient database errors.
 
+pub mod cron_schedule;
 pub mod job;
 pub mod outcome;
 pub mod policy;

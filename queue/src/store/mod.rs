@@ -45,6 +45,7 @@ mod auth;
 mod cancel;
 mod claim;
 mod complete;
+mod cron;
 mod dead_letter;
 mod enqueue;
 mod events;
@@ -73,6 +74,7 @@ pub use audit::{Actor, AuditEntry, AuditFilter};
 pub use auth::{ApiToken, Operator, Role, Session};
 pub use claim::ClaimRequest;
 pub use complete::Completion;
+pub use cron::{CronJob, CronPass, CronSpec, CronTemplate, OverlapPolicy, validate_cron_name};
 pub use cancel::{BULK_LIMIT, JobSelection};
 pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};
@@ -238,7 +240,7 @@ impl Store {
     /// Wipes every job, attempt, policy, queue setting and audit entry. Used by the OJS
     /// conformance runner's reset endpoint, which exists only in the server's `--test-mode`.
     pub async fn reset_all(&self) -> Result<(), StoreError> {
-        sqlx::query("TRUNCATE jobs, job_attempts, policy_snapshots, retry_policies, retry_policy_versions, queues, audit_log, workers")
+        sqlx::query("TRUNCATE jobs, job_attempts, policy_snapshots, retry_policies, retry_policy_versions, queues, audit_log, workers, cron_jobs, cron_runs")
             .execute(&self.pool)
             .await?;
         Ok(())

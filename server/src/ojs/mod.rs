@@ -4,6 +4,7 @@
 //! answer. [`response`] gives every response the OJS headers and error shape.
 
 pub mod body;
+pub mod cron;
 mod dead_letter;
 pub mod envelope;
 pub mod error;
@@ -50,6 +51,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/queues/{name}/stats", get(queues::stats))
         .route("/v1/queues/{name}/pause", post(queues::pause))
         .route("/v1/queues/{name}/resume", post(queues::resume))
+        .route("/v1/cron", get(cron::list).post(cron::register))
+        .route("/v1/cron/{name}", get(cron::get).delete(cron::delete).patch(cron::toggle))
+        .route("/v1/cron/{name}/pause", post(cron::pause))
+        .route("/v1/cron/{name}/resume", post(cron::resume))
+        .route("/v1/cron/{name}/trigger", post(cron::trigger))
         .route("/v1/events", get(events::list))
         .route("/v1/admin/policies", get(policies::list))
         .route("/v1/admin/policies/preview", post(policies::preview))

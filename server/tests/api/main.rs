@@ -3,6 +3,7 @@
 
 mod auth;
 mod common;
+mod cron;
 mod hostile_inputs;
 mod jobs;
 mod maintenance;
