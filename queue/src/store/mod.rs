@@ -40,6 +40,7 @@ macro_rules! policy_snapshots_sql {
     };
 }
 
+mod admin;
 mod audit;
 mod auth;
 mod cancel;
@@ -57,6 +58,7 @@ mod next_due;
 mod notify;
 mod policies;
 mod queues;
+mod rate_limits;
 mod workers;
 
 use std::time::Duration;
@@ -70,6 +72,7 @@ use uuid::Uuid;
 use crate::job::{Attempt, Job, JobState, JobValidationError};
 use crate::policy::PolicyError;
 
+pub use admin::{BulkReport, DeadLetterStats};
 pub use audit::{Actor, AuditEntry, AuditFilter};
 pub use auth::{ApiToken, Operator, Role, Session};
 pub use claim::ClaimRequest;
@@ -86,6 +89,7 @@ pub use in_place::{InPlaceEnd, InPlaceRun, RetriedInPlace};
 pub use notify::{JobListener, NOTIFY_CHANNEL, Notification, POLICY_CHANNEL};
 pub use policies::{DEFAULT_POLICY_KEY, PolicyLayers, PolicyVersion, StoredPolicy};
 pub use queues::QueueInfo;
+pub use rate_limits::{QueueRateLimit, RateLimitState, Window};
 pub use workers::{WorkerInfo, WorkerRegistration};
 
 /// The migrations, embedded so both binaries can migrate on start.

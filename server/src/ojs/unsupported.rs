@@ -13,7 +13,7 @@ use super::error::ApiError;
 
 /// Spec endpoints (under `/ojs/v1`) of features this server does not offer, by path prefix,
 /// with the feature's name.
-const UNSUPPORTED: [(&str, &str); 9] = [
+const UNSUPPORTED: [(&str, &str); 8] = [
     ("/workflows", "workflows (OJS level 3)"),
     ("/schemas", "schema registry"),
     ("/admin/schemas", "schema registry"),
@@ -22,7 +22,6 @@ const UNSUPPORTED: [(&str, &str); 9] = [
     ("/agents", "agents (labs)"),
     ("/attest", "attestation (labs)"),
     ("/jobs/fetch", "WASI aliases (labs)"),
-    ("/admin/stats/history", "historical statistics"),
 ];
 
 /// Job sub-resources of features this server does not offer.

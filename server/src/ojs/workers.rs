@@ -53,8 +53,16 @@ pub async fn fetch(State(state): State<AppState>, body: JsonObject) -> Result<Js
         }
     }
     let count = f.i64_in("count", 1, MAX_FETCH)?.unwrap_or(1);
+    let named = worker_id(&f, false)?;
+    // A worker that said it is stopping, or that an operator quieted, gets no new jobs
+    // (graceful shutdown); its heartbeats keep what it runs.
+    if let Some(w) = named
+        && !state.store.worker_accepts_work(w).await?
+    {
+        return Ok(Json(json!({ "jobs": [] })));
+    }
     let req = ClaimRequest {
-        worker_id: worker_id(&f, false)?.unwrap_or(ANONYMOUS_WORKER).to_owned(),
+        worker_id: named.unwrap_or(ANONYMOUS_WORKER).to_owned(),
         queues,
         limit: u32::try_from(count).unwrap_or(1),
         visibility_timeout: visibility(&f)?.unwrap_or(state.config.visibility_timeout),
@@ -166,6 +174,12 @@ pub async fn nack(State(state): State<AppState>, body: JsonObject) -> Result<Jso
     }
     let error = error.ok_or_else(|| f.error("error", "is required"))?;
     let (handler_error, code) = handler_error(&error)?;
+    let mut handler_error = handler_error;
+    // A job interrupted by its worker's shutdown did not fail on its own (graceful shutdown §5.3):
+    // it is always retried.
+    if matches!(handler_error.error_type.as_str(), "ShutdownError" | "ShutdownTimeout") || matches!(code.as_str(), "ShutdownError" | "ShutdownTimeout") {
+        handler_error.retryable = true;
+    }
     let outcome = handler_outcome(&code, handler_error);
     let failure = Failure { id, attempt: None, worker_id: worker.map(str::to_owned), outcome, error_code: Some(code) };
     let result = state.store.fail(&failure).await?;
@@ -260,8 +274,16 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
             version: "ojs/1.0".into(),
         })
         .await?;
-    state.store.worker_heartbeat(worker, i32::try_from(said_running).unwrap_or(i32::MAX), false).await?;
-    let directive = if state.config.test_mode { test_mode::directive(&state.store, &ids).await? } else { "running" };
+    // The worker's own state (graceful shutdown: `quiet` while draining, `terminate` at the end).
+    let stopping = matches!(f.str("state")?, Some("quiet" | "terminate" | "terminated" | "stopping"));
+    state.store.worker_heartbeat(worker, i32::try_from(said_running).unwrap_or(i32::MAX), stopping).await?;
+    let requested = state.store.requested_worker_state(worker).await?;
+    let directive = match requested.as_deref() {
+        Some("terminate") => "terminate",
+        Some("quiet") => "quiet",
+        _ if state.config.test_mode => test_mode::directive(&state.store, &ids).await?,
+        _ => "running",
+    };
     Ok(Json(json!({
         "state": directive,
         "jobs_extended": extended.iter().map(Uuid::to_string).collect::<Vec<_>>(),
