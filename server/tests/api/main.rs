@@ -1,6 +1,7 @@
 //! Integration tests of the HTTP API, driving the whole router in process against a fresh
 //! Postgres database per test. (One test binary: linking the server is the slow part.)
 
+mod admin;
 mod auth;
 mod common;
 mod cron;
