@@ -20,7 +20,6 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SDKS="${OJS_SDKS:-$REPO/../shared/ojs/sdks}"
 BIN="${REBOUND_SERVER_BIN:-$REPO/target/debug/rebound-server}"
-SERVER_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 HERE="$REPO/server/tests/sdk"
 CACHE="$REPO/target/sdk"
 say() { printf '\n--> %s\n' "$*"; }
@@ -59,34 +58,10 @@ if [ "$(cat "$JS/.built" 2>/dev/null)" != "$src_stamp" ] || [ ! -f "$JS/dist/esm
 fi
 
 # --- a server on a fresh database --------------------------------------------------------
-url_no_params="${SERVER_URL%%\?*}"
-params=""
-[ "$url_no_params" != "$SERVER_URL" ] && params="?${SERVER_URL#*\?}"
-base="${url_no_params%/*}"
-DB="rebound_sdks_$$_$(date +%s)"
-ADMIN_URL="$base/postgres$params"
-PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-URL="http://127.0.0.1:$PORT"
 LOG="$CACHE/server.log"
-SERVER_PID=""
-cleanup() {
-  if [ -n "$SERVER_PID" ]; then
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-  fi
-  psql "$ADMIN_URL" -q -v ON_ERROR_STOP=1 -c "DROP DATABASE IF EXISTS \"$DB\" WITH (FORCE)" >/dev/null 2>&1 || true
-}
-trap cleanup EXIT INT TERM
-psql "$ADMIN_URL" -q -v ON_ERROR_STOP=1 -c "CREATE DATABASE \"$DB\"" >/dev/null
-DATABASE_URL="$base/$DB$params" RUST_LOG="${RUST_LOG:-warn}" "$BIN" serve --migrate --api-auth none \
-  --listen "127.0.0.1:$PORT" >"$LOG" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 1 150); do
-  kill -0 "$SERVER_PID" 2>/dev/null || break
-  curl -fsS "$URL/healthz" >/dev/null 2>&1 && break
-  sleep 0.2
-done
-curl -fsS "$URL/healthz" >/dev/null || { echo "sdks: the server did not come up; its log:" >&2; cat "$LOG" >&2; exit 1; }
+# shellcheck source=fresh_server.sh
+source "$REPO/server/tests/fresh_server.sh"
+start_fresh_server sdks "$LOG"
 
 # --- the tests ----------------------------------------------------------------------------
 failed=0

@@ -10,15 +10,6 @@ fn id(job: &Value) -> String {
     job["id"].as_str().unwrap_or_else(|| panic!("no id in {job}")).to_owned()
 }
 
-/// A dead letter on `queue` whose error type is `error`.
-async fn dead_letter(s: &TestServer, queue: &str, error: &str) -> String {
-    let job = s.enqueue(json!({"type": "admin.job", "args": [], "options": {"queue": queue, "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}})).await;
-    assert_eq!(s.fetch(queue).await["id"], job["id"]);
-    let r = s.post("/ojs/v1/workers/nack", json!({"job_id": job["id"], "error": {"code": "e", "type": error, "message": "broke"}})).await;
-    assert_eq!(r.body["state"], "discarded", "{}", r.text);
-    id(&job)
-}
-
 #[tokio::test]
 async fn admin_queues_jobs_and_stats() {
     let s = TestServer::new().await;
@@ -80,7 +71,7 @@ async fn admin_queues_jobs_and_stats() {
 #[tokio::test]
 async fn bulk_operations_and_purges_demand_confirmation() {
     let s = TestServer::new().await;
-    let dead = [dead_letter(&s, "bq", "Db.Down").await, dead_letter(&s, "bq", "Db.Down").await];
+    let dead = [s.dead_letter("bq", "Db.Down").await, s.dead_letter("bq", "Db.Down").await];
     let live = s.enqueue(json!({"type": "admin.job", "args": [], "options": {"queue": "bq"}})).await;
     let filter = json!({"queue": "bq"});
     for (path, body) in [
@@ -132,9 +123,9 @@ async fn bulk_operations_and_purges_demand_confirmation() {
 #[tokio::test]
 async fn dead_letter_extension_get_bulk_retry_purge_and_stats() {
     let s = TestServer::new().await;
-    let a = dead_letter(&s, "billing", "DatabaseConnectionError").await;
-    let b = dead_letter(&s, "billing", "TimeoutError").await;
-    let c = dead_letter(&s, "email", "DatabaseConnectionError").await;
+    let a = s.dead_letter("billing", "DatabaseConnectionError").await;
+    let b = s.dead_letter("billing", "TimeoutError").await;
+    let c = s.dead_letter("email", "DatabaseConnectionError").await;
     let r = s.get(&format!("/ojs/v1/dead-letter/{a}")).await;
     assert_eq!((r.status, r.body["job"]["errors"][0]["type"].as_str()), (StatusCode::OK, Some("DatabaseConnectionError")), "{}", r.text);
     let live = s.enqueue(json!({"type": "x.y", "args": []})).await;

@@ -30,15 +30,11 @@ async fn queue_stats_answer_the_spec_shape_the_sdk_shapes_and_flat_counts() {
     assert_eq!(r.body["paused"], false);
 }
 
-/// Dead letters `count` of them on queue `q`, oldest first.
+/// `count` dead letters on queue `q`, oldest first.
 async fn dead_letters(s: &TestServer, q: &str, count: usize) -> Vec<String> {
     let mut ids = Vec::new();
-    for i in 0..count {
-        let job = s.enqueue(json!({"type": "dlq.page", "args": [i], "options": {"queue": q, "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}})).await;
-        s.fetch(q).await;
-        let r = s.post("/ojs/v1/workers/nack", json!({"job_id": job["id"], "error": {"code": "boom", "message": "no"}})).await;
-        assert_eq!(r.body["state"], "discarded", "{}", r.text);
-        ids.push(id(&job).to_owned());
+    for _ in 0..count {
+        ids.push(s.dead_letter(q, "boom").await);
     }
     ids
 }
