@@ -50,9 +50,21 @@ impl CronSchedule {
 
     /// The first time the schedule fires strictly after `after`; `None` if it never does
     /// (e.g. `0 0 30 2 *`, February 30th).
+    ///
+    /// A wall-clock time that a daylight-saving jump skips does not fire that day (OJS): croner
+    /// would run it at the first time after the gap, whose wall clock does not match the
+    /// expression, so such a time is passed over.
     pub fn next_after(&self, after: Timestamp) -> Option<Timestamp> {
-        let start = after.to_zoned(self.zone.clone());
-        self.cron.find_next_occurrence(&start, false).ok().map(|z| z.timestamp())
+        let mut from = after.to_zoned(self.zone.clone());
+        // A gap is passed over in one step; a few more guard against a zone with odd rules.
+        for _ in 0..4 {
+            let next = self.cron.find_next_occurrence(&from, false).ok()?;
+            if self.cron.is_time_matching(&next).unwrap_or(false) {
+                return Some(next.timestamp());
+            }
+            from = next;
+        }
+        None
     }
 }
 
@@ -143,5 +155,27 @@ mod tests {
             let e = CronSchedule::new("* * * * *", bad).expect_err(bad);
             assert_eq!(e.field, "timezone", "{bad}: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod dst_tests {
+    use super::*;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().expect("timestamp")
+    }
+
+    #[test]
+    fn spring_forward_skips_the_missing_time_and_fall_back_fires_once() {
+        // 2026-03-08: New York jumps from 02:00 to 03:00; 02:30 does not exist that day.
+        let half_two = CronSchedule::new("30 2 * * *", "America/New_York").unwrap();
+        let next = half_two.next_after(ts("2026-03-08T05:00:00Z")); // 00:00 EST
+        assert_eq!(next, Some(ts("2026-03-09T06:30:00Z")), "no run on the 8th; 02:30 EDT on the 9th");
+        // 2026-11-01: 01:00-02:00 happens twice; 01:30 fires once, in the first (EDT) pass.
+        let half_one = CronSchedule::new("30 1 * * *", "America/New_York").unwrap();
+        let first = half_one.next_after(ts("2026-11-01T04:00:00Z")).unwrap(); // 00:00 EDT
+        assert_eq!(first, ts("2026-11-01T05:30:00Z"), "01:30 EDT");
+        assert_eq!(half_one.next_after(first), Some(ts("2026-11-02T06:30:00Z")), "not again at 01:30 EST");
     }
 }
