@@ -170,6 +170,31 @@ pub struct CronPass {
     pub released: u64,
 }
 
+/// Cron event types ([`Store::cron_events`]).
+pub const CRON_EVENT_TYPES: [&str; 2] = ["cron.triggered", "cron.skipped"];
+
+/// A cron tick that enqueued a job (`cron.triggered`) or was skipped by the overlap policy
+/// (`cron.skipped`), read back from the ticks' records.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CronEvent {
+    /// One of [`CRON_EVENT_TYPES`].
+    pub event_type: &'static str,
+    pub cron_name: String,
+    /// `None` once the cron job was deleted.
+    pub expression: Option<String>,
+    pub timezone: Option<String>,
+    /// The tick (for a manual trigger, when it was triggered).
+    pub scheduled_time: Timestamp,
+    pub actual_time: Timestamp,
+    pub job_id: Option<Uuid>,
+    pub job_type: Option<String>,
+    pub queue: Option<String>,
+    /// Triggered by an operator rather than the schedule.
+    pub manual: bool,
+    /// Why a tick was skipped (`overlap_skip`).
+    pub reason: Option<&'static str>,
+}
+
 /// Cron job names are `[a-z0-9][a-z0-9.-]*`, at most 255 characters (OJS).
 pub fn validate_cron_name(name: &str) -> Result<(), StoreError> {
     let mut chars = name.chars();
@@ -203,6 +228,60 @@ fn cron_from_row(r: &PgRow) -> Result<CronJob, StoreError> {
 }
 
 impl Store {
+    /// Cron events, newest first: `types` from [`CRON_EVENT_TYPES`] (empty: both), only for
+    /// jobs on `queues` (empty: any), of `job_id`, since `since`; at most `limit`.
+    pub async fn cron_events(&self, types: &[String], queues: &[String], job_id: Option<Uuid>, since: Option<Timestamp>, limit: i64) -> Result<Vec<CronEvent>, StoreError> {
+        let want = |t: &str| types.is_empty() || types.iter().any(|x| x == t);
+        let mut outcomes: Vec<&str> = Vec::new();
+        if want("cron.triggered") {
+            outcomes.extend(["enqueued", "waiting", "triggered"]);
+        }
+        if want("cron.skipped") {
+            outcomes.push("skipped");
+        }
+        if outcomes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(
+            "SELECT r.cron_name, r.scheduled_for, r.fired_at, r.outcome, r.job_id, c.expression, c.timezone,
+                    j.type AS job_type, COALESCE(j.queue, c.template->>'queue') AS queue
+             FROM cron_runs r
+             LEFT JOIN cron_jobs c ON c.name = r.cron_name
+             LEFT JOIN jobs j ON j.id = r.job_id
+             WHERE r.outcome = ANY($1)
+               AND (cardinality($2::text[]) = 0 OR COALESCE(j.queue, c.template->>'queue') = ANY($2))
+               AND ($3::uuid IS NULL OR r.job_id = $3)
+               AND ($4::timestamptz IS NULL OR r.fired_at >= $4::timestamptz)
+             ORDER BY r.fired_at DESC LIMIT $5",
+        )
+        .bind(&outcomes)
+        .bind(queues)
+        .bind(job_id)
+        .bind(since.map(|t| t.to_string()))
+        .bind(limit.clamp(1, 1000))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let outcome: String = r.try_get("outcome")?;
+                let skipped = outcome == "skipped";
+                Ok(CronEvent {
+                    event_type: if skipped { "cron.skipped" } else { "cron.triggered" },
+                    cron_name: r.try_get("cron_name")?,
+                    expression: r.try_get("expression")?,
+                    timezone: r.try_get("timezone")?,
+                    scheduled_time: ts(r, "scheduled_for")?,
+                    actual_time: ts(r, "fired_at")?,
+                    job_id: r.try_get("job_id")?,
+                    job_type: r.try_get("job_type")?,
+                    queue: r.try_get("queue")?,
+                    manual: outcome == "triggered",
+                    reason: skipped.then_some("overlap_skip"),
+                })
+            })
+            .collect()
+    }
+
     /// Registers a cron job, or updates the one of that name (OJS upsert). Returns it and
     /// whether it was new. Its next run is computed from now. Audited.
     pub async fn register_cron(&self, spec: &CronSpec, actor: &Actor) -> Result<(CronJob, bool), StoreError> {

@@ -77,7 +77,7 @@ pub use audit::{Actor, AuditEntry, AuditFilter};
 pub use auth::{ApiToken, Operator, Role, Session};
 pub use claim::ClaimRequest;
 pub use complete::Completion;
-pub use cron::{CronJob, CronPass, CronSpec, CronTemplate, OverlapPolicy, validate_cron_name};
+pub use cron::{CRON_EVENT_TYPES, CronEvent, CronJob, CronPass, CronSpec, CronTemplate, OverlapPolicy, validate_cron_name};
 pub use cancel::{BULK_LIMIT, JobSelection};
 pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};

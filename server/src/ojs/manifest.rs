@@ -80,7 +80,8 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "cron": {
                 "implemented": ["5/6-field expressions, names, L W #, @yearly…@hourly", "IANA time zones", "overlap skip/allow/cancel_previous/enqueue",
                                 "register (upsert)/list/get/delete/PATCH enabled", "pause/resume/trigger", "exactly-once ticks across processes"],
-                "not_implemented": ["@every", "cron.triggered / cron.skipped events"],
+                "implemented_events": ["cron.triggered", "cron.skipped (overlap_skip)"],
+                "not_implemented": ["@every", "cron.skipped for disabled or DST-skipped ticks"],
             },
         },
         "endpoints": {

@@ -116,6 +116,15 @@ async fn fires_on_schedule_and_trigger_enqueues_now() {
     let cron = s.get("/ojs/v1/cron/tick").await;
     assert_eq!((cron.body["cron"]["run_count"].as_i64(), cron.body["cron"]["last_outcome"].as_str()), (Some(3), Some("enqueued")));
 
+    let r = s.get("/ojs/v1/events?types=cron.triggered&limit=10").await;
+    let events = r.body["events"].as_array().expect("events");
+    assert_eq!(events.len(), 3, "{}", r.text);
+    assert_eq!((events[0]["data"]["cron_name"].as_str(), events[0]["data"]["cron_expression"].as_str()), (Some("tick"), Some("*/2 * * * * *")));
+    assert!(events[0]["data"]["job_id"].is_string() && events[0]["data"]["scheduled_time"].is_string());
+    let r = s.get("/ojs/v1/events?queues=ticks&limit=50").await;
+    let types: Vec<&str> = r.body["events"].as_array().expect("events").iter().filter_map(|e| e["type"].as_str()).collect();
+    assert!(types.contains(&"cron.triggered") && types.contains(&"job.enqueued"), "{types:?}");
+
     let r = s.post("/ojs/v1/cron/tick/trigger", json!({})).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     assert_eq!((r.body["job"]["state"].as_str(), r.body["cron"]["last_outcome"].as_str()), (Some("available"), Some("triggered")));
