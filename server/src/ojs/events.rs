@@ -107,7 +107,7 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
         state.store.cron_events(&types, &filter.queues, filter.job_id, filter.since, filter.limit).await?
     };
     let mut all: Vec<(jiff::Timestamp, Value)> = jobs.iter().map(|e| (e.at, event_json(e))).chain(crons.iter().map(|e| (e.actual_time, cron_event_json(e)))).collect();
-    all.sort_by(|a, b| b.0.cmp(&a.0));
+    all.sort_by_key(|e| std::cmp::Reverse(e.0));
     all.truncate(usize::try_from(filter.limit).unwrap_or(100));
     Ok(Json(json!({ "events": all.into_iter().map(|(_, v)| v).collect::<Vec<_>>() })))
 }
