@@ -26,16 +26,17 @@ use crate::cron_schedule::CronSchedule;
 use crate::job::{Job, NewJob};
 use crate::policy::PolicyPatch;
 
-/// What a tick does while an earlier run of the same cron job has not finished.
+/// What a tick does while an earlier run of the same cron job is running (`enqueue`: has not
+/// finished).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OverlapPolicy {
-    /// Skip the tick (the default).
+    /// Skip the tick while an earlier run is running (the default).
     #[default]
     Skip,
     /// Enqueue anyway; runs may overlap.
     Allow,
-    /// Cancel the unfinished runs, then enqueue.
+    /// Cancel the running earlier runs, then enqueue.
     CancelPrevious,
     /// Enqueue, but hold the job (`pending`) until the earlier runs finished.
     Enqueue,
@@ -461,12 +462,17 @@ impl Store {
             tx.commit().await?;
             return Ok(None);
         }
+        // What overlaps (OJS §6): for skip and cancel_previous, an earlier run that is running
+        // (`active`); for enqueue, one that has not finished (waiting ones would run alongside).
+        let running_only = cron.overlap_policy != OverlapPolicy::Enqueue;
         let unfinished: Vec<Uuid> = sqlx::query_scalar(
             "SELECT j.id FROM cron_runs r JOIN jobs j ON j.id = r.job_id
              WHERE r.cron_name = $1 AND j.state NOT IN ('completed', 'cancelled', 'discarded')
+               AND (NOT $2 OR j.state = 'active')
              ORDER BY r.scheduled_for DESC LIMIT 100",
         )
         .bind(&cron.name)
+        .bind(running_only)
         .fetch_all(&mut *tx)
         .await?;
         let (outcome, job) = match cron.overlap_policy {
@@ -507,7 +513,7 @@ impl Store {
             .await?;
         tx.commit().await?;
         if outcome == "skipped" {
-            tracing::info!(cron = cron.name, %tick, "cron tick skipped: the previous run has not finished (overlap policy \"skip\")");
+            tracing::debug!(cron = cron.name, %tick, "cron tick skipped: the previous run is still running (overlap policy \"skip\")");
         }
         Ok(Some(outcome))
     }

@@ -120,7 +120,21 @@ async function workerRun() {
   checks += 1;
 }
 
+async function cron() {
+  // A cron job registered through the SDK fires on schedule (every second) into its queue.
+  const cronQ = `${q}-cron`;
+  const name = `${q}-every-second`;
+  const registered = await client.cron.register({ name, cron: '* * * * * *', timezone: 'Asia/Tokyo', type: 'scenario.cron', args: ['tick'], options: { queue: cronQ } });
+  check(registered.name === name && registered.next_run_at, `cron registered: ${JSON.stringify(registered)}`);
+  await waitUntil('the cron job fired twice', async () => (await client.queues.stats(cronQ)).available >= 2, 15000);
+  const listed = (await client.cron.list()).cron_jobs.filter((c) => c.name === name);
+  check(listed.length === 1 && listed[0].run_count >= 2, `cron listed: ${JSON.stringify(listed)}`);
+  await client.cron.unregister(name);
+  check(!(await client.cron.list()).cron_jobs.some((c) => c.name === name), 'cron unregistered');
+}
+
 check((await client.health()).status === 'ok', 'health');
 await producer();
 await workerRun();
+await cron();
 console.log(`js SDK scenario: ${checks} checks passed`);

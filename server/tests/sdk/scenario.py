@@ -169,6 +169,22 @@ class ExpectedFailures(logging.Filter):
         return "failing on purpose" not in record.getMessage()
 
 
+async def cron(client: ojs.Client, q: str) -> None:
+    """A cron job registered through the SDK fires on schedule (every second) into its queue."""
+    cron_q = f"{q}-cron"
+    name = f"{q}-every-second"
+    await client.register_cron_job(name, "* * * * * *", "scenario.cron", ["tick"], timezone="Europe/Berlin", queue=cron_q)
+
+    async def fired() -> bool:
+        return (await client.queue_stats(cron_q)).available >= 2
+
+    await wait_until("the cron job fired twice", fired, timeout=15)
+    listed = [c for c in (await client.list_cron_jobs())["cron_jobs"] if c["name"] == name]
+    check(len(listed) == 1 and listed[0]["run_count"] >= 2 and listed[0]["timezone"] == "Europe/Berlin", f"cron listed: {listed}")
+    await client.unregister_cron_job(name)
+    check(all(c["name"] != name for c in (await client.list_cron_jobs())["cron_jobs"]), "cron unregistered")
+
+
 async def main(url: str) -> None:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ojs.worker").addFilter(ExpectedFailures())
@@ -177,6 +193,7 @@ async def main(url: str) -> None:
         check((await client.health())["status"] == "ok", "health")
         await producer(client, q)
         await worker_run(url, client, q)
+        await cron(client, q)
     print(f"python SDK scenario: {CHECKS} checks passed")
 
 
