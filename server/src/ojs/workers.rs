@@ -214,6 +214,23 @@ pub async fn nack(State(state): State<AppState>, body: JsonObject) -> Result<Jso
     Ok(Json(Value::Object(m)))
 }
 
+/// Logs the jobs a beat named but could not extend because their claim had already lapsed
+/// (they are waiting to run again, or another worker runs them). Jobs that finished meanwhile
+/// are not worth a word.
+async fn warn_lapsed<'a>(state: &AppState, worker: &str, ids: impl Iterator<Item = &'a Uuid>) {
+    let mut lapsed = Vec::new();
+    for id in ids.take(20) {
+        if let Ok(Some(job)) = state.store.get_job(*id).await
+            && !job.state.is_terminal()
+        {
+            lapsed.push(format!("{id} ({})", job.state));
+        }
+    }
+    if !lapsed.is_empty() {
+        tracing::warn!(worker, lapsed = ?lapsed, "heartbeat came too late for these jobs: their claims had lapsed and they were handed back; beat more often than the visibility timeout");
+    }
+}
+
 /// The job ids a heartbeat lists, leniently: OJS puts them in `active_jobs`; the JS and Go SDKs
 /// send `active_jobs` as a count and the ids in `active_job_ids`. Both lists are read. The
 /// count, when given, says how many jobs the worker believes it runs.
@@ -243,8 +260,8 @@ fn heartbeat_jobs(f: &Fields<'_>) -> Result<(Vec<Uuid>, Option<i64>), ApiError> 
 
 /// `POST /ojs/v1/workers/heartbeat`: extends the claims of `active_jobs` (or `active_job_ids`)
 /// and answers the worker's directive (`running`, or in test mode what the job's metadata asks
-/// for). A beat that says jobs are running but extends none of them is logged: their claims
-/// will lapse and the rescuer will hand them to another worker.
+/// for). A beat that leaves running jobs unextended is logged: one that names no ids while
+/// saying jobs run (their claims will lapse), and ids whose claims had lapsed already.
 pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Result<Json<Value>, ApiError> {
     let f = body.fields();
     let worker = worker_id(&f, true)?.unwrap_or(ANONYMOUS_WORKER);
@@ -253,15 +270,10 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
     // Any holder's claim is extended: OJS workers need not send the id they fetched with.
     let extended = state.store.heartbeat(None, &ids, vis).await?;
     let said_running = claimed_count.unwrap_or(0).max(i64::try_from(ids.len()).unwrap_or(i64::MAX));
-    if said_running > 0 && extended.len() < ids.len().max(1) {
-        let lapsing: Vec<String> = ids.iter().filter(|id| !extended.contains(id)).map(Uuid::to_string).collect();
-        tracing::warn!(
-            worker,
-            said_running,
-            extended = extended.len(),
-            not_extended = ?lapsing,
-            "heartbeat extended fewer jobs than the worker runs: ids missing from the beat or no longer this worker's; their claims lapse"
-        );
+    if ids.is_empty() && said_running > 0 {
+        tracing::warn!(worker, said_running, "heartbeat says jobs are running but names none (send their ids in active_jobs): no claim was extended; they will lapse and be run again");
+    } else if extended.len() < ids.len() {
+        warn_lapsed(&state, worker, ids.iter().filter(|id| !extended.contains(id))).await;
     }
     state
         .store
