@@ -24,5 +24,8 @@ cargo nextest run --workspace --no-fail-fast
 say "OJS conformance suites"
 server/tests/conformance.sh
 
+say "the public OJS SDKs (Python, JS) against the server"
+server/tests/sdks.sh
+
 say "dashboard end-to-end tests in Chromium"
 E2E_SKIP_BUILD=1 scripts/e2e.sh

@@ -82,6 +82,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/policies") view=PoliciesPage ssr=SsrMode::Async/>
                     <Route path=path!("/policies/edit") view=PolicyEditorPage ssr=SsrMode::Async/>
                     <Route path=path!("/queues") view=QueuesPage ssr=SsrMode::Async/>
+                    <Route path=path!("/cron") view=CronPage ssr=SsrMode::Async/>
                     <Route path=path!("/workers") view=WorkersPage ssr=SsrMode::Async/>
                     <Route path=path!("/audit") view=AuditPage ssr=SsrMode::Async/>
                 </Routes>

@@ -8,11 +8,13 @@
 //! * [`store`]: every SQL statement of the system.
 //! * [`storage_retry`]: retrying storage operations through transient database errors.
 
+pub mod cron_schedule;
 pub mod job;
 pub mod outcome;
 pub mod policy;
 pub mod storage_retry;
 pub mod store;
+pub mod unique_key;
 
 pub use job::{Job, JobState, NewJob};
 pub use outcome::{Decision, HandlerError, Outcome};

@@ -41,12 +41,20 @@ pub struct AppState {
     pub config: Arc<ServerConfig>,
     pub metrics: Arc<Metrics>,
     pub started_at: Instant,
+    /// Where offset-paged listings continue (see [`ojs::offset_pages`]).
+    pub offset_pages: Arc<ojs::offset_pages::OffsetPages>,
 }
 
 impl AppState {
     /// State for a server on `store` with `config`, and fresh metrics.
     pub fn new(store: Store, config: ServerConfig) -> Self {
-        AppState { store, config: Arc::new(config), metrics: Arc::new(Metrics::default()), started_at: Instant::now() }
+        AppState {
+            store,
+            config: Arc::new(config),
+            metrics: Arc::new(Metrics::default()),
+            started_at: Instant::now(),
+            offset_pages: Arc::default(),
+        }
     }
 }
 

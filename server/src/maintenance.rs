@@ -1,13 +1,13 @@
 //! The maintenance loop the server runs while it holds leadership: TTL expiry, the rescuer
-//! (expired claims and per-attempt timeouts) and the scheduler (due scheduled/retryable jobs
-//! become available). Workers run the same services under the same advisory lock, so exactly
-//! one process does it at a time; without a worker, the server alone keeps delayed jobs and
+//! (expired claims and per-attempt timeouts), the scheduler (due scheduled/retryable jobs
+//! become available) and cron (due ticks enqueue their jobs, exactly once per tick). Workers
+//! run the same services under the same advisory lock, so exactly one process does it at a time; without a worker, the server alone keeps delayed jobs and
 //! crashed claims moving. Pruning is left to the worker.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rebound_queue::store::{Leadership, RescueReport};
+use rebound_queue::store::{CronPass, Leadership, RescueReport};
 use rebound_queue::{Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +28,7 @@ pub struct PassReport {
     pub expired: u64,
     pub rescued: RescueReport,
     pub promoted: u64,
+    pub cron: CronPass,
 }
 
 /// One pass of every service. Expiry runs first so an expired job is not promoted, and the
@@ -36,11 +37,12 @@ pub async fn run_pass(store: &Store, metrics: &Metrics) -> Result<PassReport, St
     let expired = store.expire_due(BATCH).await?;
     let rescued = store.rescue_expired(BATCH).await?;
     let promoted = store.promote_due(BATCH).await?;
+    let cron = store.fire_due_crons(BATCH).await?;
     metrics.maintenance(promoted, &rescued, expired);
     if expired + rescued.stalled + rescued.timed_out + promoted > 0 {
         tracing::debug!(expired, stalled = rescued.stalled, timed_out = rescued.timed_out, promoted, "maintenance pass");
     }
-    Ok(PassReport { expired, rescued, promoted })
+    Ok(PassReport { expired, rescued, promoted, cron })
 }
 
 /// How long the leader sleeps after a pass: not at all while a backlog drains, until the next

@@ -1,6 +1,7 @@
 //! One module per page; each keeps its server functions next to its components.
 
 pub mod audit;
+pub mod cron;
 pub mod dead_letters;
 pub mod job_detail;
 pub mod jobs;
@@ -12,6 +13,7 @@ pub mod queues;
 pub mod workers;
 
 pub use audit::AuditPage;
+pub use cron::CronPage;
 pub use dead_letters::DeadLettersPage;
 pub use job_detail::JobDetailPage;
 pub use jobs::JobsPage;

@@ -24,6 +24,35 @@ pub struct QueueRow {
     pub cancelled: i64,
     pub discarded: i64,
     pub dead_letters: i64,
+    /// The queue's rate limit as set (see [`RateLimitForm`]).
+    pub limit: RateLimitForm,
+}
+
+/// A queue's rate limit as the form shows and sends it: empty fields are "no limit".
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RateLimitForm {
+    pub concurrency: String,
+    pub rate_limit: String,
+    pub rate_period: String,
+    pub throttle_limit: String,
+    pub throttle_period: String,
+}
+
+impl RateLimitForm {
+    /// "5 active · 100 per PT1M · 2 per PT1S (spaced)", or `None` without limits.
+    pub fn summary(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if !self.concurrency.is_empty() {
+            parts.push(format!("{} active", self.concurrency));
+        }
+        if !self.rate_limit.is_empty() {
+            parts.push(format!("{} per {}", self.rate_limit, self.rate_period));
+        }
+        if !self.throttle_limit.is_empty() {
+            parts.push(format!("{} per {} (spaced)", self.throttle_limit, self.throttle_period));
+        }
+        (!parts.is_empty()).then(|| parts.join(" · "))
+    }
 }
 
 #[server(endpoint = "queues")]
@@ -31,11 +60,24 @@ pub async fn queues() -> Result<Vec<QueueRow>, AppError> {
     crate::auth::signed_in()?;
     let store = crate::state::store()?;
     let now = store.now().await?;
+    let limits = store.rate_limit_states(None).await?;
+    let form_of = |name: &str| {
+        let Some(l) = limits.iter().find(|l| l.queue == name).map(|l| l.limit) else { return RateLimitForm::default() };
+        let period = |d: std::time::Duration| rebound_queue::policy::iso8601::format(d);
+        RateLimitForm {
+            concurrency: l.concurrency.map(|c| c.to_string()).unwrap_or_default(),
+            rate_limit: l.rate.map(|w| w.limit.to_string()).unwrap_or_default(),
+            rate_period: l.rate.map(|w| period(w.period)).unwrap_or_default(),
+            throttle_limit: l.throttle.map(|w| w.limit.to_string()).unwrap_or_default(),
+            throttle_period: l.throttle.map(|w| period(w.period)).unwrap_or_default(),
+        }
+    };
     Ok(store
         .queues()
         .await?
         .into_iter()
         .map(|q| QueueRow {
+            limit: form_of(&q.name),
             paused_note: q.paused.then(|| {
                 let since = q.paused_at.map(|t| crate::time_text::When::of(t, now).relative).unwrap_or_default();
                 format!("paused {since} by {}", q.paused_by.clone().unwrap_or_else(|| "?".into()))
@@ -69,16 +111,54 @@ pub async fn set_queue_paused(csrf: String, queue: String, paused: String) -> Re
     })
 }
 
+/// Sets (or, with every field empty, removes) a queue's rate limit. It applies to the next
+/// claim of every worker and API fetch.
+#[server(endpoint = "set_queue_rate_limit")]
+pub async fn set_queue_rate_limit(csrf: String, queue: String, limit: RateLimitForm) -> Result<String, AppError> {
+    use rebound_queue::store::{QueueRateLimit, Window};
+    let actor = crate::auth::authorize_mutation(&csrf)?;
+    let invalid = |field: &str, reason: String| AppError::Invalid { field: field.into(), reason };
+    let number = |field: &str, raw: &str| -> Result<Option<u32>, AppError> {
+        let raw = raw.trim();
+        if raw.is_empty() {
+            return Ok(None);
+        }
+        raw.parse::<u32>().map(Some).map_err(|_| invalid(field, format!("must be a whole number, got {raw:?}")))
+    };
+    let window = |limit_field: &str, period_field: &str, limit: &str, period: &str| -> Result<Option<Window>, AppError> {
+        let Some(limit) = number(limit_field, limit)? else { return Ok(None) };
+        let period = period.trim();
+        if period.is_empty() {
+            return Err(invalid(period_field, "is required with a limit (an ISO-8601 duration such as PT1M)".into()));
+        }
+        let period = rebound_queue::policy::iso8601::parse(period).map_err(|r| invalid(period_field, r))?;
+        Ok(Some(Window { limit, period }))
+    };
+    let parsed = QueueRateLimit {
+        concurrency: number("concurrency", &limit.concurrency)?,
+        rate: window("rate_limit", "rate_period", &limit.rate_limit, &limit.rate_period)?,
+        throttle: window("throttle_limit", "throttle_period", &limit.throttle_limit, &limit.throttle_period)?,
+    };
+    let store = crate::state::store()?;
+    let saved = store.set_queue_rate_limit(&queue, Some(&parsed), &actor).await?;
+    Ok(match saved {
+        Some(l) => format!("Queue {queue} is now limited to {}; it applies to the next claim.", l.to_json()),
+        None => format!("Queue {queue} has no rate limit now."),
+    })
+}
+
 #[component]
 pub fn QueuesPage() -> impl IntoView {
     let tick = use_refresh();
     let toggle = ServerAction::<SetQueuePaused>::new();
-    let data = Resource::new(move || (tick.get(), toggle.version().get()), |_| queues());
+    let set_limit = ServerAction::<SetQueueRateLimit>::new();
+    let data = Resource::new(move || (tick.get(), toggle.version().get(), set_limit.version().get()), |_| queues());
     let can_act = use_can_act();
     view! {
         <h1>"Queues"</h1>
         <ReadOnlyNote/>
         <ActionResult action=toggle/>
+        <ActionResult action=set_limit/>
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             {move || Suspend::new(async move {
                 match data.await {
@@ -90,7 +170,8 @@ pub fn QueuesPage() -> impl IntoView {
                                     <th>"Queue"</th><th>"Status"</th>
                                     <th class="num">"Scheduled"</th><th class="num">"Available"</th><th class="num">"Pending"</th>
                                     <th class="num">"Active"</th><th class="num">"Retrying"</th><th class="num">"Completed"</th>
-                                    <th class="num">"Cancelled"</th><th class="num">"Discarded"</th><th class="num">"Dead letters"</th><th></th>
+                                    <th class="num">"Cancelled"</th><th class="num">"Discarded"</th><th class="num">"Dead letters"</th>
+                                    <th>"Rate limit"</th><th></th>
                                 </tr>
                             </thead>
                             <tbody>
@@ -118,6 +199,9 @@ pub fn QueuesPage() -> impl IntoView {
                                                 <td class="num">{q.cancelled}</td>
                                                 <td class="num">{q.discarded}</td>
                                                 <td class="num"><a href=dead>{q.dead_letters}</a></td>
+                                                <td class="rate-limit">
+                                                    <RateLimitEditor queue=q.name.clone() limit=q.limit.clone() action=set_limit can_act=can_act/>
+                                                </td>
                                                 <td>
                                                     <ActionForm action=toggle>
                                                         <CsrfField/>
@@ -138,5 +222,43 @@ pub fn QueuesPage() -> impl IntoView {
                 }
             })}
         </Transition>
+    }
+}
+
+/// A queue's limit and, folded away, the form to change it (a plain `<details>`: no JS needed).
+#[component]
+fn RateLimitEditor(queue: String, limit: RateLimitForm, action: ServerAction<SetQueueRateLimit>, can_act: Signal<bool>) -> impl IntoView {
+    let summary = limit.summary();
+    let field = move |name: &'static str, label: &'static str, value: String, hint: &'static str| {
+        view! {
+            <label>
+                {label}
+                <input type="text" name=format!("limit[{name}]") value=value placeholder=hint size="6"/>
+            </label>
+        }
+    };
+    view! {
+        {match summary {
+            Some(s) => view! { <span class="limit-summary">{s}</span> }.into_any(),
+            None => view! { <span class="muted limit-summary">"none"</span> }.into_any(),
+        }}
+        <details class="limit-edit">
+            <summary>"Edit"</summary>
+            <ActionForm action=action>
+                <CsrfField/>
+                <input type="hidden" name="queue" value=queue/>
+                {field("concurrency", "Active at most ", limit.concurrency, "—")}
+                <br/>
+                {field("rate_limit", "Starts ", limit.rate_limit, "—")}
+                {field("rate_period", " per ", limit.rate_period, "PT1M")}
+                <br/>
+                {field("throttle_limit", "Spaced: ", limit.throttle_limit, "—")}
+                {field("throttle_period", " per ", limit.throttle_period, "PT1S")}
+                <br/>
+                <small class="muted">"Empty fields mean no limit. Applies to every worker at its next claim."</small>
+                <br/>
+                <button type="submit" disabled=move || !can_act.get()>"Save limit"</button>
+            </ActionForm>
+        </details>
     }
 }

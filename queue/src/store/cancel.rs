@@ -1,14 +1,14 @@
 //! Cancelling jobs, and the bulk manual actions an operator takes from the dashboard.
 
 use serde_json::json;
-use sqlx::{Postgres, QueryBuilder};
+use sqlx::{Postgres, QueryBuilder, Row};
 use uuid::Uuid;
 
 use super::audit::{Actor, record};
 use super::listing::JobFilter;
 use super::notify::notify_queues;
 use super::{Store, StoreError, job_from_row, jobs_from_rows};
-use crate::job::Job;
+use crate::job::{Job, JobState};
 
 /// Which jobs a bulk action applies to: listed ids, or everything matching a filter.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,11 +47,19 @@ impl Store {
     /// Cancels a job that has not finished (active jobs too: their worker's result is then
     /// refused). A finished job is a conflict. With an actor, the action is audited.
     pub async fn cancel(&self, id: Uuid, actor: Option<&Actor>) -> Result<Job, StoreError> {
+        Ok(self.cancel_from(id, actor).await?.0)
+    }
+
+    /// [`Store::cancel`], also telling the state the job was cancelled from (OJS answers it as
+    /// `previous_state`).
+    pub async fn cancel_from(&self, id: Uuid, actor: Option<&Actor>) -> Result<(Job, JobState), StoreError> {
         let mut tx = self.begin().await?;
         let row = sqlx::query(
-            "UPDATE jobs SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL,
-                             updated_at = now()
-             WHERE id = $1 AND state NOT IN ('completed', 'cancelled', 'discarded') RETURNING *",
+            "UPDATE jobs j SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL,
+                               updated_at = now()
+             FROM (SELECT id, state FROM jobs WHERE id = $1 FOR UPDATE) AS before
+             WHERE j.id = before.id AND before.state NOT IN ('completed', 'cancelled', 'discarded')
+             RETURNING j.*, before.state AS previous_state",
         )
         .bind(id)
         .fetch_optional(&mut *tx)
@@ -61,11 +69,12 @@ impl Store {
             let _ = tx.rollback().await;
             return Err(self.conflict_or_missing(id, "cancel").await);
         };
+        let previous: JobState = row.try_get("previous_state")?;
         if let Some(actor) = actor {
-            record(&mut tx, actor, "job.cancel", Some(&id.to_string()), json!({})).await?;
+            record(&mut tx, actor, "job.cancel", Some(&id.to_string()), json!({"previous_state": previous.as_str()})).await?;
         }
         tx.commit().await?;
-        Ok(job_from_row(&row)?)
+        Ok((job_from_row(&row)?, previous))
     }
 
     /// Cancels every unfinished job in the selection. Returns how many.

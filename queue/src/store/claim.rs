@@ -22,26 +22,58 @@ pub struct ClaimRequest {
 // (priority, then FIFO); a single statement over several queues would have to sort them all.
 //
 // The picked ids are matched with `= ANY(ARRAY(...))` rather than joined from a CTE: with
-// `LIMIT $2` unknown, a join's generic plan guesses thousands of rows and hashes the whole
+// the limit unknown, a join's generic plan guesses thousands of rows and hashes the whole
 // table, so Postgres re-plans every claim instead; an id array is always looked up by key,
 // so the prepared statement's generic plan is good for every limit.
+//
+// The queue's row is read (and locked) only if the queue is paused or rate-limited, so an
+// unlimited queue pays one index probe, as for the pause check alone. A limited queue's
+// claimers queue up on its row: `room` is what its limits still admit (a fixed window of
+// `rate_max` starts, one of `throttle_max`, and `concurrency_limit` active jobs counted after
+// the lock, see `rebound_active_jobs`), and the windows are advanced by what was claimed, all
+// in this one statement. See migrations/…_queue_rate_limits.sql.
 const CLAIM: &str = "
-UPDATE jobs j
-SET state = 'active', attempt = j.attempt + 1, started_at = now(), locked_by = $3,
-    lock_expires_at = now() + COALESCE(j.visibility_timeout_ms, $4) * interval '1 millisecond',
-    -- Remembered so heartbeats extend by the same amount.
-    visibility_timeout_ms = COALESCE(j.visibility_timeout_ms, $4),
-    updated_at = now()
-WHERE j.id = ANY(ARRAY(
-    SELECT id FROM jobs
-    WHERE state = 'available' AND queue = $1
-      AND (expires_at IS NULL OR expires_at > now())
-      AND NOT EXISTS (SELECT 1 FROM queues WHERE name = $1 AND paused)
-    ORDER BY priority DESC, scheduled_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-))
-RETURNING j.*";
+WITH q AS MATERIALIZED (
+    SELECT name, paused, concurrency_limit, rate_max, throttle_max,
+           CASE WHEN rate_window_start > now() - rate_period_ms * interval '1 millisecond' THEN rate_window_start ELSE now() END AS rate_start,
+           CASE WHEN rate_window_start > now() - rate_period_ms * interval '1 millisecond' THEN rate_window_used ELSE 0 END AS rate_used,
+           CASE WHEN throttle_window_start > now() - throttle_period_ms * interval '1 millisecond' THEN throttle_window_start ELSE now() END AS throttle_start,
+           CASE WHEN throttle_window_start > now() - throttle_period_ms * interval '1 millisecond' THEN throttle_window_used ELSE 0 END AS throttle_used
+    FROM queues
+    WHERE name = $1 AND (paused OR rate_max IS NOT NULL OR throttle_max IS NOT NULL OR concurrency_limit IS NOT NULL)
+    FOR UPDATE
+), room AS MATERIALIZED (
+    SELECT CASE WHEN q.paused THEN 0 ELSE GREATEST(0, LEAST(
+               $2::bigint,
+               COALESCE(q.rate_max - q.rate_used, $2::bigint),
+               COALESCE(q.throttle_max - q.throttle_used, $2::bigint),
+               COALESCE(q.concurrency_limit - rebound_active_jobs(q.name), $2::bigint)))
+           END AS n
+    FROM q
+), claimed AS (
+    UPDATE jobs j
+    SET state = 'active', attempt = j.attempt + 1, started_at = now(), locked_by = $3,
+        lock_expires_at = now() + COALESCE(j.visibility_timeout_ms, $4) * interval '1 millisecond',
+        -- Remembered so heartbeats extend by the same amount.
+        visibility_timeout_ms = COALESCE(j.visibility_timeout_ms, $4),
+        updated_at = now()
+    WHERE j.id = ANY(ARRAY(
+        SELECT id FROM jobs
+        WHERE state = 'available' AND queue = $1
+          AND (expires_at IS NULL OR expires_at > now())
+        ORDER BY priority DESC, scheduled_at, id
+        LIMIT COALESCE((SELECT n FROM room), $2::bigint)
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING j.*
+), counted AS (
+    UPDATE queues s
+    SET rate_window_start = q.rate_start, rate_window_used = q.rate_used + (SELECT count(*) FROM claimed),
+        throttle_window_start = q.throttle_start, throttle_window_used = q.throttle_used + (SELECT count(*) FROM claimed)
+    FROM q
+    WHERE s.name = q.name AND NOT q.paused AND (q.rate_max IS NOT NULL OR q.throttle_max IS NOT NULL)
+)
+SELECT * FROM claimed";
 
 impl Store {
     /// Claims up to `limit` available jobs, moving them to `active` with `attempt + 1` and a

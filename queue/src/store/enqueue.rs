@@ -29,7 +29,7 @@ pub struct Enqueued {
 }
 
 /// Validates everything that can be checked without the database.
-fn check(job: &NewJob) -> Result<Option<i32>, StoreError> {
+pub(super) fn check(job: &NewJob) -> Result<Option<i32>, StoreError> {
     job.validate()?;
     match &job.retry {
         Some(patch) => {
@@ -64,7 +64,7 @@ FROM (SELECT CASE WHEN $18 THEN 'pending'::job_state
 ON CONFLICT (id) DO NOTHING
 RETURNING *";
 
-async fn insert_one(conn: &mut PgConnection, job: &NewJob, max_attempts: Option<i32>) -> Result<Job, StoreError> {
+pub(super) async fn insert_one(conn: &mut PgConnection, job: &NewJob, max_attempts: Option<i32>) -> Result<Job, StoreError> {
     let id = job.id.unwrap_or_else(Uuid::now_v7);
     let unique = job.unique.as_ref();
     let row = sqlx::query(INSERT_ONE)

@@ -145,6 +145,20 @@ impl Store {
         Ok(Page { items, next })
     }
 
+    /// The id that ends the first `offset` jobs matching `filter` in listing order (newest
+    /// first), to continue from with [`Store::list_jobs`] as `after`; `None` when fewer match.
+    /// For clients that page by offset: it reads ids only (an index-only scan of the listing
+    /// index), never the rows it skips.
+    pub async fn job_id_at_offset(&self, filter: &JobFilter, offset: i64) -> Result<Option<Uuid>, StoreError> {
+        if offset <= 0 {
+            return Ok(None);
+        }
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT j.id FROM jobs j WHERE true");
+        filter.push_conditions(&mut qb);
+        qb.push(" ORDER BY j.id DESC OFFSET ").push_bind(offset - 1).push(" LIMIT 1");
+        Ok(qb.build_query_scalar().fetch_optional(&self.pool).await?)
+    }
+
     /// How many jobs match `filter`, counting at most `cap` (so a huge match stays cheap; the
     /// answer `cap` means "at least cap").
     pub async fn count_jobs(&self, filter: &JobFilter, cap: i64) -> Result<i64, StoreError> {

@@ -40,11 +40,13 @@ macro_rules! policy_snapshots_sql {
     };
 }
 
+mod admin;
 mod audit;
 mod auth;
 mod cancel;
 mod claim;
 mod complete;
+mod cron;
 mod dead_letter;
 mod enqueue;
 mod events;
@@ -56,6 +58,7 @@ mod next_due;
 mod notify;
 mod policies;
 mod queues;
+mod rate_limits;
 mod transaction;
 mod workers;
 
@@ -70,10 +73,12 @@ use uuid::Uuid;
 use crate::job::{Attempt, Job, JobState, JobValidationError};
 use crate::policy::PolicyError;
 
+pub use admin::{BulkReport, DeadLetterStats};
 pub use audit::{Actor, AuditEntry, AuditFilter};
 pub use auth::{ApiToken, Operator, Role, Session};
 pub use claim::ClaimRequest;
 pub use complete::{Completion, ORPHAN_REASON};
+pub use cron::{CRON_EVENT_TYPES, CronEvent, CronJob, CronPass, CronSpec, CronTemplate, OverlapPolicy, validate_cron_name};
 pub use cancel::{BULK_LIMIT, JobSelection};
 pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};
@@ -85,6 +90,7 @@ pub use in_place::{InPlaceEnd, InPlaceRun, RetriedInPlace};
 pub use notify::{JobListener, NOTIFY_CHANNEL, Notification, POLICY_CHANNEL};
 pub use policies::{DEFAULT_POLICY_KEY, PolicyLayers, PolicyVersion, StoredPolicy};
 pub use queues::QueueInfo;
+pub use rate_limits::{QueueRateLimit, RateLimitState, Window};
 pub use workers::{BeatReport, WorkerBeat, WorkerInfo, WorkerRegistration, WorkerStatus};
 
 /// The migrations, embedded so both binaries can migrate on start.
@@ -241,7 +247,7 @@ impl Store {
     /// Wipes every job, attempt, policy, queue setting and audit entry. Used by the OJS
     /// conformance runner's reset endpoint, which exists only in the server's `--test-mode`.
     pub async fn reset_all(&self) -> Result<(), StoreError> {
-        sqlx::query("TRUNCATE jobs, job_attempts, policy_snapshots, retry_policies, retry_policy_versions, queues, audit_log, workers")
+        sqlx::query("TRUNCATE jobs, job_attempts, policy_snapshots, retry_policies, retry_policy_versions, queues, audit_log, workers, cron_jobs, cron_runs")
             .execute(&self.pool)
             .await?;
         Ok(())

@@ -1,14 +1,18 @@
-//! The dead-letter queue: list (keyset-paginated with an opaque cursor), retry, delete.
+//! The dead-letter queue (`ojs-dead-letter.md`): list (keyset pages by cursor or offset), get,
+//! retry one or all matching a filter, delete one or purge by filter, statistics. Bulk
+//! actions require `"confirm": true`.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use rebound_queue::job::validate_queue;
-use rebound_queue::store::{JobFilter, JobSelection, RedriveBudget, RedriveOptions};
+use jiff::Timestamp;
+use rebound_queue::policy::iso8601;
+use rebound_queue::store::{JobFilter, JobSelection, PruneConfig, RedriveBudget, RedriveOptions};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::body::path_uuid;
-use super::envelope::{job_json, job_json_with_errors};
+use super::body::{Fields, JsonObject, path_uuid};
+use super::envelope::{job_json, job_json_with_errors, parse_time};
 use super::error::ApiError;
 use super::query::QueryParams;
 use crate::AppState;
@@ -17,8 +21,9 @@ use crate::auth::Caller;
 /// Counting stops here; `total` is then "at least this many".
 const COUNT_CAP: i64 = 100_000;
 
-/// `GET /ojs/v1/dead-letter?queue=&type=&limit=&cursor=`. `offset` is accepted only as 0:
-/// pages are keyset-based (page 1000 costs what page 1 does), follow `next_cursor`.
+/// `GET /ojs/v1/dead-letter?queue=&type=&limit=&cursor=|offset=`. Pages are keyset-based
+/// (page 1000 costs what page 1 does): follow `next_cursor`, or page by `offset` (see
+/// [`super::offset_pages`]), as some SDKs do.
 pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
     q.only(&["queue", "type", "limit", "cursor", "offset"])?;
     let mut filter = JobFilter::dead_letters();
@@ -31,15 +36,35 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
         filter.job_type = Some(t.to_owned());
     }
     let limit = q.i64_in("limit", 1, 200)?.unwrap_or(50);
-    // offset=0 is the first page, as without it; anything else would be an OFFSET scan.
-    q.i64_in("offset", 0, 0).map_err(|_| ApiError::invalid_field("offset", "only 0 is supported; page with cursor=<next_cursor> instead"))?;
-    let cursor = q.uuid("cursor")?;
+    let offset = q.i64_in("offset", 0, i64::from(i32::MAX))?;
+    let mut cursor = q.uuid("cursor")?;
+    // The listing's identity for remembered offsets: its filter, as the client spelled it.
+    let listing = format!("{:?}|{:?}", filter.queue, filter.job_type);
+    if let Some(offset) = offset.filter(|o| *o > 0) {
+        if cursor.is_some() {
+            return Err(ApiError::invalid_field("offset", "give either offset or cursor, not both"));
+        }
+        cursor = match state.offset_pages.start_of(&listing, offset) {
+            Some(id) => Some(id),
+            None => match state.store.job_id_at_offset(&filter, offset).await? {
+                Some(id) => Some(id),
+                None => {
+                    let total = state.store.count_jobs(&filter, COUNT_CAP).await?;
+                    let pagination = json!({ "total": total, "limit": limit, "offset": offset, "has_more": false });
+                    return Ok(Json(json!({ "jobs": [], "pagination": pagination })));
+                }
+            },
+        };
+    }
     let page = state.store.list_jobs(&filter, cursor, limit).await?;
+    if let (Some(offset), Some(last)) = (offset, page.items.last()) {
+        state.offset_pages.remember(&listing, offset + page.items.len() as i64, last.id);
+    }
     let total = state.store.count_jobs(&filter, COUNT_CAP).await?;
     let ids: Vec<Uuid> = page.items.iter().map(|j| j.id).collect();
     let attempts = state.store.attempts_for(&ids).await?;
     let jobs: Vec<Value> = page.items.iter().map(|j| job_json_with_errors(j, &attempts)).collect();
-    let mut pagination = json!({ "total": total, "limit": limit, "has_more": page.next.is_some() });
+    let mut pagination = json!({ "total": total, "limit": limit, "offset": offset.unwrap_or(0), "has_more": page.next.is_some() });
     if let (Some(next), Some(p)) = (page.next, pagination.as_object_mut()) {
         p.insert("next_cursor".into(), Value::String(next.to_string()));
     }
@@ -65,4 +90,91 @@ pub async fn delete(State(state): State<AppState>, caller: Caller, Path(id): Pat
         return Err(ApiError::not_found("dead-letter job", id));
     }
     Ok(Json(json!({ "deleted": true, "job_id": id.to_string() })))
+}
+
+/// The dead letters a bulk request's fields select: `queue`, `type`, `error_type` (exact or
+/// `Prefix.*`), `since` / `older_than` (by when the job was created).
+pub fn purge_filter(f: &Fields<'_>) -> Result<JobFilter, ApiError> {
+    let mut filter = JobFilter::dead_letters();
+    if let Some(queue) = f.str("queue")? {
+        validate_queue(queue).map_err(|e| f.error("queue", e.reason))?;
+        filter.queue = Some(queue.to_owned());
+    }
+    if let Some(t) = f.str("type")? {
+        rebound_queue::job::validate_type(t).map_err(|e| f.error("type", e.reason))?;
+        filter.job_type = Some(t.to_owned());
+    }
+    if let Some(e) = f.str("error_type")? {
+        filter.error_type = Some(e.to_owned());
+    }
+    for (key, slot) in [("since", &mut filter.created_after), ("older_than", &mut filter.created_before)] {
+        if let Some(s) = f.str(key)? {
+            *slot = Some(parse_time(s, Timestamp::now()).map_err(|r| f.error(key, r))?);
+        }
+    }
+    Ok(filter)
+}
+
+/// `GET /ojs/v1/dead-letter/{id}`: one dead letter with its full error history.
+pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let id = path_uuid(&id)?;
+    let job = state.store.get_job(id).await?.filter(|j| j.dead_letter).ok_or_else(|| ApiError::not_found("dead-letter job", id))?;
+    let attempts = state.store.attempts(id).await?;
+    Ok(Json(json!({ "job": job_json_with_errors(&job, &attempts) })))
+}
+
+/// `POST /ojs/v1/dead-letter/retry` with `{"filter": {queue, type, since, error_type}, "confirm": true}`.
+pub async fn retry_matching(State(state): State<AppState>, caller: Caller, body: JsonObject) -> Result<Json<Value>, ApiError> {
+    let f = body.fields();
+    f.only(&["filter", "confirm"])?;
+    if f.bool("confirm")? != Some(true) {
+        return Err(f.error("confirm", "must be true: this re-drives every dead letter the filter matches"));
+    }
+    let g = f.object("filter")?.ok_or_else(|| f.error("filter", "is required (an empty object matches every dead letter)"))?;
+    g.only(&["queue", "type", "since", "older_than", "error_type"])?;
+    let filter = purge_filter(&g)?;
+    let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: caller.actor(), reason: Some("OJS dead-letter bulk retry".into()) };
+    let retried = state.store.redrive(&JobSelection::Filter(filter), &opts).await?;
+    Ok(Json(json!({ "retried": retried, "matched": retried })))
+}
+
+/// `DELETE /ojs/v1/dead-letter` with `{"queue"?, "type"?, "error_type"?, "older_than"?, "confirm": true}`.
+pub async fn purge(State(state): State<AppState>, caller: Caller, body: JsonObject) -> Result<Json<Value>, ApiError> {
+    let f = body.fields();
+    f.only(&["queue", "type", "error_type", "since", "older_than", "confirm"])?;
+    if f.bool("confirm")? != Some(true) {
+        return Err(f.error("confirm", "must be true: this deletes every dead letter the filter matches, for good"));
+    }
+    let filter = purge_filter(&f)?;
+    let purged = state.store.purge_dead_letters(&JobSelection::Filter(filter), &caller.actor(), Some("OJS dead-letter purge")).await?;
+    Ok(Json(json!({ "purged_count": purged, "deleted": purged })))
+}
+
+/// `GET /ojs/v1/dead-letter/stats?queue=&type=`: counts by queue and error type, the age span,
+/// and the retention the pruner applies by default (workers configure their own under
+/// `[prune]`; the server cannot see it).
+pub async fn stats(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
+    q.only(&["queue", "type"])?;
+    let mut filter = JobFilter::dead_letters();
+    if let Some(queue) = q.one("queue")? {
+        validate_queue(queue).map_err(|e| ApiError::invalid_field("queue", e.reason))?;
+        filter.queue = Some(queue.to_owned());
+    }
+    filter.job_type = q.one("type")?.map(str::to_owned);
+    let s = state.store.dead_letter_stats(&filter).await?;
+    let defaults = PruneConfig::default();
+    Ok(Json(json!({
+        "total": s.total,
+        "by_queue": s.by_queue,
+        "by_error_type": s.by_error_type,
+        "oldest_at": s.oldest_at.map(|t| t.to_string()),
+        "newest_at": s.newest_at.map(|t| t.to_string()),
+        "retention": {
+            "max_age": iso8601::format(defaults.dead_letters_after),
+            "max_count": defaults.dead_letters_per_queue,
+            "max_count_scope": "queue",
+            "source": "defaults of the worker's pruner",
+            "next_prune_at": null,
+        },
+    })))
 }

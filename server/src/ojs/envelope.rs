@@ -2,7 +2,8 @@
 //!
 //! Parsing names the offending field in every error (`options.priority`, `jobs[2].args`) and
 //! accepts what the conformance suites send beyond the prose: `delay_until` as an alias of
-//! `scheduled_at`, relative times (`"+PT2S"` = now + 2 s), `unique.keys` as well as `unique.key`,
+//! `scheduled_at`, relative times (`"+PT2S"` = now + 2 s), `unique.keys` with `args_keys` and
+//! `meta_keys` as well as the SDKs' `unique.key` and `period_ms`,
 //! and the JSON-format placement of `queue`, `priority`, `retry`, … at the top level.
 
 use std::time::Duration;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use rebound_queue::job::{Attempt, OnConflict, UniqueSpec};
 use rebound_queue::policy::iso8601;
+use rebound_queue::unique_key::{DIMENSIONS, Fingerprint};
 use rebound_queue::{Job, JobState, NewJob, PolicyPatch};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -145,9 +147,21 @@ fn extra_fields(f: &Fields<'_>, options: Option<&Fields<'_>>) -> Value {
 }
 
 fn parse_unique(u: &Fields<'_>, job: &NewJob) -> Result<UniqueSpec, ApiError> {
-    let keys_field = if u.get("keys").is_some() { "keys" } else { "key" };
-    let keys: Vec<String> = u.strings(keys_field)?.unwrap_or_default().into_iter().map(str::to_owned).collect();
-    let key = UniqueSpec::key_from_fields(job, &keys).map_err(|e| u.error(keys_field, e.reason))?;
+    let mut fingerprint = Fingerprint::default();
+    let named = |key: &str| -> Result<Vec<String>, ApiError> { Ok(u.strings(key)?.unwrap_or_default().into_iter().map(str::to_owned).collect()) };
+    fingerprint.dimensions = named("keys")?;
+    let mut args_keys = named("args_keys")?;
+    // The SDKs' `key` mixes both: dimension names (Python) and args field names (JS).
+    for k in named("key")? {
+        if DIMENSIONS.contains(&k.as_str()) { fingerprint.dimensions.push(k) } else { args_keys.push(k) }
+    }
+    if u.get("args_keys").is_some() || !args_keys.is_empty() {
+        fingerprint.args_keys = Some(args_keys);
+    }
+    if u.get("meta_keys").is_some() {
+        fingerprint.meta_keys = Some(named("meta_keys")?);
+    }
+    let key = fingerprint.key(job).map_err(|e| u.error(&e.field, e.reason))?;
     let on_conflict = match u.str("on_conflict")? {
         None | Some("reject") => OnConflict::Reject,
         Some("ignore") => OnConflict::Ignore,
@@ -162,7 +176,12 @@ fn parse_unique(u: &Fields<'_>, job: &NewJob) -> Result<UniqueSpec, ApiError> {
         .map(|(i, s)| s.parse::<JobState>().map_err(|e| u.error(&format!("states[{i}]"), e)))
         .collect::<Result<Vec<_>, _>>()?;
     let period = match u.str("period")? {
-        None => None,
+        // Go's SDK sends milliseconds.
+        None => match u.i64("period_ms")? {
+            None => None,
+            Some(ms) if ms <= 0 => return Err(u.error("period_ms", "must be a positive number of milliseconds")),
+            Some(ms) => Some(Duration::from_millis(ms.unsigned_abs())),
+        },
         Some(p) => match iso8601::parse(p) {
             Ok(d) if d.is_zero() => return Err(u.error("period", "must be longer than zero")),
             Ok(d) => Some(d),

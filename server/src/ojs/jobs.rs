@@ -75,8 +75,12 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
 /// `DELETE /ojs/v1/jobs/{id}`: cancels a job that has not finished; 409 if it has.
 pub async fn cancel(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let id = path_uuid(&id)?;
-    let job = state.store.cancel(id, Some(&caller.actor())).await?;
-    Ok(Json(json!({ "job": job_json(&job) })))
+    let (job, previous) = state.store.cancel_from(id, Some(&caller.actor())).await?;
+    let mut job = job_json(&job);
+    if let Some(m) = job.as_object_mut() {
+        m.insert("previous_state".into(), Value::String(previous.as_str().to_owned()));
+    }
+    Ok(Json(json!({ "job": job })))
 }
 
 /// `POST /ojs/v1/jobs/{id}/activate`: a `pending` job becomes available (or scheduled).

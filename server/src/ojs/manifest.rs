@@ -13,8 +13,19 @@ use crate::AppState;
 use crate::config::ApiAuth;
 
 /// `GET /ojs/manifest`. The suites read `specversion`, the spec prose `ojs_version`: both.
+///
+/// It declares what is implemented and nothing more: conformance level 2 (core, reliability,
+/// scheduling with cron; no workflows, so not 3), the level-4 features Rebound has as
+/// capabilities, and each extension with what of it is covered (`extension_details`).
 pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
-    let mut extensions = vec!["rebound:retry-policies", "rebound:events"];
+    let mut extensions = vec![
+        "urn:ojs:ext:admin-api",
+        "urn:ojs:ext:dead-letter",
+        "urn:ojs:ext:graceful-shutdown",
+        "urn:ojs:ext:rate-limiting",
+        "rebound:retry-policies",
+        "rebound:events",
+    ];
     if state.config.api_auth == ApiAuth::Token {
         extensions.push("auth:bearer");
     }
@@ -26,23 +37,53 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "version": env!("CARGO_PKG_VERSION"),
             "language": "rust",
         },
-        "conformance_level": 1,
+        "conformance_level": 2,
         "protocols": ["http"],
         "backend": "postgres",
         "capabilities": {
             "batch_enqueue": true,
-            "cron_jobs": false,
+            "cron_jobs": true,
             "dead_letter": true,
             "delayed_jobs": true,
             "job_ttl": true,
             "priority_queues": true,
-            "rate_limiting": false,
+            "rate_limiting": true,
             "schema_validation": false,
             "unique_jobs": true,
             "workflows": false,
             "pause_resume": true,
+            "queue_stats": true,
         },
         "extensions": extensions,
+        "extension_details": {
+            "admin-api": {
+                "implemented": ["queues", "queue detail", "pause/resume", "purge", "queue config (rate_limit)", "jobs (page/per_page, newest first)",
+                                "job detail", "cancel", "retry", "bulk retry/cancel/delete", "workers", "quiet", "deregister stale",
+                                "stats", "stats history (1m/5m/1h, all queues)", "dead letters", "system config"],
+                "not_implemented": ["maintenance mode", "queue concurrency/retention over the API", "job sort other than created_at desc", "type prefix filter"],
+            },
+            "dead-letter": {
+                "implemented": ["list (offset or cursor)", "get", "retry", "bulk retry", "delete", "purge", "stats", "retention (worker pruner)"],
+                "not_implemented": ["retry with override", "automatic replay rules", "dead_letter.* events"],
+            },
+            "graceful-shutdown": {
+                "implemented": ["worker SIGTERM/SIGINT: stop claiming, drain within shutdown_grace, heartbeats during drain",
+                                "heartbeat state quiet/terminate: no new jobs for that worker", "admin quiet directive", "ShutdownError nacks are retried"],
+                "not_implemented": ["SIGTSTP quiet", "failing unfinished jobs with ShutdownError (Rebound's worker hands them back unfailed)"],
+                "notes": "the worker's default shutdown_grace is 25s (the extension's default is 30s)",
+            },
+            "rate-limiting": {
+                "implemented": ["queue-level concurrency, rate (fixed windows) and throttle, enforced in the claim statement",
+                                "GET /rate-limits, GET/PUT /rate-limits/queue:<name>", "PUT /admin/queues/{name}/rate-limit"],
+                "not_implemented": ["per-job keyed limits (options.rate_limit)", "on_limit reschedule/drop", "dynamic limits", "rate_limit.* events", "X-RateLimit-* headers"],
+            },
+            "cron": {
+                "implemented": ["5/6-field expressions, names, L W #, @yearly…@hourly", "IANA time zones", "overlap skip/allow/cancel_previous/enqueue",
+                                "register (upsert)/list/get/delete/PATCH enabled", "pause/resume/trigger", "exactly-once ticks across processes"],
+                "implemented_events": ["cron.triggered", "cron.skipped (overlap_skip)"],
+                "not_implemented": ["@every", "cron.skipped for disabled or DST-skipped ticks"],
+            },
+        },
         "endpoints": {
             "base_url": "/ojs/v1",
             "manifest": "/ojs/manifest",

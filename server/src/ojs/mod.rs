@@ -3,25 +3,30 @@
 //! One module per resource; every handler parses the request, calls the store, and maps the
 //! answer. [`response`] gives every response the OJS headers and error shape.
 
+mod admin;
 pub mod body;
+pub mod cron;
 mod dead_letter;
 pub mod envelope;
 pub mod error;
 mod events;
 mod jobs;
 mod manifest;
+pub mod offset_pages;
 mod policies;
 pub mod query;
 mod queues;
+mod rate_limits;
 pub mod response;
 mod test_mode;
+pub mod unsupported;
 mod workers;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::middleware::{from_fn, from_fn_with_state};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
@@ -41,14 +46,44 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/workers/ack", post(workers::ack))
         .route("/v1/workers/nack", post(workers::nack))
         .route("/v1/workers/heartbeat", post(workers::heartbeat))
-        .route("/v1/dead-letter", get(dead_letter::list))
-        .route("/v1/dead-letter/{id}", axum::routing::delete(dead_letter::delete))
+        .route("/v1/dead-letter", get(dead_letter::list).delete(dead_letter::purge))
+        .route("/v1/dead-letter/stats", get(dead_letter::stats))
+        .route("/v1/dead-letter/retry", post(dead_letter::retry_matching))
+        .route("/v1/dead-letter/{id}", get(dead_letter::get).delete(dead_letter::delete))
         .route("/v1/dead-letter/{id}/retry", post(dead_letter::retry))
         .route("/v1/queues", get(queues::list))
         .route("/v1/queues/{name}/stats", get(queues::stats))
         .route("/v1/queues/{name}/pause", post(queues::pause))
         .route("/v1/queues/{name}/resume", post(queues::resume))
+        .route("/v1/cron", get(cron::list).post(cron::register))
+        .route("/v1/cron/{name}", get(cron::get).delete(cron::delete).patch(cron::toggle))
+        .route("/v1/cron/{name}/pause", post(cron::pause))
+        .route("/v1/cron/{name}/resume", post(cron::resume))
+        .route("/v1/cron/{name}/trigger", post(cron::trigger))
         .route("/v1/events", get(events::list))
+        .route("/v1/rate-limits", get(rate_limits::list))
+        .route("/v1/rate-limits/{key}", get(rate_limits::get).put(rate_limits::put))
+        .route("/v1/admin/queues", get(admin::queues))
+        .route("/v1/admin/queues/{name}", get(admin::queue))
+        .route("/v1/admin/queues/{name}/pause", post(admin::pause_queue))
+        .route("/v1/admin/queues/{name}/resume", post(admin::resume_queue))
+        .route("/v1/admin/queues/{name}/jobs", axum::routing::delete(admin::purge_queue))
+        .route("/v1/admin/queues/{name}/config", put(admin::queue_config))
+        .route("/v1/admin/queues/{name}/rate-limit", put(rate_limits::put_queue))
+        .route("/v1/admin/jobs", get(admin::jobs))
+        .route("/v1/admin/jobs/bulk/{action}", post(admin::bulk))
+        .route("/v1/admin/jobs/{id}", get(admin::job))
+        .route("/v1/admin/jobs/{id}/cancel", post(admin::cancel_job))
+        .route("/v1/admin/jobs/{id}/retry", post(admin::retry_job))
+        .route("/v1/admin/workers", get(admin::workers))
+        .route("/v1/admin/workers/{id}", get(admin::worker).delete(admin::deregister_worker))
+        .route("/v1/admin/workers/{id}/quiet", post(admin::quiet_worker))
+        .route("/v1/admin/stats", get(admin::stats))
+        .route("/v1/admin/stats/history", get(admin::stats_history))
+        .route("/v1/admin/dead-letter", get(admin::dead_letters).delete(admin::purge_dead_letters))
+        .route("/v1/admin/dead-letter/{id}/retry", post(admin::retry_dead_letter))
+        .route("/v1/admin/system/config", get(admin::system_config))
+        .route("/v1/admin/system/maintenance", post(admin::system_maintenance))
         .route("/v1/admin/policies", get(policies::list))
         .route("/v1/admin/policies/preview", post(policies::preview))
         .route("/v1/admin/policies/{type}", get(policies::get).put(policies::put).delete(policies::delete))
@@ -67,6 +102,7 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(RequestBodyLimitLayer::new(state.config.max_body_bytes))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, state.config.request_timeout))
+        .layer(from_fn(unsupported::require_known_version))
         .layer(from_fn(response::ojs_response))
         .with_state(state)
 }

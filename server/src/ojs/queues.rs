@@ -44,9 +44,26 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError
 }
 
 /// `GET /ojs/v1/queues/{name}/stats`: counts by state (zeroes for an unused queue).
+///
+/// Clients disagree on the shape, so the answer is a superset: the spec's
+/// `{"queue": "q", "status", "stats": {…}}` (Python and Go SDKs; Go needs `queue` to be a
+/// string) plus every count flat at the top level with `name` (the JS SDK). The level-4 suite's
+/// `{"queue": {"name", …}}` cannot coexist with a string `queue`; the spec's shape wins.
 pub async fn stats(State(state): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
     let q = state.store.queue(queue_name(&name)?).await?;
-    Ok(Json(json!({ "queue": queue_json(&q) })))
+    let mut flat = queue_json(&q);
+    let mut counts = flat.clone();
+    if let Some(c) = counts.as_object_mut() {
+        for key in ["name", "status", "paused", "paused_at"] {
+            c.remove(key);
+        }
+    }
+    if let Some(m) = flat.as_object_mut() {
+        m.insert("queue".into(), Value::String(q.name.clone()));
+        m.insert("stats".into(), counts);
+        m.insert("computed_at".into(), Value::String(jiff::Timestamp::now().to_string()));
+    }
+    Ok(Json(flat))
 }
 
 /// `POST /ojs/v1/queues/{name}/pause`: nothing is fetched from it until resumed; enqueues

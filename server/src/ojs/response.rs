@@ -5,7 +5,7 @@
 
 use axum::body::Body;
 use axum::extract::{OriginalUri, Request};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -25,9 +25,21 @@ const BARE_ERROR_BODY_LIMIT: usize = 64 * 1024;
 #[derive(Clone, Copy, Debug)]
 pub struct OwnBody;
 
+/// The media type of the answer: OJS' own, unless the client accepts only its
+/// `application/json` alias. Some clients parse bodies only under that exact type (the Python
+/// SDK); they can ask for it with `Accept: application/json`. Everyone else, including clients
+/// that send no `Accept`, gets `application/openjobspec+json`.
+fn response_media_type(accept: Option<&str>) -> &'static str {
+    match accept {
+        Some(a) if a.contains("application/json") && !a.contains(OJS_MEDIA_TYPE) => "application/json",
+        _ => OJS_MEDIA_TYPE,
+    }
+}
+
 /// Middleware for the `/ojs` routes.
 pub async fn ojs_response(req: Request, next: Next) -> Response {
     let request_id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let content_type = response_media_type(req.headers().get(ACCEPT).and_then(|v| v.to_str().ok()));
     let method = req.method().to_string();
     // Inside the nested `/ojs` router the URI has the prefix stripped; report the real one.
     let path = req.extensions().get::<OriginalUri>().map_or_else(|| req.uri().path().to_owned(), |u| u.path().to_owned());
@@ -49,12 +61,16 @@ pub async fn ojs_response(req: Request, next: Next) -> Response {
         *res.body_mut() = Body::from(body);
     }
     let headers = res.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static(OJS_MEDIA_TYPE));
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(OJS_VERSION, HeaderValue::from_static("1.0"));
     res
 }
 
-/// The fallback of the `/ojs` routes.
+/// The fallback of the `/ojs` routes: `422 unsupported` for spec endpoints of features this
+/// server lacks, else `404`.
 pub async fn no_route(method: Method, OriginalUri(uri): OriginalUri) -> Response {
+    if let Some(feature) = super::unsupported::feature_of(uri.path()) {
+        return super::unsupported::unsupported(feature).detail("path", uri.path()).into_response();
+    }
     ApiError::no_route(method.as_str(), uri.path()).into_response()
 }

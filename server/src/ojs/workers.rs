@@ -53,8 +53,16 @@ pub async fn fetch(State(state): State<AppState>, body: JsonObject) -> Result<Js
         }
     }
     let count = f.i64_in("count", 1, MAX_FETCH)?.unwrap_or(1);
+    let named = worker_id(&f, false)?;
+    // A worker that said it is stopping, or that an operator quieted, gets no new jobs
+    // (graceful shutdown); its heartbeats keep what it runs.
+    if let Some(w) = named
+        && !state.store.worker_accepts_work(w).await?
+    {
+        return Ok(Json(json!({ "jobs": [] })));
+    }
     let req = ClaimRequest {
-        worker_id: worker_id(&f, false)?.unwrap_or(ANONYMOUS_WORKER).to_owned(),
+        worker_id: named.unwrap_or(ANONYMOUS_WORKER).to_owned(),
         queues,
         limit: u32::try_from(count).unwrap_or(1),
         visibility_timeout: visibility(&f)?.unwrap_or(state.config.visibility_timeout),
@@ -124,6 +132,17 @@ fn handler_error(e: &Fields<'_>) -> Result<(HandlerError, String), ApiError> {
     Ok((error, code.to_owned()))
 }
 
+/// The OJS handler response codes (`ojs-retry.md` §7), sent as `error.code`, take precedence
+/// over the retry policy; any other code is an ordinary failure the policy judges.
+fn handler_outcome(code: &str, error: HandlerError) -> Outcome {
+    match code {
+        "DISCARD" => Outcome::Discard(error),
+        "DEAD_LETTER" => Outcome::DeadLetter(error),
+        "FAIL" => Outcome::Fail(error),
+        _ => Outcome::Retry(error),
+    }
+}
+
 /// The fields every nack answer carries.
 fn nack_answer(job: &Job) -> Map<String, Value> {
     let mut m = Map::new();
@@ -155,7 +174,14 @@ pub async fn nack(State(state): State<AppState>, body: JsonObject) -> Result<Jso
     }
     let error = error.ok_or_else(|| f.error("error", "is required"))?;
     let (handler_error, code) = handler_error(&error)?;
-    let failure = Failure { id, attempt: None, worker_id: worker.map(str::to_owned), outcome: Outcome::Retry(handler_error), error_code: Some(code) };
+    let mut handler_error = handler_error;
+    // A job interrupted by its worker's shutdown did not fail on its own (graceful shutdown §5.3):
+    // it is always retried.
+    if matches!(handler_error.error_type.as_str(), "ShutdownError" | "ShutdownTimeout") || matches!(code.as_str(), "ShutdownError" | "ShutdownTimeout") {
+        handler_error.retryable = true;
+    }
+    let outcome = handler_outcome(&code, handler_error);
+    let failure = Failure { id, attempt: None, worker_id: worker.map(str::to_owned), outcome, error_code: Some(code) };
     let result = state.store.fail(&failure).await?;
     let job = &result.job;
     state.metrics.count(JobCounter::Failed, &job.job_type, &job.queue);
@@ -188,23 +214,67 @@ pub async fn nack(State(state): State<AppState>, body: JsonObject) -> Result<Jso
     Ok(Json(Value::Object(m)))
 }
 
-/// `POST /ojs/v1/workers/heartbeat`: extends the claims of `active_jobs` and answers the
-/// worker's directive (`running`, or in test mode what the job's metadata asks for).
+/// Logs the jobs a beat named but could not extend because their claim had already lapsed
+/// (they are waiting to run again, or another worker runs them). Jobs that finished meanwhile
+/// are not worth a word.
+async fn warn_lapsed<'a>(state: &AppState, worker: &str, ids: impl Iterator<Item = &'a Uuid>) {
+    let mut lapsed = Vec::new();
+    for id in ids.take(20) {
+        if let Ok(Some(job)) = state.store.get_job(*id).await
+            && !job.state.is_terminal()
+        {
+            lapsed.push(format!("{id} ({})", job.state));
+        }
+    }
+    if !lapsed.is_empty() {
+        tracing::warn!(worker, lapsed = ?lapsed, "heartbeat came too late for these jobs: their claims had lapsed and they were handed back; beat more often than the visibility timeout");
+    }
+}
+
+/// The job ids a heartbeat lists, leniently: OJS puts them in `active_jobs`; the JS and Go SDKs
+/// send `active_jobs` as a count and the ids in `active_job_ids`. Both lists are read. The
+/// count, when given, says how many jobs the worker believes it runs.
+fn heartbeat_jobs(f: &Fields<'_>) -> Result<(Vec<Uuid>, Option<i64>), ApiError> {
+    let mut ids: Vec<Uuid> = Vec::new();
+    let mut count = None;
+    for key in ["active_jobs", "active_job_ids"] {
+        let raw = match f.get(key) {
+            Some(Value::Number(_)) if key == "active_jobs" => {
+                count = f.i64_in(key, 0, 1_000_000)?;
+                continue;
+            }
+            _ => f.strings(key)?.unwrap_or_default(),
+        };
+        if raw.len() > 10_000 {
+            return Err(f.error(key, "lists more than 10000 jobs"));
+        }
+        for (i, s) in raw.iter().enumerate() {
+            let id = parse_uuid(s).map_err(|r| f.error(&format!("{key}[{i}]"), r))?;
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+    }
+    Ok((ids, count))
+}
+
+/// `POST /ojs/v1/workers/heartbeat`: extends the claims of `active_jobs` (or `active_job_ids`)
+/// and answers the worker's directive (`running`, or in test mode what the job's metadata asks
+/// for). A beat that leaves running jobs unextended is logged: one that names no ids while
+/// saying jobs run (their claims will lapse), and ids whose claims had lapsed already.
 pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Result<Json<Value>, ApiError> {
     let f = body.fields();
     let worker = worker_id(&f, true)?.unwrap_or(ANONYMOUS_WORKER);
-    let raw_ids = f.strings("active_jobs")?.unwrap_or_default();
-    if raw_ids.len() > 10_000 {
-        return Err(f.error("active_jobs", "lists more than 10000 jobs"));
-    }
-    let ids = raw_ids
-        .iter()
-        .enumerate()
-        .map(|(i, s)| parse_uuid(s).map_err(|r| f.error(&format!("active_jobs[{i}]"), r)))
-        .collect::<Result<Vec<Uuid>, _>>()?;
+    let (ids, claimed_count) = heartbeat_jobs(&f)?;
     let vis = visibility(&f)?;
     // Any holder's claim is extended: OJS workers need not send the id they fetched with.
     let extended = state.store.heartbeat(None, &ids, vis).await?;
+    let said_running = claimed_count.unwrap_or(0).max(i64::try_from(ids.len()).unwrap_or(i64::MAX));
+    if ids.is_empty() && said_running > 0 {
+        tracing::warn!(worker, said_running, "heartbeat says jobs are running but names none (send their ids in active_jobs): no claim was extended; they will lapse and be run again");
+    } else if extended.len() < ids.len() {
+        warn_lapsed(&state, worker, ids.iter().filter(|id| !extended.contains(id))).await;
+    }
     state
         .store
         .register_worker(&WorkerRegistration {
@@ -216,8 +286,16 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
             version: "ojs/1.0".into(),
         })
         .await?;
-    state.store.worker_heartbeat(worker, i32::try_from(ids.len()).unwrap_or(i32::MAX), false).await?;
-    let directive = if state.config.test_mode { test_mode::directive(&state.store, &ids).await? } else { "running" };
+    // The worker's own state (graceful shutdown: `quiet` while draining, `terminate` at the end).
+    let stopping = matches!(f.str("state")?, Some("quiet" | "terminate" | "terminated" | "stopping"));
+    state.store.worker_heartbeat(worker, i32::try_from(said_running).unwrap_or(i32::MAX), stopping).await?;
+    let requested = state.store.requested_worker_state(worker).await?;
+    let directive = match requested.as_deref() {
+        Some("terminate") => "terminate",
+        Some("quiet") => "quiet",
+        _ if state.config.test_mode => test_mode::directive(&state.store, &ids).await?,
+        _ => "running",
+    };
     Ok(Json(json!({
         "state": directive,
         "jobs_extended": extended.iter().map(Uuid::to_string).collect::<Vec<_>>(),

@@ -109,6 +109,16 @@ impl TestServer {
         r.body["jobs"].get(0).cloned().unwrap_or(Value::Null)
     }
 
+    /// Makes a dead letter on `queue` whose error type is `error` (enqueue with one attempt and
+    /// `on_exhaustion: dead_letter`, fetch, nack); returns its id.
+    pub async fn dead_letter(&self, queue: &str, error: &str) -> String {
+        let job = self.enqueue(serde_json::json!({"type": "dead.job", "args": [], "options": {"queue": queue, "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}})).await;
+        assert_eq!(self.fetch(queue).await["id"], job["id"]);
+        let r = self.post("/ojs/v1/workers/nack", serde_json::json!({"job_id": job["id"], "error": {"code": "e", "type": error, "message": "broke"}})).await;
+        assert_eq!(r.body["state"], "discarded", "{}", r.text);
+        job["id"].as_str().expect("id").to_owned()
+    }
+
     /// How many jobs exist at all.
     pub async fn job_count(&self) -> i64 {
         self.db.store.count_jobs(&Default::default(), 1_000_000).await.expect("count jobs")

@@ -101,13 +101,13 @@ async fn queues_pause_resume_and_stats() {
     let job = s.enqueue(json!({"type": "q.job", "args": [], "options": {"queue": "paused-q"}})).await;
     assert_eq!(s.fetch("paused-q").await, Value::Null, "a paused queue accepts jobs but hands none out");
     let r = s.get("/ojs/v1/queues/paused-q/stats").await;
-    assert_eq!(r.body["queue"]["available"], 1);
-    assert_eq!(r.body["queue"]["status"], "paused");
+    assert_eq!(r.body["stats"]["available"], 1);
+    assert_eq!(r.body["status"], "paused");
     let r = s.post("/ojs/v1/queues/paused-q/resume", json!({})).await;
     assert_eq!(r.body["queue"]["paused"], false);
     assert_eq!(s.fetch("paused-q").await["id"], job["id"]);
     let r = s.get("/ojs/v1/queues/paused-q/stats").await;
-    assert_eq!((r.body["queue"]["available"].as_i64(), r.body["queue"]["active"].as_i64()), (Some(0), Some(1)));
+    assert_eq!((r.body["stats"]["available"].as_i64(), r.body["stats"]["active"].as_i64()), (Some(0), Some(1)));
     let r = s.get("/ojs/v1/queues").await;
     assert_eq!(r.body["queues"][0]["name"], "paused-q");
     let audit = s.db.store.audit_log(&Default::default()).await.expect("audit");

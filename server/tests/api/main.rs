@@ -1,10 +1,13 @@
 //! Integration tests of the HTTP API, driving the whole router in process against a fresh
 //! Postgres database per test. (One test binary: linking the server is the slow part.)
 
+mod admin;
 mod auth;
 mod common;
+mod cron;
 mod hostile_inputs;
 mod jobs;
 mod maintenance;
 mod metrics;
 mod policies;
+mod sdk_compat;

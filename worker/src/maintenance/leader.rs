@@ -12,6 +12,7 @@ use rebound_queue::store::Leadership;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::cron::{CRON_INTERVAL, CronFirer};
 use super::expirer::Expirer;
 use super::pruner::Pruner;
 use super::rescuer::Rescuer;
@@ -87,6 +88,7 @@ impl Maintenance {
         set.spawn(run_service(Scheduler { interval: s.scheduler_interval, batch: s.batch }, self.store.clone(), stop.clone()));
         set.spawn(run_service(Rescuer { interval: s.rescuer_interval, batch: s.batch }, self.store.clone(), stop.clone()));
         set.spawn(run_service(Expirer { interval: s.expirer_interval, batch: s.batch }, self.store.clone(), stop.clone()));
+        set.spawn(run_service(CronFirer { interval: CRON_INTERVAL, batch: s.batch }, self.store.clone(), stop.clone()));
         if let Some(p) = &s.pruner {
             set.spawn(run_service(Pruner { interval: p.interval, retention: p.retention.clone() }, self.store.clone(), stop.clone()));
         }

@@ -6,7 +6,9 @@
 //!   timeouts → `rebound.timeout`; the policy decides what follows.
 //! * [`expirer`]: jobs whose `expires_at` passed before they ran → discarded.
 //! * [`pruner`]: retention of finished jobs, dead letters and silent workers.
+//! * [`cron`]: due cron ticks → jobs (exactly once per tick, whoever fires).
 
+pub mod cron;
 pub mod expirer;
 pub mod leader;
 pub mod pruner;

@@ -1,0 +1,237 @@
+//! Operator actions of the OJS admin API that the dashboard's store functions do not cover:
+//! retrying finished jobs, deleting finished jobs, purging a queue, dead-letter statistics,
+//! and asking workers to go quiet or forgetting stale ones.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::Serialize;
+use serde_json::json;
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::audit::{Actor, record};
+use super::cancel::{BULK_LIMIT, JobSelection};
+use super::listing::JobFilter;
+use super::notify::notify_queues;
+use super::{Store, StoreError, millis, ts_opt};
+use crate::job::JobState;
+
+/// What a bulk action did to the jobs a filter matched.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct BulkReport {
+    /// Jobs the selection matched (at most [`BULK_LIMIT`]).
+    pub matched: u64,
+    /// Jobs the action applied to.
+    pub succeeded: u64,
+    /// Jobs it could not apply to, with why (the first 100).
+    pub refused: Vec<(Uuid, String)>,
+}
+
+/// Dead letters at a glance.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DeadLetterStats {
+    pub total: i64,
+    pub by_queue: BTreeMap<String, i64>,
+    pub by_error_type: BTreeMap<String, i64>,
+    pub oldest_at: Option<Timestamp>,
+    pub newest_at: Option<Timestamp>,
+}
+
+impl Store {
+    /// Makes finished jobs that did not succeed (`discarded`, dead letters included, and
+    /// `cancelled`) run again with a fresh attempt budget. Jobs in other states are reported
+    /// as refused. Audited.
+    pub async fn retry_finished_jobs(&self, sel: &JobSelection, actor: &Actor) -> Result<BulkReport, StoreError> {
+        self.bulk_on_finished(
+            sel,
+            actor,
+            "job.bulk_retry",
+            &[JobState::Discarded, JobState::Cancelled],
+            "UPDATE jobs SET state = 'available', attempt = 0, scheduled_at = now(), enqueued_at = now(),
+                             dead_letter = false, dead_lettered_at = NULL, discarded_at = NULL, cancelled_at = NULL,
+                             completed_at = NULL, locked_by = NULL, lock_expires_at = NULL, updated_at = now()
+             WHERE id = ANY($1) AND state IN ('discarded', 'cancelled')
+             RETURNING queue",
+        )
+        .await
+    }
+
+    /// Deletes finished jobs (completed, cancelled, discarded) with their history; others are
+    /// reported as refused. Audited.
+    pub async fn delete_finished_jobs(&self, sel: &JobSelection, actor: &Actor) -> Result<BulkReport, StoreError> {
+        self.bulk_on_finished(
+            sel,
+            actor,
+            "job.bulk_delete",
+            &[JobState::Completed, JobState::Cancelled, JobState::Discarded],
+            delete_with_history!("SELECT id FROM jobs WHERE id = ANY($1) AND state IN ('completed', 'cancelled', 'discarded')"),
+        )
+        .await
+    }
+
+    async fn bulk_on_finished(&self, sel: &JobSelection, actor: &Actor, action: &str, eligible: &[JobState], apply: &'static str) -> Result<BulkReport, StoreError> {
+        let mut tx = self.begin().await?;
+        let mut qb = sel.select_ids("true", BULK_LIMIT);
+        let matched: Vec<Uuid> = qb.build_query_scalar().fetch_all(&mut *tx).await?;
+        let states: Vec<(Uuid, JobState)> = sqlx::query_as("SELECT id, state FROM jobs WHERE id = ANY($1)").bind(&matched).fetch_all(&mut *tx).await?;
+        let (ok, refused): (Vec<_>, Vec<_>) = states.into_iter().partition(|(_, s)| eligible.contains(s));
+        let ids: Vec<Uuid> = ok.iter().map(|(id, _)| *id).collect();
+        let succeeded = if apply.starts_with("WITH gone") {
+            sqlx::query_scalar::<_, i64>(apply).bind(&ids).fetch_one(&mut *tx).await? as u64
+        } else {
+            let mut queues: Vec<String> = sqlx::query_scalar(apply).bind(&ids).fetch_all(&mut *tx).await?;
+            let n = queues.len() as u64;
+            queues.sort();
+            queues.dedup();
+            notify_queues(&mut *tx, &queues).await?;
+            n
+        };
+        let mut details = sel.describe();
+        if let Some(o) = details.as_object_mut() {
+            o.insert("affected".into(), json!(succeeded));
+            o.insert("refused".into(), json!(refused.len()));
+        }
+        record(&mut tx, actor, action, None, details).await?;
+        tx.commit().await?;
+        let allowed: Vec<&str> = eligible.iter().map(|s| s.as_str()).collect();
+        Ok(BulkReport {
+            matched: matched.len() as u64,
+            succeeded,
+            refused: refused
+                .into_iter()
+                .take(100)
+                .map(|(id, s)| (id, format!("job is {s}; only {} jobs qualify", allowed.join(" or "))))
+                .collect(),
+        })
+    }
+
+    /// Deletes a queue's jobs in `states` (not `active`: a worker holds those), optionally only
+    /// those finished (or, unfinished, created) before `older_than`. At most 50 000 per call.
+    /// Audited.
+    pub async fn purge_queue(&self, queue: &str, states: &[JobState], older_than: Option<Timestamp>, actor: &Actor) -> Result<u64, StoreError> {
+        if states.is_empty() {
+            return Err(StoreError::invalid("states", "name at least one state to purge"));
+        }
+        if states.contains(&JobState::Active) {
+            return Err(StoreError::invalid("states", "active jobs cannot be purged: a worker is running them; cancel them instead"));
+        }
+        let mut tx = self.begin().await?;
+        let deleted = sqlx::query_scalar::<_, i64>(delete_with_history!(
+            "SELECT id FROM jobs WHERE queue = $1 AND state = ANY($2)
+               AND ($3::timestamptz IS NULL OR COALESCE(completed_at, cancelled_at, discarded_at, created_at) < $3::timestamptz)
+             LIMIT $4"
+        ))
+        .bind(queue)
+        .bind(states)
+        .bind(older_than.map(|t| t.to_string()))
+        .bind(BULK_LIMIT)
+        .fetch_one(&mut *tx)
+        .await? as u64;
+        let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+        record(&mut tx, actor, "queue.purge", Some(queue), json!({"states": states, "older_than": older_than.map(|t| t.to_string()), "affected": deleted})).await?;
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
+    /// Counts of dead letters by queue and by error type, and their age span.
+    pub async fn dead_letter_stats(&self, filter: &JobFilter) -> Result<DeadLetterStats, StoreError> {
+        let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(
+            "SELECT j.queue, COALESCE(j.last_error->>'type', 'Unknown') AS error_type, count(*) AS n,
+                    min(j.dead_lettered_at) AS oldest, max(j.dead_lettered_at) AS newest
+             FROM jobs j WHERE j.dead_letter",
+        );
+        let mut f = filter.clone();
+        f.dead_letter = None;
+        f.push_conditions(&mut qb);
+        qb.push(" GROUP BY 1, 2");
+        let rows = qb.build().fetch_all(&self.pool).await?;
+        let mut stats = DeadLetterStats::default();
+        for r in &rows {
+            let n: i64 = r.try_get("n")?;
+            stats.total += n;
+            *stats.by_queue.entry(r.try_get("queue")?).or_default() += n;
+            *stats.by_error_type.entry(r.try_get("error_type")?).or_default() += n;
+            let (oldest, newest) = (ts_opt(r, "oldest")?, ts_opt(r, "newest")?);
+            stats.oldest_at = [stats.oldest_at, oldest].into_iter().flatten().min();
+            stats.newest_at = [stats.newest_at, newest].into_iter().flatten().max();
+        }
+        Ok(stats)
+    }
+
+    /// Asks a worker to go `quiet` or `terminate` at its next heartbeat (OJS directives).
+    /// Returns false if no such worker is registered. Audited.
+    pub async fn request_worker_state(&self, id: &str, state: &str, actor: &Actor) -> Result<bool, StoreError> {
+        if !matches!(state, "quiet" | "terminate") {
+            return Err(StoreError::invalid("state", format!("must be \"quiet\" or \"terminate\", got {state:?}")));
+        }
+        let mut tx = self.begin().await?;
+        let n = sqlx::query("UPDATE workers SET requested_state = $2 WHERE id = $1").bind(id).bind(state).execute(&mut *tx).await?.rows_affected();
+        if n == 1 {
+            record(&mut tx, actor, &format!("worker.{state}"), Some(id), json!({})).await?;
+        }
+        tx.commit().await?;
+        Ok(n == 1)
+    }
+
+    /// The directive an operator asked for a worker, if any (`quiet`, `terminate`).
+    pub async fn requested_worker_state(&self, id: &str) -> Result<Option<String>, StoreError> {
+        Ok(sqlx::query_scalar::<_, Option<String>>("SELECT requested_state FROM workers WHERE id = $1").bind(id).fetch_optional(&self.pool).await?.flatten())
+    }
+
+    /// Whether a worker may be handed jobs: not when it said it is stopping or an operator
+    /// asked it to go quiet. Unknown workers may.
+    pub async fn worker_accepts_work(&self, id: &str) -> Result<bool, StoreError> {
+        let blocked: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM workers WHERE id = $1 AND (stopping OR requested_state IS NOT NULL))")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(!blocked)
+    }
+
+    /// Forgets a worker that has been silent for at least `stale_after` and hands its active
+    /// jobs back (`available`, the attempt not counted). `Ok(None)` if no such worker;
+    /// [`StoreError::Invalid`] if it is not stale. Returns how many jobs were released. Audited.
+    pub async fn deregister_stale_worker(&self, id: &str, stale_after: Duration, actor: &Actor) -> Result<Option<u64>, StoreError> {
+        let mut tx = self.begin().await?;
+        let row = sqlx::query("SELECT last_heartbeat_at < now() - $2 * interval '1 millisecond' AS stale FROM workers WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .bind(millis(stale_after))
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = row else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        if !row.try_get::<bool, _>("stale")? {
+            tx.rollback().await?;
+            return Err(StoreError::invalid("id", format!("worker {id} sent a heartbeat within the last {}s; only stale workers can be deregistered (ask it to go quiet instead)", stale_after.as_secs())));
+        }
+        let queues: Vec<String> = sqlx::query_scalar(
+            "UPDATE jobs SET state = 'available', attempt = GREATEST(attempt - 1, 0), locked_by = NULL, lock_expires_at = NULL,
+                             enqueued_at = now(), updated_at = now()
+             WHERE state = 'active' AND locked_by = $1 RETURNING queue",
+        )
+        .bind(id)
+        .fetch_all(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM workers WHERE id = $1").bind(id).execute(&mut *tx).await?;
+        let released = queues.len() as u64;
+        let mut distinct = queues;
+        distinct.sort();
+        distinct.dedup();
+        notify_queues(&mut *tx, &distinct).await?;
+        record(&mut tx, actor, "worker.deregister", Some(id), json!({"released": released})).await?;
+        tx.commit().await?;
+        Ok(Some(released))
+    }
+
+    /// Ids of the jobs a worker is running.
+    pub async fn active_jobs_of(&self, worker_id: &str) -> Result<Vec<Uuid>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'active' AND locked_by = $1 ORDER BY id LIMIT 1000")
+            .bind(worker_id)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+}

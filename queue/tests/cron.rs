@@ -1,0 +1,152 @@
+//! Cron in the store: ticks taken exactly once by concurrent firers, catch-up, overlap
+//! policies, pause / resume / trigger / delete.
+
+use jiff::Timestamp;
+use rebound_queue::cron_schedule::CronSchedule;
+use rebound_queue::store::{Actor, CronSpec, CronTemplate, OverlapPolicy};
+use rebound_queue::testing::TestDb;
+use rebound_queue::{JobState, NewJob, Store};
+use serde_json::json;
+
+fn spec(name: &str, expression: &str, overlap: OverlapPolicy) -> CronSpec {
+    CronSpec {
+        name: name.into(),
+        schedule: CronSchedule::new(expression, "UTC").expect("schedule"),
+        template: CronTemplate::from_job(&NewJob::new("cron.job", json!([1])).queue("cq"), json!({"queue": "cq"})),
+        overlap_policy: overlap,
+        enabled: true,
+        description: Some("test".into()),
+    }
+}
+
+/// Makes the cron job due now: its next tick `minutes_ago` whole minutes ago. (Each tick is
+/// decided once, so a test that fires repeatedly uses a different one each time.)
+async fn make_due(store: &Store, name: &str, minutes_ago: i32) -> Timestamp {
+    sqlx::query_scalar::<_, jiff_sqlx::Timestamp>(
+        "UPDATE cron_jobs SET next_run_at = date_trunc('minute', now()) - $2 * interval '1 minute' WHERE name = $1 RETURNING next_run_at",
+    )
+    .bind(name)
+    .bind(minutes_ago)
+    .fetch_one(store.pool())
+    .await
+    .expect("make due")
+    .to_jiff()
+}
+
+async fn cron_jobs_of(store: &Store, name: &str) -> Vec<(uuid::Uuid, JobState)> {
+    sqlx::query_as::<_, (uuid::Uuid, JobState)>("SELECT id, state FROM jobs WHERE meta->>'cron_name' = $1 ORDER BY id")
+        .bind(name)
+        .fetch_all(store.pool())
+        .await
+        .expect("jobs")
+}
+
+#[tokio::test]
+async fn concurrent_firers_take_each_tick_once() {
+    let db = TestDb::new().await;
+    let actor = Actor::new("t");
+    db.store.register_cron(&spec("race", "* * * * *", OverlapPolicy::Allow), &actor).await.unwrap();
+    for round in 0..5 {
+        let tick = make_due(&db.store, "race", 10 - round as i32).await;
+        // Eight firers, each with its own pool, as eight processes would be: no leadership.
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let store = Store::connect(&db.url, 2).await.unwrap();
+            tasks.push(tokio::spawn(async move { store.fire_due_crons(10).await.unwrap().fired }));
+        }
+        let mut fired = 0;
+        for t in tasks {
+            fired += t.await.unwrap();
+        }
+        assert_eq!(fired, 1, "round {round}: tick {tick} fired {fired} times");
+        assert_eq!(cron_jobs_of(&db.store, "race").await.len(), round + 1);
+    }
+    let cron = db.store.cron_job("race").await.unwrap().unwrap();
+    assert_eq!(cron.run_count, 5);
+    assert!(cron.next_run_at.unwrap() > Timestamp::now(), "next run moved to the future");
+}
+
+#[tokio::test]
+async fn missed_ticks_fire_once_then_the_next_future_tick() {
+    let db = TestDb::new().await;
+    db.store.register_cron(&spec("late", "* * * * *", OverlapPolicy::Allow), &Actor::new("t")).await.unwrap();
+    sqlx::query("UPDATE cron_jobs SET next_run_at = date_trunc('minute', now()) - interval '30 minutes' WHERE name = 'late'")
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+    let pass = db.store.fire_due_crons(10).await.unwrap();
+    assert_eq!(pass.fired, 1);
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().fired, 0, "thirty missed minutes fire once");
+    let job = db.store.job(cron_jobs_of(&db.store, "late").await[0].0).await.unwrap();
+    assert_eq!((job.queue.as_str(), job.job_type.as_str(), job.args.clone()), ("cq", "cron.job", json!([1])));
+    assert_eq!(job.meta["cron_name"], "late");
+}
+
+#[tokio::test]
+async fn overlap_policies() {
+    let db = TestDb::new().await;
+    let actor = Actor::new("t");
+    for (name, policy) in [("skip", OverlapPolicy::Skip), ("allow", OverlapPolicy::Allow), ("cancel", OverlapPolicy::CancelPrevious), ("hold", OverlapPolicy::Enqueue)] {
+        db.store.register_cron(&spec(name, "* * * * *", policy), &actor).await.unwrap();
+        make_due(&db.store, name, 2).await;
+    }
+    let first = db.store.fire_due_crons(10).await.unwrap();
+    assert_eq!(first.fired, 4);
+    // The first runs are running: skip and cancel_previous look at running ones.
+    for name in ["skip", "cancel"] {
+        sqlx::query("UPDATE jobs SET state = 'active', attempt = 1, started_at = now() WHERE meta->>'cron_name' = $1")
+            .bind(name)
+            .execute(db.store.pool())
+            .await
+            .unwrap();
+    }
+    // The same tick again (a cron job re-registered onto a tick it fired) is not fired twice.
+    make_due(&db.store, "allow", 2).await;
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().fired, 0);
+    for name in ["skip", "allow", "cancel", "hold"] {
+        make_due(&db.store, name, 1).await;
+    }
+    let second = db.store.fire_due_crons(10).await.unwrap();
+    assert_eq!((second.fired, second.skipped), (3, 1));
+    let states = |v: Vec<(uuid::Uuid, JobState)>| v.into_iter().map(|(_, s)| s).collect::<Vec<_>>();
+    assert_eq!(states(cron_jobs_of(&db.store, "skip").await), [JobState::Active], "skip: the first is running");
+    assert_eq!(states(cron_jobs_of(&db.store, "allow").await), [JobState::Available, JobState::Available]);
+    assert_eq!(states(cron_jobs_of(&db.store, "cancel").await), [JobState::Cancelled, JobState::Available]);
+    assert_eq!(states(cron_jobs_of(&db.store, "hold").await), [JobState::Available, JobState::Pending], "enqueue: held behind the first");
+    assert_eq!(db.store.cron_job("skip").await.unwrap().unwrap().last_outcome.as_deref(), Some("skipped"));
+    let skipped = db.store.cron_events(&["cron.skipped".into()], &[], None, None, 10).await.unwrap();
+    assert_eq!(skipped.len(), 1);
+    assert_eq!((skipped[0].cron_name.as_str(), skipped[0].reason, skipped[0].job_id), ("skip", Some("overlap_skip"), None));
+    assert_eq!(db.store.cron_events(&[], &["cq".into()], None, None, 100).await.unwrap().len(), 8, "7 triggered + 1 skipped");
+    // The held job is released once the first run finished.
+    let hold = cron_jobs_of(&db.store, "hold").await;
+    db.store.cancel(hold[0].0, None).await.unwrap();
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().released, 1);
+    assert_eq!(db.store.job(hold[1].0).await.unwrap().state, JobState::Available);
+}
+
+#[tokio::test]
+async fn pause_resume_trigger_delete() {
+    let db = TestDb::new().await;
+    let actor = Actor::new("olivia");
+    let (cron, created) = db.store.register_cron(&spec("ops", "@hourly", OverlapPolicy::Skip), &actor).await.unwrap();
+    assert!(created && cron.next_run_at.is_some());
+    let (_, created) = db.store.register_cron(&spec("ops", "@daily", OverlapPolicy::Skip), &actor).await.unwrap();
+    assert!(!created, "registration is an upsert");
+    let paused = db.store.set_cron_enabled("ops", false, &actor).await.unwrap();
+    assert_eq!((paused.enabled, paused.next_run_at), (false, None));
+    sqlx::query("UPDATE cron_jobs SET next_run_at = now() - interval '1 hour' WHERE name = 'ops'").execute(db.store.pool()).await.unwrap();
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().fired, 0, "a paused cron job never fires");
+    let resumed = db.store.set_cron_enabled("ops", true, &actor).await.unwrap();
+    assert!(resumed.enabled && resumed.next_run_at.unwrap() > Timestamp::now());
+    let (after, job) = db.store.trigger_cron("ops", &actor).await.unwrap();
+    assert_eq!((after.last_outcome.as_deref(), after.last_job_id, after.run_count), (Some("triggered"), Some(job.id), 1));
+    assert_eq!(job.state, JobState::Available);
+    assert!(db.store.delete_cron("ops", &actor).await.unwrap().is_some());
+    assert!(db.store.delete_cron("ops", &actor).await.unwrap().is_none());
+    assert_eq!(db.store.job(job.id).await.unwrap().state, JobState::Available, "enqueued jobs stay");
+    let actions: Vec<String> = db.store.audit_log(&Default::default()).await.unwrap().into_iter().map(|e| e.action).collect();
+    for a in ["cron.register", "cron.update", "cron.pause", "cron.resume", "cron.trigger", "cron.delete"] {
+        assert!(actions.iter().any(|x| x == a), "{a} audited: {actions:?}");
+    }
+}

@@ -1,0 +1,115 @@
+//! Per-queue rate limits hold across concurrent claimers, each with its own connection pool
+//! (as separate worker processes and API servers would be): the claim statement enforces them.
+
+use std::time::{Duration, Instant};
+
+use rebound_queue::store::{Actor, ClaimRequest, Completion, QueueRateLimit, Window};
+use rebound_queue::testing::TestDb;
+use rebound_queue::{NewJob, Store};
+use serde_json::json;
+
+async fn fill(store: &Store, queue: &str, n: usize) {
+    let jobs = (0..n).map(|i| NewJob::new("rl.job", json!([i])).queue(queue)).collect();
+    store.enqueue_batch(jobs).await.expect("enqueue");
+}
+
+fn request(queue: &str, worker: usize, limit: u32) -> ClaimRequest {
+    ClaimRequest { worker_id: format!("w{worker}"), queues: vec![queue.into()], limit, visibility_timeout: Duration::from_secs(300) }
+}
+
+/// `claimers` tasks, each with its own pool, claim from `queue` in a loop for `run`; returns
+/// the start times (by the database's clock) of every job claimed.
+async fn race(url: &str, queue: &str, claimers: usize, batch: u32, run: Duration) -> Vec<jiff::Timestamp> {
+    let mut tasks = Vec::new();
+    for w in 0..claimers {
+        let store = Store::connect(url, 2).await.expect("connect");
+        let queue = queue.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut started = Vec::new();
+            let until = Instant::now() + run;
+            while Instant::now() < until {
+                for job in store.claim(&request(&queue, w, batch)).await.expect("claim") {
+                    started.push(job.started_at.expect("started"));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            started
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("claimer"));
+    }
+    all.sort();
+    all
+}
+
+#[tokio::test]
+async fn a_rate_window_admits_its_limit_across_eight_claimers() {
+    let db = TestDb::new().await;
+    fill(&db.store, "limited", 200).await;
+    fill(&db.store, "free", 50).await;
+    let limit = QueueRateLimit { rate: Some(Window { limit: 7, period: Duration::from_secs(3) }), ..Default::default() };
+    db.store.set_queue_rate_limit("limited", Some(&limit), &Actor::new("t")).await.expect("set");
+    let started = race(&db.url, "limited", 8, 3, Duration::from_millis(1500)).await;
+    assert_eq!(started.len(), 7, "one window admits exactly 7 starts: {started:?}");
+    // Unlimited queues are untouched.
+    assert_eq!(db.store.claim(&request("free", 99, 50)).await.expect("claim").len(), 50);
+    // The next window opens once this one has ended.
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    let next = race(&db.url, "limited", 8, 3, Duration::from_millis(500)).await;
+    assert_eq!(next.len(), 7, "the next window admits 7 more");
+    let state = &db.store.rate_limit_states(Some("limited")).await.expect("state")[0];
+    assert_eq!((state.rate_used, state.waiting), (7, 200 - 14));
+}
+
+#[tokio::test]
+async fn a_concurrency_limit_caps_active_jobs_across_claimers() {
+    let db = TestDb::new().await;
+    fill(&db.store, "conc", 100).await;
+    let limit = QueueRateLimit { concurrency: Some(4), ..Default::default() };
+    db.store.set_queue_rate_limit("conc", Some(&limit), &Actor::new("t")).await.expect("set");
+    let started = race(&db.url, "conc", 8, 5, Duration::from_millis(800)).await;
+    assert_eq!(started.len(), 4, "at most 4 active at once");
+    // Finishing two frees two slots, for whoever claims next.
+    let active: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM jobs WHERE queue = 'conc' AND state = 'active' LIMIT 2")
+        .fetch_all(db.store.pool())
+        .await
+        .expect("active");
+    for id in active {
+        db.store.complete(&Completion { id, attempt: None, worker_id: None, result: None }).await.expect("complete");
+    }
+    let more = race(&db.url, "conc", 8, 5, Duration::from_millis(500)).await;
+    assert_eq!(more.len(), 2);
+    let active: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE queue = 'conc' AND state = 'active'").fetch_one(db.store.pool()).await.expect("count");
+    assert_eq!(active, 4);
+}
+
+#[tokio::test]
+async fn a_throttle_spaces_starts_evenly() {
+    let db = TestDb::new().await;
+    fill(&db.store, "thr", 100).await;
+    // Four per second: starts at least 250 ms apart.
+    let limit = QueueRateLimit { throttle: Some(Window { limit: 4, period: Duration::from_secs(1) }), ..Default::default() };
+    db.store.set_queue_rate_limit("thr", Some(&limit), &Actor::new("t")).await.expect("set");
+    let started = race(&db.url, "thr", 6, 10, Duration::from_millis(1600)).await;
+    assert!((6..=7).contains(&started.len()), "about 1.6 s / 250 ms starts, got {}: {started:?}", started.len());
+    for pair in started.windows(2) {
+        let gap = pair[1].duration_since(pair[0]);
+        assert!(gap >= jiff::SignedDuration::from_millis(249), "starts {gap:?} apart: {started:?}");
+    }
+    // Removing the limit frees the queue at once.
+    db.store.set_queue_rate_limit("thr", None, &Actor::new("t")).await.expect("clear");
+    assert_eq!(db.store.claim(&request("thr", 0, 500)).await.expect("claim").len(), 100 - started.len());
+    assert!(db.store.rate_limit_states(None).await.expect("states").is_empty());
+}
+
+#[tokio::test]
+async fn invalid_limits_are_refused() {
+    let db = TestDb::new().await;
+    let zero_throttle = QueueRateLimit { throttle: Some(Window { limit: 0, period: Duration::from_secs(1) }), ..Default::default() };
+    assert!(db.store.set_queue_rate_limit("q", Some(&zero_throttle), &Actor::new("t")).await.is_err());
+    let zero_period = QueueRateLimit { rate: Some(Window { limit: 3, period: Duration::ZERO }), ..Default::default() };
+    assert!(db.store.set_queue_rate_limit("q", Some(&zero_period), &Actor::new("t")).await.is_err());
+    assert!(db.store.queue_rate_limit("q").await.expect("read").is_none(), "nothing half-saved");
+}

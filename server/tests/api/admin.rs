@@ -1,0 +1,237 @@
+//! The OJS admin API, the dead-letter extension, the graceful-shutdown behaviour of the worker
+//! protocol and queue rate limits over HTTP.
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::common::TestServer;
+
+fn id(job: &Value) -> String {
+    job["id"].as_str().unwrap_or_else(|| panic!("no id in {job}")).to_owned()
+}
+
+#[tokio::test]
+async fn admin_queues_jobs_and_stats() {
+    let s = TestServer::new().await;
+    for i in 0..5 {
+        s.enqueue(json!({"type": "admin.list", "args": [i], "options": {"queue": "aq"}})).await;
+    }
+    s.fetch("aq").await;
+    let r = s.get("/ojs/v1/admin/queues").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let q = &r.body["items"][0];
+    assert_eq!((q["name"].as_str(), q["state"].as_str(), q["counts"]["available"].as_i64(), q["counts"]["active"].as_i64()), (Some("aq"), Some("active"), Some(4), Some(1)));
+    assert_eq!(r.body["pagination"]["total"], 1);
+    let r = s.get("/ojs/v1/admin/queues/aq").await;
+    assert!(r.body["oldest_available_at"].is_string() && r.body["configuration"].is_object(), "{}", r.text);
+    let r = s.post("/ojs/v1/admin/queues/aq/pause", json!({})).await;
+    assert_eq!((r.body["name"].as_str(), r.body["paused"].as_bool()), (Some("aq"), Some(true)));
+    assert!(r.body["paused_at"].is_string());
+    assert_eq!(s.fetch("aq").await, Value::Null);
+    assert_eq!(s.post("/ojs/v1/admin/queues/aq/resume", json!({})).await.body["paused"], false);
+
+    // Jobs by page: three pages of two, newest first, then nothing.
+    let mut seen = Vec::new();
+    for page in 1..=3 {
+        let r = s.get(&format!("/ojs/v1/admin/jobs?queue=aq&per_page=2&page={page}")).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        assert_eq!((r.body["pagination"]["total"].as_i64(), r.body["pagination"]["page"].as_i64()), (Some(5), Some(page)));
+        seen.extend(r.body["items"].as_array().expect("items").iter().map(|j| j["args"][0].as_i64().expect("arg")));
+    }
+    assert_eq!(seen, [4, 3, 2, 1, 0]);
+    let r = s.get("/ojs/v1/admin/jobs?queue=aq&state=active").await;
+    assert_eq!(r.body["items"].as_array().map(Vec::len), Some(1));
+    assert_eq!(s.get("/ojs/v1/admin/jobs?state=finished").await.error_field(), Some("state"));
+    assert_eq!(s.get("/ojs/v1/admin/jobs?per_page=101").await.error_field(), Some("per_page"));
+
+    let job_id = s.get("/ojs/v1/admin/jobs?queue=aq&state=active").await.body["items"][0]["id"].as_str().expect("id").to_owned();
+    let r = s.get(&format!("/ojs/v1/admin/jobs/{job_id}")).await;
+    assert_eq!((r.body["state"].as_str(), r.body["specversion"].as_str()), (Some("active"), Some("1.0")), "{}", r.text);
+    assert!(r.body["retry_policy"]["max_attempts"].is_number() && r.body["metadata"]["started_at"].is_string() && r.body["errors"].is_array());
+    let r = s.post(&format!("/ojs/v1/admin/jobs/{job_id}/cancel"), json!({})).await;
+    assert_eq!((r.body["job"]["state"].as_str(), r.body["job"]["previous_state"].as_str()), (Some("cancelled"), Some("active")));
+    let r = s.post(&format!("/ojs/v1/admin/jobs/{job_id}/retry"), json!({})).await;
+    assert_eq!((r.status, r.body["job"]["state"].as_str(), r.body["job"]["attempt"].as_i64()), (StatusCode::OK, Some("available"), Some(0)), "{}", r.text);
+    let r = s.post(&format!("/ojs/v1/admin/jobs/{job_id}/retry"), json!({})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "an available job cannot be retried");
+
+    let r = s.get("/ojs/v1/admin/stats").await;
+    assert_eq!((r.body["queues"].as_i64(), r.body["jobs"]["available"].as_i64()), (Some(1), Some(5)), "{}", r.text);
+    assert!(r.body["throughput"]["processed_per_minute"].is_number() && r.body["uptime_seconds"].is_number());
+    let r = s.get("/ojs/v1/admin/stats/history?period=1m").await;
+    assert_eq!((r.status, r.body["period"].as_str()), (StatusCode::OK, Some("1m")), "{}", r.text);
+    assert!(r.body["data"].as_array().is_some_and(|d| !d.is_empty() && d[0]["timestamp"].is_string()));
+    assert_eq!(s.get("/ojs/v1/admin/stats/history?period=2m").await.error_field(), Some("period"));
+    let r = s.get("/ojs/v1/admin/system/config").await;
+    assert_eq!(r.body["implementation"]["name"], "rebound");
+    let r = s.post("/ojs/v1/admin/system/maintenance", json!({"enabled": true})).await;
+    assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")));
+}
+
+#[tokio::test]
+async fn bulk_operations_and_purges_demand_confirmation() {
+    let s = TestServer::new().await;
+    let dead = [s.dead_letter("bq", "Db.Down").await, s.dead_letter("bq", "Db.Down").await];
+    let live = s.enqueue(json!({"type": "admin.job", "args": [], "options": {"queue": "bq"}})).await;
+    let filter = json!({"queue": "bq"});
+    for (path, body) in [
+        ("/ojs/v1/admin/jobs/bulk/retry", json!({"filter": filter})),
+        ("/ojs/v1/admin/jobs/bulk/delete", json!({"filter": filter, "confirm": false})),
+        ("/ojs/v1/admin/jobs/bulk/cancel", json!({"filter": filter, "confirm": "yes"})),
+        ("/ojs/v1/dead-letter/retry", json!({"filter": filter})),
+    ] {
+        let r = s.post(path, body).await;
+        assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("confirm")), "{path}: {}", r.text);
+    }
+    for (path, body) in [
+        ("/ojs/v1/admin/queues/bq/jobs", json!({"states": ["discarded"]})),
+        ("/ojs/v1/admin/dead-letter", json!({"queue": "bq"})),
+        ("/ojs/v1/dead-letter", json!({"queue": "bq", "confirm": false})),
+    ] {
+        let r = s.call("DELETE", path, Some(body)).await;
+        assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("confirm")), "{path}: {}", r.text);
+    }
+    assert_eq!(s.job_count().await, 3, "nothing changed without confirmation");
+
+    // Bulk retry: the two discarded jobs run again; the available one is reported, not retried.
+    let r = s.post("/ojs/v1/admin/jobs/bulk/retry", json!({"filter": filter, "confirm": true})).await;
+    assert_eq!((r.body["action"].as_str(), r.body["matched"].as_i64(), r.body["succeeded"].as_i64(), r.body["failed"].as_i64()), (Some("retry"), Some(3), Some(2), Some(1)), "{}", r.text);
+    assert_eq!(r.body["errors"][0]["job_id"], live["id"]);
+    let r = s.post("/ojs/v1/admin/jobs/bulk/cancel", json!({"filter": filter, "confirm": true})).await;
+    assert_eq!(r.body["succeeded"], 3, "{}", r.text);
+    let r = s.post("/ojs/v1/admin/jobs/bulk/delete", json!({"filter": {"queue": "bq", "state": "cancelled"}, "confirm": true})).await;
+    assert_eq!((r.body["matched"].as_i64(), r.body["succeeded"].as_i64()), (Some(3), Some(3)), "{}", r.text);
+    assert_eq!(s.job_count().await, 0);
+    let _ = dead;
+
+    // Queue purge by state (active refused) and age.
+    for i in 0..3 {
+        s.enqueue(json!({"type": "admin.job", "args": [i], "options": {"queue": "pq"}})).await;
+    }
+    let r = s.call("DELETE", "/ojs/v1/admin/queues/pq/jobs", Some(json!({"states": ["active"], "confirm": true}))).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("states")), "{}", r.text);
+    let r = s.call("DELETE", "/ojs/v1/admin/queues/pq/jobs", Some(json!({"states": ["available"], "older_than": "2000-01-01T00:00:00Z", "confirm": true}))).await;
+    assert_eq!(r.body["purged_count"], 0, "{}", r.text);
+    let r = s.call("DELETE", "/ojs/v1/admin/queues/pq/jobs", Some(json!({"states": ["available"], "confirm": true}))).await;
+    assert_eq!((r.body["purged_count"].as_i64(), r.body["states"].clone()), (Some(3), json!(["available"])));
+    let audit = s.db.store.audit_log(&Default::default()).await.expect("audit");
+    for action in ["job.bulk_retry", "job.bulk_cancel", "job.bulk_delete", "queue.purge"] {
+        assert!(audit.iter().any(|e| e.action == action), "{action} audited");
+    }
+}
+
+#[tokio::test]
+async fn dead_letter_extension_get_bulk_retry_purge_and_stats() {
+    let s = TestServer::new().await;
+    let a = s.dead_letter("billing", "DatabaseConnectionError").await;
+    let b = s.dead_letter("billing", "TimeoutError").await;
+    let c = s.dead_letter("email", "DatabaseConnectionError").await;
+    let r = s.get(&format!("/ojs/v1/dead-letter/{a}")).await;
+    assert_eq!((r.status, r.body["job"]["errors"][0]["type"].as_str()), (StatusCode::OK, Some("DatabaseConnectionError")), "{}", r.text);
+    let live = s.enqueue(json!({"type": "x.y", "args": []})).await;
+    assert_eq!(s.get(&format!("/ojs/v1/dead-letter/{}", id(&live))).await.status, StatusCode::NOT_FOUND, "not a dead letter");
+
+    let r = s.get("/ojs/v1/dead-letter/stats").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.body["total"], 3);
+    assert_eq!(r.body["by_queue"], json!({"billing": 2, "email": 1}));
+    assert_eq!(r.body["by_error_type"], json!({"DatabaseConnectionError": 2, "TimeoutError": 1}));
+    assert!(r.body["oldest_at"].is_string() && r.body["newest_at"].is_string());
+    assert_eq!((r.body["retention"]["max_age"].as_str(), r.body["retention"]["max_count"].as_i64()), (Some("PT4320H"), Some(10_000)), "180 days");
+
+    let r = s.post("/ojs/v1/dead-letter/retry", json!({"filter": {"queue": "billing", "error_type": "DatabaseConnectionError"}, "confirm": true})).await;
+    assert_eq!(r.body["retried"], 1, "{}", r.text);
+    assert_eq!(s.get(&format!("/ojs/v1/jobs/{a}")).await.body["job"]["state"], "available");
+    let r = s.call("DELETE", "/ojs/v1/dead-letter", Some(json!({"queue": "billing", "confirm": true}))).await;
+    assert_eq!(r.body["purged_count"], 1, "{}", r.text);
+    assert_eq!(s.get(&format!("/ojs/v1/jobs/{b}")).await.status, StatusCode::NOT_FOUND);
+    // The admin path lists and retries dead letters too.
+    let r = s.get("/ojs/v1/admin/dead-letter?queue=email").await;
+    assert_eq!((r.body["items"][0]["id"].as_str(), r.body["pagination"]["total"].as_i64()), (Some(c.as_str()), Some(1)), "{}", r.text);
+    let r = s.post(&format!("/ojs/v1/admin/dead-letter/{c}/retry"), json!({})).await;
+    assert_eq!(r.body["job"]["state"], "available");
+    assert_eq!(s.get("/ojs/v1/dead-letter/stats").await.body["total"], 0);
+}
+
+#[tokio::test]
+async fn workers_quiet_and_stale_deregistration() {
+    let s = TestServer::new().await;
+    let job = s.enqueue(json!({"type": "gs.job", "args": [], "options": {"queue": "gs"}})).await;
+    s.enqueue(json!({"type": "gs.job", "args": [], "options": {"queue": "gs"}})).await;
+    let r = s.post("/ojs/v1/workers/fetch", json!({"queues": ["gs"], "worker_id": "w-1"})).await;
+    assert_eq!(r.body["jobs"][0]["id"], job["id"]);
+    let beat = |state: &str| json!({"worker_id": "w-1", "active_jobs": [job["id"]], "state": state});
+    assert_eq!(s.post("/ojs/v1/workers/heartbeat", beat("running")).await.body["state"], "running");
+    let r = s.get("/ojs/v1/admin/workers").await;
+    assert_eq!((r.body["items"][0]["id"].as_str(), r.body["summary"]["running"].as_i64()), (Some("w-1"), Some(1)), "{}", r.text);
+
+    // An operator quiets it: the next beat says so, and it is handed no new job.
+    let r = s.post("/ojs/v1/admin/workers/w-1/quiet", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = s.post("/ojs/v1/workers/heartbeat", beat("running")).await;
+    assert_eq!((r.body["state"].as_str(), r.body["jobs_extended"].clone()), (Some("quiet"), json!([job["id"]])), "beats still extend its jobs");
+    let r = s.post("/ojs/v1/workers/fetch", json!({"queues": ["gs"], "worker_id": "w-1"})).await;
+    assert_eq!(r.body["jobs"], json!([]), "a quiet worker gets nothing");
+    let r = s.get("/ojs/v1/admin/workers/w-1").await;
+    assert_eq!((r.body["active_job_ids"].clone(), r.body["requested_state"].as_str()), (json!([job["id"]]), Some("quiet")));
+
+    // A worker that says it is draining gets nothing either; others still do.
+    s.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "w-2", "active_jobs": [], "state": "quiet"})).await;
+    assert_eq!(s.post("/ojs/v1/workers/fetch", json!({"queues": ["gs"], "worker_id": "w-2"})).await.body["jobs"], json!([]));
+    assert_eq!(s.post("/ojs/v1/workers/fetch", json!({"queues": ["gs"], "worker_id": "w-3"})).await.body["jobs"].as_array().map(Vec::len), Some(1));
+
+    // A live worker cannot be deregistered; a stale one can, and its jobs go back.
+    assert_eq!(s.call("DELETE", "/ojs/v1/admin/workers/w-1", None).await.status, StatusCode::CONFLICT);
+    sqlx::query("UPDATE workers SET last_heartbeat_at = now() - interval '5 minutes' WHERE id = 'w-1'").execute(s.db.store.pool()).await.expect("age");
+    assert_eq!(s.get("/ojs/v1/admin/workers").await.body["summary"]["stale"], 1);
+    let r = s.call("DELETE", "/ojs/v1/admin/workers/w-1", None).await;
+    assert_eq!((r.status, r.body["released_jobs"].as_i64()), (StatusCode::OK, Some(1)), "{}", r.text);
+    let j = s.get(&format!("/ojs/v1/jobs/{}", id(&job))).await;
+    assert_eq!((j.body["job"]["state"].as_str(), j.body["job"]["attempt"].as_i64()), (Some("available"), Some(0)));
+    assert_eq!(s.call("DELETE", "/ojs/v1/admin/workers/w-1", None).await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn shutdown_errors_are_always_retried() {
+    let s = TestServer::new().await;
+    let job = s.enqueue(json!({"type": "gs.stop", "args": [], "options": {"queue": "sd", "retry": {"max_attempts": 3, "initial_interval": "PT1H", "max_interval": "PT2H"}}})).await;
+    s.fetch("sd").await;
+    let r = s.post("/ojs/v1/workers/nack", json!({"job_id": job["id"], "error": {"code": "ShutdownError", "type": "ShutdownError", "message": "grace period over", "retryable": false}})).await;
+    assert_eq!(r.body["state"], "retryable", "{}", r.text);
+}
+
+#[tokio::test]
+async fn queue_rate_limits_over_http() {
+    let s = TestServer::new().await;
+    let r = s.call("PUT", "/ojs/v1/admin/queues/rl/rate-limit", Some(json!({"rate": {"limit": 2, "period": "PT1H"}, "concurrency": 5}))).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.body["rate_limit"], json!({"rate": {"limit": 2, "period": "PT1H"}, "concurrency": 5}));
+    for i in 0..4 {
+        s.enqueue(json!({"type": "rl.job", "args": [i], "options": {"queue": "rl"}})).await;
+    }
+    let r = s.post("/ojs/v1/workers/fetch", json!({"queues": ["rl"], "count": 10})).await;
+    assert_eq!(r.body["jobs"].as_array().map(Vec::len), Some(2), "two per hour");
+    assert_eq!(s.fetch("rl").await, Value::Null);
+    let r = s.get("/ojs/v1/rate-limits/queue:rl").await;
+    assert_eq!((r.body["rate"]["current_count"].as_i64(), r.body["concurrency"]["active"].as_i64(), r.body["waiting_count"].as_i64()), (Some(2), Some(2), Some(2)), "{}", r.text);
+    assert!(r.body["rate"]["window_resets_at"].is_string());
+    assert_eq!(s.get("/ojs/v1/rate-limits").await.body["items"][0]["key"], "queue:rl");
+    assert_eq!(s.get("/ojs/v1/admin/queues/rl").await.body["configuration"]["rate_limit"]["rate"]["limit"], 2);
+    // The suites' shorthand, through the spec's PUT; an empty body removes the limit.
+    let r = s.call("PUT", "/ojs/v1/rate-limits/queue:rl", Some(json!({"max_per_second": 1}))).await;
+    assert_eq!(r.body["rate_limit"]["throttle"], json!({"limit": 1, "period": "PT1S"}), "{}", r.text);
+    assert!(s.fetch("rl").await.is_object());
+    assert_eq!(s.fetch("rl").await, Value::Null, "one per second");
+    assert_eq!(s.call("PUT", "/ojs/v1/rate-limits/queue:rl", Some(json!({}))).await.body["rate_limit"], Value::Null);
+    assert!(s.fetch("rl").await.is_object());
+    // Bad input names the field; keyed per-job limits are not offered.
+    let r = s.call("PUT", "/ojs/v1/admin/queues/rl/rate-limit", Some(json!({"rate": {"limit": 2, "period": "soon"}}))).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("rate.period")), "{}", r.text);
+    let r = s.call("PUT", "/ojs/v1/admin/queues/rl/rate-limit", Some(json!({"throttle": {"limit": 0, "period": "PT1S"}}))).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    let r = s.call("PUT", "/ojs/v1/rate-limits/Stripe%20API", Some(json!({"concurrency": 1}))).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("key")), "a bare key names a queue: {}", r.text);
+    let r = s.call("PUT", "/ojs/v1/rate-limits/tenant:acme", Some(json!({"concurrency": 1}))).await;
+    assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")));
+    assert_eq!(s.get("/ojs/v1/rate-limits/queue:none").await.status, StatusCode::NOT_FOUND);
+}

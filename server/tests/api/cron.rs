@@ -1,0 +1,132 @@
+//! Cron over the HTTP API (`ojs-cron.md`): both request shapes, validation naming the field,
+//! list / get / toggle / pause / resume / trigger / delete, and firing on schedule.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use rebound_server::maintenance::run_pass;
+use serde_json::{Value, json};
+
+use crate::common::TestServer;
+
+#[tokio::test]
+async fn register_in_both_shapes_list_get_toggle_delete() {
+    let s = TestServer::new().await;
+    // The spec's shape.
+    let r = s
+        .post("/ojs/v1/cron", json!({"name": "daily-report", "cron": "0 9 * * MON-FRI", "timezone": "America/New_York", "type": "report.generate", "args": [{"r": 1}], "options": {"queue": "reports", "retry": {"max_attempts": 2}}, "description": "weekday report"}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let c = &r.body["cron_job"];
+    assert_eq!((c["cron"].as_str(), c["expression"].as_str(), c["timezone"].as_str()), (Some("0 9 * * MON-FRI"), Some("0 9 * * MON-FRI"), Some("America/New_York")));
+    assert_eq!((c["type"].as_str(), c["queue"].as_str(), c["overlap_policy"].as_str(), c["enabled"].as_bool()), (Some("report.generate"), Some("reports"), Some("skip"), Some(true)));
+    let next: jiff::Timestamp = c["next_run_at"].as_str().expect("next_run_at").parse().expect("ts");
+    let local = next.to_zoned(jiff::tz::TimeZone::get("America/New_York").expect("tz"));
+    assert_eq!((local.hour(), local.minute()), (9, 0), "9:00 in New York: {local}");
+    assert_eq!(r.body["cron"], r.body["cron_job"], "the suites read `cron`");
+    // The suites' shape; registering the same name again is an update (200).
+    let r = s.post("/ojs/v1/cron", json!({"name": "cleanup", "expression": "@hourly", "overlap_policy": "allow", "job_template": {"type": "cache.clean", "args": [], "options": {"queue": "maint"}}})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let r = s.post("/ojs/v1/cron", json!({"name": "cleanup", "expression": "*/5 * * * *", "job_template": {"type": "cache.clean"}})).await;
+    assert_eq!((r.status, r.body["cron"]["expression"].as_str()), (StatusCode::OK, Some("*/5 * * * *")), "{}", r.text);
+
+    let r = s.get("/ojs/v1/cron").await;
+    let names: Vec<&str> = r.body["crons"].as_array().expect("crons").iter().filter_map(|c| c["name"].as_str()).collect();
+    assert_eq!(names, ["cleanup", "daily-report"]);
+    assert_eq!(r.body["cron_jobs"], r.body["crons"]);
+    assert_eq!(s.get("/ojs/v1/cron/cleanup").await.body["cron_job"]["name"], "cleanup");
+
+    let r = s.call("PATCH", "/ojs/v1/cron/cleanup", Some(json!({"enabled": false}))).await;
+    assert_eq!((r.body["cron_job"]["enabled"].as_bool(), r.body["cron_job"]["next_run_at"].clone()), (Some(false), Value::Null), "{}", r.text);
+    assert_eq!(s.get("/ojs/v1/cron?enabled=true").await.body["count"], 1);
+    let r = s.post("/ojs/v1/cron/cleanup/resume", json!({})).await;
+    assert!(r.body["cron_job"]["next_run_at"].is_string(), "{}", r.text);
+    assert_eq!(s.post("/ojs/v1/cron/cleanup/pause", json!({})).await.body["cron"]["status"], "paused");
+
+    let r = s.call("DELETE", "/ojs/v1/cron/cleanup", None).await;
+    assert_eq!((r.status, r.body["deleted"].as_bool(), r.body["name"].as_str()), (StatusCode::OK, Some(true), Some("cleanup")));
+    let r = s.call("DELETE", "/ojs/v1/cron/cleanup", None).await;
+    assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    assert_eq!(s.get("/ojs/v1/cron/nope").await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn invalid_registrations_name_the_field_and_save_nothing() {
+    let s = TestServer::new().await;
+    let base = || json!({"name": "x", "cron": "* * * * *", "type": "a.b"});
+    let with = |k: &str, v: Value| {
+        let mut b = base();
+        b[k] = v;
+        b
+    };
+    let mut suite_shaped = json!({"name": "x", "expression": "99 25 32 13 8", "job_template": {"type": "a.b"}});
+    let cases = [
+        (with("cron", json!("not a valid cron")), "cron"),
+        (with("cron", json!("0 0 0 0 0 0 0")), "cron"),
+        (with("cron", json!("*/0 * * * *")), "cron"),
+        (with("cron", json!("")), "cron"),
+        (suite_shaped.take(), "expression"),
+        (with("timezone", json!("EST")), "timezone"),
+        (with("timezone", json!("+05:00")), "timezone"),
+        (with("timezone", json!("Mars/Olympus")), "timezone"),
+        (with("name", json!("Bad Name")), "name"),
+        (with("overlap_policy", json!("sometimes")), "overlap_policy"),
+        (with("type", json!("Not.A.Type")), "type"),
+        (with("args", json!({"a": 1})), "args"),
+        (json!({"name": "x", "expression": "* * * * *", "job_template": {"type": "a.b", "options": {"priority": 500}}}), "job_template.options.priority"),
+        (json!({"name": "x", "type": "a.b"}), "cron"),
+    ];
+    for (body, field) in cases {
+        let r = s.post("/ojs/v1/cron", body.clone()).await;
+        assert!(r.status == StatusCode::BAD_REQUEST || r.status == StatusCode::UNPROCESSABLE_ENTITY, "{body}: {}", r.text);
+        assert_eq!(r.error_field(), Some(field), "{body}: {}", r.text);
+        assert!(!r.body["error"]["message"].as_str().unwrap_or("").is_empty());
+    }
+    assert_eq!(s.get("/ojs/v1/cron").await.body["count"], 0, "nothing half-saved");
+}
+
+#[tokio::test]
+async fn fires_on_schedule_and_trigger_enqueues_now() {
+    let s = TestServer::new().await;
+    let r = s.post("/ojs/v1/cron", json!({"name": "tick", "cron": "*/2 * * * * *", "overlap_policy": "allow", "type": "cron.tick", "args": [7], "options": {"queue": "ticks"}})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let first: jiff::Timestamp = r.body["cron"]["next_run_at"].as_str().expect("next").parse().expect("ts");
+    // Nothing is due before the first tick.
+    run_pass(&s.db.store, &s.state.metrics).await.expect("pass");
+    if jiff::Timestamp::now() < first {
+        assert_eq!(s.fetch("ticks").await, Value::Null);
+    }
+    let until = first + jiff::SignedDuration::from_millis(4100);
+    while jiff::Timestamp::now() < until {
+        run_pass(&s.db.store, &s.state.metrics).await.expect("pass");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut ticks = Vec::new();
+    loop {
+        let job = s.fetch("ticks").await;
+        if job.is_null() {
+            break;
+        }
+        assert_eq!((job["type"].as_str(), job["args"].clone(), job["meta"]["cron_name"].as_str()), (Some("cron.tick"), json!([7]), Some("tick")));
+        ticks.push(job["meta"]["cron_triggered_at"].as_str().expect("tick").parse::<jiff::Timestamp>().expect("ts"));
+    }
+    ticks.sort();
+    let expected: Vec<jiff::Timestamp> = (0..3).map(|i| first + jiff::SignedDuration::from_secs(2 * i)).collect();
+    assert_eq!(ticks, expected, "every two seconds from the first tick, each once");
+    let cron = s.get("/ojs/v1/cron/tick").await;
+    assert_eq!((cron.body["cron"]["run_count"].as_i64(), cron.body["cron"]["last_outcome"].as_str()), (Some(3), Some("enqueued")));
+
+    let r = s.get("/ojs/v1/events?types=cron.triggered&limit=10").await;
+    let events = r.body["events"].as_array().expect("events");
+    assert_eq!(events.len(), 3, "{}", r.text);
+    assert_eq!((events[0]["data"]["cron_name"].as_str(), events[0]["data"]["cron_expression"].as_str()), (Some("tick"), Some("*/2 * * * * *")));
+    assert!(events[0]["data"]["job_id"].is_string() && events[0]["data"]["scheduled_time"].is_string());
+    let r = s.get("/ojs/v1/events?queues=ticks&limit=50").await;
+    let types: Vec<&str> = r.body["events"].as_array().expect("events").iter().filter_map(|e| e["type"].as_str()).collect();
+    assert!(types.contains(&"cron.triggered") && types.contains(&"job.enqueued"), "{types:?}");
+
+    let r = s.post("/ojs/v1/cron/tick/trigger", json!({})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!((r.body["job"]["state"].as_str(), r.body["cron"]["last_outcome"].as_str()), (Some("available"), Some("triggered")));
+    assert_eq!(s.post("/ojs/v1/cron/nope/trigger", json!({})).await.status, StatusCode::NOT_FOUND);
+}

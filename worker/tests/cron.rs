@@ -1,0 +1,92 @@
+//! Cron fired by real `rebound-worker` processes: on schedule, exactly once per tick with three
+//! workers competing, and still exactly once after the leader is killed mid-stream.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use rebound_queue::cron_schedule::CronSchedule;
+use rebound_queue::store::{Actor, CronSpec, CronTemplate, OverlapPolicy};
+use rebound_queue::testing::TestDb;
+use rebound_queue::{NewJob, Store};
+use serde_json::json;
+use sqlx::Row;
+use support::{WorkerProcess, eventually, fast_config};
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// Jobs the cron job enqueued, by tick: (tick, how many jobs, when the first was created).
+async fn ticks(store: &Store) -> BTreeMap<Timestamp, (i64, Timestamp)> {
+    let rows = sqlx::query(
+        "SELECT (meta->>'cron_triggered_at')::timestamptz AS tick, count(*) AS n, min(created_at) AS created
+         FROM jobs WHERE meta->>'cron_name' = 'every-second' GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("count cron jobs");
+    rows.iter()
+        .map(|r| {
+            let tick = r.try_get::<jiff_sqlx::Timestamp, _>("tick").expect("tick").to_jiff();
+            let created = r.try_get::<jiff_sqlx::Timestamp, _>("created").expect("created").to_jiff();
+            (tick, (r.try_get("n").expect("n"), created))
+        })
+        .collect()
+}
+
+fn assert_once_each_on_time(ticks: &BTreeMap<Timestamp, (i64, Timestamp)>) {
+    for (tick, (n, created)) in ticks {
+        assert_eq!(*n, 1, "tick {tick} fired {n} times: {ticks:?}");
+        assert_eq!(tick.as_millisecond() % 1000, 0, "ticks fall on whole seconds: {tick}");
+        let late = created.duration_since(*tick);
+        assert!(late >= jiff::SignedDuration::ZERO, "tick {tick} fired early, at {created}");
+        assert!(late < jiff::SignedDuration::from_secs(3), "tick {tick} fired {late:?} late");
+    }
+}
+
+#[tokio::test]
+async fn three_workers_fire_each_tick_once_and_a_killed_leader_changes_nothing() {
+    let db = TestDb::new().await;
+    let spec = CronSpec {
+        name: "every-second".into(),
+        schedule: CronSchedule::new("* * * * * *", "UTC").expect("schedule"),
+        template: CronTemplate::from_job(&NewJob::new("cron.tick", json!([])).queue("cron-out"), json!({"queue": "cron-out"})),
+        overlap_policy: OverlapPolicy::Allow,
+        enabled: true,
+        description: None,
+    };
+    db.store.register_cron(&spec, &Actor::new("test")).await.expect("register");
+    // The workers serve another queue, so the cron jobs stay put to be counted.
+    let config = fast_config("", "elsewhere = 1", "[handlers.\"other.job\"]\nkind = \"exec\"\ncommand = [\"true\"]\n");
+    let mut workers: Vec<WorkerProcess> = (0..3).map(|_| WorkerProcess::start(&db.url, &config, &[])).collect();
+
+    eventually("the first ticks", LONG, || async { (ticks(&db.store).await.len() >= 4).then_some(()) }).await;
+    let leader = eventually("a leader", LONG, || {
+        let found = workers.iter().position(|w| w.log_text().contains("became the maintenance leader"));
+        async move { found }
+    })
+    .await;
+    let before_kill = ticks(&db.store).await;
+    assert_once_each_on_time(&before_kill);
+
+    workers[leader].kill9();
+    let killed_at = Timestamp::now();
+    eventually("ticks after the leader was killed", LONG, || async {
+        let after = ticks(&db.store).await;
+        (after.keys().filter(|t| **t > killed_at + jiff::SignedDuration::from_secs(1)).count() >= 3).then_some(())
+    })
+    .await;
+    let all = ticks(&db.store).await;
+    assert_once_each_on_time(&all);
+    // A new leader took over: the survivors' logs say so.
+    assert!(
+        workers.iter().enumerate().any(|(i, w)| i != leader && w.log_text().contains("became the maintenance leader")),
+        "a surviving worker became leader"
+    );
+    // The take-over gap is caught up with at most one fire: consecutive ticks, or one gap.
+    let gaps = all.keys().zip(all.keys().skip(1)).filter(|(a, b)| b.duration_since(**a) > jiff::SignedDuration::from_secs(1)).count();
+    assert!(gaps <= 1, "ticks missed more than once: {:?}", all.keys().collect::<Vec<_>>());
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM cron_runs WHERE cron_name = 'every-second'").fetch_one(db.store.pool()).await.expect("runs");
+    assert_eq!(runs, all.len() as i64, "one decided run per job");
+}
