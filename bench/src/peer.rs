@@ -116,7 +116,7 @@ fn worker_config(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
     let path = dir.join("bench-worker.toml");
     std::fs::write(
         &path,
-        format!("[prune]\nenabled = false\n\n[handlers.\"{NOOP}\"]\nkind = \"demo\"\nbehaviour = \"succeed\"\n\n[handlers.\"{FLAKY}\"]\nkind = \"demo\"\nbehaviour = \"flaky\"\n"),
+        format!("[prune]\nenabled = false\n\n[handlers.\"{NOOP}\"]\nkind = \"demo\"\nbehaviour = \"noop\"\n\n[handlers.\"{FLAKY}\"]\nkind = \"demo\"\nbehaviour = \"flaky\"\n"),
     )?;
     Ok(path)
 }

@@ -4,6 +4,7 @@
 //! | type | does | args (first element, all optional) |
 //! | --- | --- | --- |
 //! | `demo.succeed` | completes at once, echoing its args | anything |
+//! | `demo.noop` | completes at once with no result (what benchmarks run) | anything |
 //! | `demo.flaky` | fails transiently (`demo.transient`) with a probability, or its first n attempts | `{"failure_rate": 0.5}`, `{"fail_attempts": 1}` |
 //! | `demo.fail` | always fails with `demo.invalid_input` | `{"reason": "…"}` |
 //! | `demo.slow` | sleeps, then completes | `{"ms": 3000}` |
@@ -26,18 +27,20 @@ use crate::handler::{Handler, HandlerFuture, HandlerResult, JobContext};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DemoBehaviour {
     Succeed,
+    Noop,
     Flaky,
     Fail,
     Slow,
 }
 
 impl DemoBehaviour {
-    pub const ALL: [DemoBehaviour; 4] = [DemoBehaviour::Succeed, DemoBehaviour::Flaky, DemoBehaviour::Fail, DemoBehaviour::Slow];
-    pub const NAMES: &'static str = "succeed, flaky, fail or slow";
+    pub const ALL: [DemoBehaviour; 5] = [DemoBehaviour::Succeed, DemoBehaviour::Noop, DemoBehaviour::Flaky, DemoBehaviour::Fail, DemoBehaviour::Slow];
+    pub const NAMES: &'static str = "succeed, noop, flaky, fail or slow";
 
     pub fn name(self) -> &'static str {
         match self {
             DemoBehaviour::Succeed => "succeed",
+            DemoBehaviour::Noop => "noop",
             DemoBehaviour::Flaky => "flaky",
             DemoBehaviour::Fail => "fail",
             DemoBehaviour::Slow => "slow",
@@ -72,6 +75,7 @@ impl DemoHandler {
         let options = job.arg(0).cloned().unwrap_or(Value::Null);
         match self.behaviour {
             DemoBehaviour::Succeed => Ok(Some(json!({ "echo": job.args() }))),
+            DemoBehaviour::Noop => Ok(None),
             DemoBehaviour::Flaky => {
                 if let Some(n) = options.get("fail_attempts").and_then(Value::as_i64) {
                     return if i64::from(job.attempt()) <= n {
@@ -125,7 +129,7 @@ pub fn demo_policy(behaviour: DemoBehaviour) -> Option<PolicyPatch> {
             on_exhaustion: Some(OnExhaustion::DeadLetter),
             ..PolicyPatch::default()
         }),
-        DemoBehaviour::Succeed | DemoBehaviour::Slow => None,
+        DemoBehaviour::Succeed | DemoBehaviour::Noop | DemoBehaviour::Slow => None,
     }
 }
 
@@ -156,6 +160,7 @@ mod tests {
     #[tokio::test]
     async fn behaviours() {
         assert_eq!(run(DemoBehaviour::Succeed, json!([1])).await.unwrap(), Some(json!({"echo": [1]})));
+        assert_eq!(run(DemoBehaviour::Noop, json!([1])).await.unwrap(), None);
         assert!(run(DemoBehaviour::Flaky, json!([{"failure_rate": 0.0}])).await.is_ok());
         assert!(run(DemoBehaviour::Flaky, json!([{"fail_attempts": 1}])).await.is_err(), "attempt 1 of 1 failing");
         assert!(run(DemoBehaviour::Flaky, json!([{"fail_attempts": 0}])).await.is_ok());
