@@ -48,6 +48,22 @@ impl When {
     }
 }
 
+/// A count with thin groups of thousands, as the pages print counts: `20 000`.
+pub fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
+    if n < 0 {
+        out.push('-');
+    }
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(' ');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,5 +91,13 @@ mod tests {
         assert_eq!(When::of(later, now), When { at: "2026-11-22 14:03:02".into(), relative: "in 3m 2s".into() });
         assert_eq!(When::of(now, later).relative, "3m 2s ago");
         assert_eq!(When::of(now, now).relative, "now");
+    }
+
+    #[test]
+    fn thousands_groups_digits() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(20_000), "20 000");
+        assert_eq!(thousands(-1_234_567), "-1 234 567");
     }
 }

@@ -38,6 +38,8 @@ pub async fn run_pass(store: &Store, metrics: &Metrics) -> Result<PassReport, St
     let rescued = store.rescue_expired(BATCH).await?;
     let promoted = store.promote_due(BATCH).await?;
     let cron = store.fire_due_crons(BATCH).await?;
+    // The server leads when no worker runs maintenance: it keeps the count deltas short too.
+    store.fold_job_counts().await?;
     metrics.maintenance(promoted, &rescued, expired);
     if expired + rescued.stalled + rescued.timed_out + promoted > 0 {
         tracing::debug!(expired, stalled = rescued.stalled, timed_out = rescued.timed_out, promoted, "maintenance pass");

@@ -6,7 +6,7 @@ use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 use serde::{Deserialize, Serialize};
 
-use super::jobs::{JobRowsTable, JobsPageData, count_text, list_jobs};
+use super::jobs::{JobRowsTable, JobsPageData, count_text, list_jobs, window_note};
 use crate::auth::{CsrfField, ReadOnlyNote, use_can_act};
 use crate::error::AppError;
 use crate::feedback::{ActionResult, ErrorBox};
@@ -203,7 +203,8 @@ fn DeadLetterList(
     let qs = query.to_query_string();
     let next_href = data.next.as_ref().map(|n| if qs.is_empty() { format!("/dead-letters?after={n}") } else { format!("/dead-letters?{qs}&after={n}") });
     let first_href = (!after.is_empty()).then(|| if qs.is_empty() { "/dead-letters".to_string() } else { format!("/dead-letters?{qs}") });
-    if data.rows.is_empty() && after.is_empty() {
+    let note = window_note(&data);
+    if data.rows.is_empty() && after.is_empty() && data.next.is_none() {
         return view! { <p class="muted empty">"No dead letters match. Jobs land here when they exhaust their retries with on_exhaustion = dead_letter."</p> }.into_any();
     }
     let purge_query = query.clone();
@@ -216,6 +217,7 @@ fn DeadLetterList(
             <FilterHiddenFields query=query.clone()/>
             <div class="bulk-bar">
                 <span class="count"><strong>{matching.clone()}</strong> " dead letters"</span>
+                {note.map(|n| view! { <span class="muted search-window">{n}</span> })}
                 <fieldset class="inline">
                     <legend>"Re-drive"</legend>
                     <label><input type="radio" name="scope" value="selected" checked/> "ticked rows"</label>

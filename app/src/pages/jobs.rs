@@ -65,6 +65,10 @@ pub struct JobsPageData {
     pub next: Option<String>,
     pub matching: i64,
     pub matching_capped: bool,
+    /// A text or error-type search that had more jobs to read than one request reads: how
+    /// many of the newest were searched (`matching` counts among those).
+    #[serde(default)]
+    pub searched_window: Option<i64>,
 }
 
 #[cfg(feature = "ssr")]
@@ -83,12 +87,13 @@ pub async fn list_jobs(#[server(default)] query: JobQuery, #[server(default)] af
     }
     let after = if after.is_empty() { None } else { Some(parse_id(&after)?) };
     let page = store.list_jobs(&filter, after, PAGE_SIZE).await?;
-    let matching = store.count_jobs(&filter, COUNT_CAP).await?;
+    let counted = store.count_jobs_bounded(&filter, COUNT_CAP).await?;
     Ok(JobsPageData {
         rows: page.items.iter().map(|j| JobRow::from_job(j, now)).collect(),
         next: page.next.map(|id| id.to_string()),
-        matching,
-        matching_capped: matching >= COUNT_CAP,
+        matching: counted.n,
+        matching_capped: counted.capped,
+        searched_window: counted.windowed.then_some(rebound_queue::store::SEARCH_WINDOW),
     })
 }
 
@@ -176,6 +181,17 @@ pub fn count_text(n: i64, capped: bool) -> String {
     if capped { format!("{n}+") } else { n.to_string() }
 }
 
+/// Said under a search's count: a text or error-type search reads a bounded window of the
+/// newest jobs per page, so its count covers that window, and Older searches further back.
+pub fn window_note(data: &JobsPageData) -> Option<String> {
+    data.searched_window.map(|w| {
+        format!(
+            "counted among the newest {} jobs matching the other filters; Older searches further back, or narrow by time, type or queue",
+            crate::time_text::thousands(w)
+        )
+    })
+}
+
 #[component]
 fn JobsTable(data: JobsPageData, query: JobQuery, after: String, bulk: ServerAction<BulkJobs>) -> impl IntoView {
     let can_act = use_can_act();
@@ -195,6 +211,7 @@ fn JobsTable(data: JobsPageData, query: JobQuery, after: String, bulk: ServerAct
             <FilterHiddenFields query=query.clone()/>
             <div class="bulk-bar">
                 <span class="count"><strong>{matching.clone()}</strong> " matching jobs"</span>
+                {window_note(&data).map(|n| view! { <span class="muted search-window">{n}</span> })}
                 <fieldset class="inline">
                     <legend>"Apply to"</legend>
                     <label><input type="radio" name="scope" value="selected" checked/> "ticked rows"</label>

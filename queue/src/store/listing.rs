@@ -33,6 +33,20 @@ impl JobFilter {
 
     /// Appends ` AND …` conditions for this filter to a query whose `jobs` rows are aliased `j`.
     pub(crate) fn push_conditions(&self, qb: &mut QueryBuilder<Postgres>) {
+        self.push_indexed(qb);
+        self.push_residual(qb);
+    }
+
+    /// Whether some condition can only be checked row by row (text, error type): a listing
+    /// then searches a bounded window of the newest jobs matching the rest, see
+    /// [`SEARCH_WINDOW`], instead of possibly reading every job to fill a page.
+    pub fn is_search(&self) -> bool {
+        self.text.as_deref().is_some_and(|t| !t.is_empty()) || self.error_type.is_some()
+    }
+
+    /// The conditions the listing indexes answer: state, queue, type, dead-letter flag, and
+    /// time ranges as id ranges (ids are UUIDv7: their leading bits are the creation time).
+    fn push_indexed(&self, qb: &mut QueryBuilder<Postgres>) {
         // States are spelled as literals (they come from the enum, never from input): the
         // listing indexes leave out `available` and `active`, and only a literal lets the
         // planner prove that a filter stays inside an index's predicate.
@@ -54,6 +68,22 @@ impl JobFilter {
         if let Some(t) = &self.job_type {
             qb.push(" AND j.type = ").push_bind(t.clone());
         }
+        if let Some(d) = self.dead_letter {
+            qb.push(" AND j.dead_letter = ").push_bind(d);
+        }
+        if let Some(t) = self.created_after {
+            qb.push(" AND j.id >= ").push_bind(uuid_floor(t.as_millisecond()));
+            qb.push(" AND j.created_at >= ").push_bind(t.to_string()).push("::timestamptz");
+        }
+        if let Some(t) = self.created_before {
+            // Ids of the millisecond `t` falls in may still be before `t`.
+            qb.push(" AND j.id < ").push_bind(uuid_floor(t.as_millisecond().saturating_add(1)));
+            qb.push(" AND j.created_at < ").push_bind(t.to_string()).push("::timestamptz");
+        }
+    }
+
+    /// The conditions checked row by row.
+    fn push_residual(&self, qb: &mut QueryBuilder<Postgres>) {
         if let Some(e) = &self.error_type {
             match e.strip_suffix(".*") {
                 Some(prefix) => {
@@ -69,16 +99,35 @@ impl JobFilter {
             qb.push(" AND (j.args::text ILIKE ").push_bind(pattern.clone());
             qb.push(" OR (j.last_error->>'message') ILIKE ").push_bind(pattern).push(")");
         }
-        if let Some(d) = self.dead_letter {
-            qb.push(" AND j.dead_letter = ").push_bind(d);
-        }
-        if let Some(t) = self.created_after {
-            qb.push(" AND j.created_at >= ").push_bind(t.to_string()).push("::timestamptz");
-        }
-        if let Some(t) = self.created_before {
-            qb.push(" AND j.created_at < ").push_bind(t.to_string()).push("::timestamptz");
-        }
     }
+}
+
+/// How many of the newest jobs matching a filter's indexed conditions one search request
+/// reads (text and error-type conditions are checked row by row, so an unlimited search for a
+/// rare string would read all ten million jobs). A page that ran out of window before it
+/// filled continues from where the window ended: paging on searches older jobs.
+pub const SEARCH_WINDOW: i64 = 20_000;
+
+/// The smallest UUIDv7 of Unix millisecond `ms` (all random bits zero): ids at or above it were
+/// created in that millisecond or later.
+fn uuid_floor(ms: i64) -> Uuid {
+    let ms = ms.clamp(0, (1i64 << 48) - 1) as u64;
+    let mut b = [0u8; 16];
+    b[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    b[6] = 0x70;
+    b[8] = 0x80;
+    Uuid::from_bytes(b)
+}
+
+/// A count of matching jobs, as far as it was cheap to count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct JobCount {
+    pub n: i64,
+    /// At least `n` match: counting stopped at the cap.
+    pub capped: bool,
+    /// A search: `n` counts only the newest [`SEARCH_WINDOW`] jobs matching the indexed
+    /// conditions (`true` when there were more than that).
+    pub windowed: bool,
 }
 
 /// One page of a keyset-paginated listing.
@@ -128,10 +177,14 @@ impl Store {
     /// of the previous page. Never uses OFFSET, so page 1000 costs what page 1 does.
     pub async fn list_jobs(&self, filter: &JobFilter, after: Option<Uuid>, limit: i64) -> Result<Page<Job>, StoreError> {
         let limit = limit.clamp(1, 500);
+        let window_end = if filter.is_search() { self.search_window_end(filter, after).await? } else { None };
         let mut qb = QueryBuilder::<Postgres>::new("SELECT j.* FROM jobs j WHERE true");
         filter.push_conditions(&mut qb);
         if let Some(after) = after {
             qb.push(" AND j.id < ").push_bind(after);
+        }
+        if let Some(end) = window_end {
+            qb.push(" AND j.id >= ").push_bind(end);
         }
         qb.push(" ORDER BY j.id DESC LIMIT ").push_bind(limit + 1);
         let rows = qb.build().fetch_all(&self.pool).await?;
@@ -140,9 +193,23 @@ impl Store {
             items.truncate(limit as usize);
             items.last().map(|j| j.id)
         } else {
-            None
+            // The window ran out before the page filled: older jobs may still match, and the
+            // next page searches the window after this one.
+            window_end
         };
         Ok(Page { items, next })
+    }
+
+    /// For a search: the oldest id of the next [`SEARCH_WINDOW`] jobs (after `after`) that
+    /// match the filter's indexed conditions, or `None` when fewer remain. Reads ids only.
+    async fn search_window_end(&self, filter: &JobFilter, after: Option<Uuid>) -> Result<Option<Uuid>, StoreError> {
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT j.id FROM jobs j WHERE true");
+        filter.push_indexed(&mut qb);
+        if let Some(after) = after {
+            qb.push(" AND j.id < ").push_bind(after);
+        }
+        qb.push(" ORDER BY j.id DESC OFFSET ").push_bind(SEARCH_WINDOW - 1).push(" LIMIT 1");
+        Ok(qb.build_query_scalar().fetch_optional(&self.pool).await?)
     }
 
     /// The id that ends the first `offset` jobs matching `filter` in listing order (newest
@@ -160,21 +227,35 @@ impl Store {
     }
 
     /// How many jobs match `filter`, counting at most `cap` (so a huge match stays cheap; the
-    /// answer `cap` means "at least cap").
+    /// answer `cap` means "at least cap"). A search counts within its window, see
+    /// [`Store::count_jobs_bounded`].
     pub async fn count_jobs(&self, filter: &JobFilter, cap: i64) -> Result<i64, StoreError> {
-        let mut qb = QueryBuilder::<Postgres>::new("SELECT count(*) AS n FROM (SELECT 1 FROM jobs j WHERE true");
-        filter.push_conditions(&mut qb);
-        qb.push(" LIMIT ").push_bind(cap.max(1)).push(") AS capped");
-        let row = qb.build().fetch_one(&self.pool).await?;
-        Ok(row.try_get("n")?)
+        Ok(self.count_jobs_bounded(filter, cap).await?.n)
     }
 
-    /// Counts by queue, type, state and dead-letter flag.
+    /// How many jobs match `filter`, saying how far the count went: at most `cap`, and for a
+    /// search only within the newest [`SEARCH_WINDOW`] jobs matching the indexed conditions.
+    pub async fn count_jobs_bounded(&self, filter: &JobFilter, cap: i64) -> Result<JobCount, StoreError> {
+        let cap = cap.max(1);
+        let window_end = if filter.is_search() { self.search_window_end(filter, None).await? } else { None };
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT count(*) AS n FROM (SELECT 1 FROM jobs j WHERE true");
+        filter.push_conditions(&mut qb);
+        if let Some(end) = window_end {
+            qb.push(" AND j.id >= ").push_bind(end);
+        }
+        qb.push(" LIMIT ").push_bind(cap).push(") AS capped");
+        let row = qb.build().fetch_one(&self.pool).await?;
+        let n: i64 = row.try_get("n")?;
+        Ok(JobCount { n, capped: n >= cap, windowed: window_end.is_some() })
+    }
+
+    /// Counts by queue, type, state and dead-letter flag: exact, from the maintained counters
+    /// (never a count over the jobs table).
     pub async fn stats(&self, queue: Option<&str>) -> Result<Stats, StoreError> {
         let rows = sqlx::query(
-            "SELECT queue, type, state, dead_letter, count(*) AS n FROM jobs
+            "SELECT queue, type, state, dead_letter, n FROM job_count_totals
              WHERE ($1::text IS NULL OR queue = $1)
-             GROUP BY queue, type, state, dead_letter ORDER BY queue, type, state",
+             ORDER BY queue, type, state, dead_letter",
         )
         .bind(queue)
         .fetch_all(&self.pool)

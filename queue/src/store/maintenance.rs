@@ -34,6 +34,10 @@ pub struct PruneConfig {
     pub dead_letters_per_queue: i64,
     /// Workers whose last heartbeat is older than this are forgotten.
     pub workers_after: Duration,
+    /// Audit-log entries older than this are deleted.
+    pub audit_after: Duration,
+    /// Cron ticks' records (which tick fired which job) older than this are deleted.
+    pub cron_runs_after: Duration,
     /// Rows deleted per statement, so pruning never holds long locks.
     pub batch: i64,
 }
@@ -46,6 +50,8 @@ impl Default for PruneConfig {
             dead_letters_after: Duration::from_secs(180 * 24 * 3600),
             dead_letters_per_queue: 10_000,
             workers_after: Duration::from_secs(24 * 3600),
+            audit_after: Duration::from_secs(365 * 24 * 3600),
+            cron_runs_after: Duration::from_secs(30 * 24 * 3600),
             batch: 5_000,
         }
     }
@@ -58,6 +64,8 @@ pub struct PruneReport {
     pub discarded: u64,
     pub dead_letters: u64,
     pub workers: u64,
+    pub audit: u64,
+    pub cron_runs: u64,
 }
 
 /// Leadership held through a session-level advisory lock on a dedicated connection. If the
@@ -267,6 +275,73 @@ impl Store {
             .execute(&self.pool)
             .await?
             .rows_affected();
-        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers })
+        let audit = sqlx::query(
+            "DELETE FROM audit_log WHERE id IN (
+                 SELECT id FROM audit_log WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2)",
+        )
+        .bind(millis(cfg.audit_after))
+        .bind(cfg.batch)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        let cron_runs = sqlx::query(
+            // Each cron keeps its latest run (the Cron page's last outcome) and any run still
+            // waiting to enqueue, however old.
+            "DELETE FROM cron_runs WHERE (cron_name, scheduled_for) IN (
+                 SELECT x.cron_name, x.scheduled_for FROM cron_runs x
+                 WHERE x.fired_at < now() - $1 * interval '1 millisecond' AND x.outcome <> 'waiting'
+                   AND x.scheduled_for < (SELECT max(y.scheduled_for) FROM cron_runs y WHERE y.cron_name = x.cron_name)
+                 ORDER BY x.fired_at LIMIT $2)",
+        )
+        .bind(millis(cfg.cron_runs_after))
+        .bind(cfg.batch)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs })
+    }
+
+    /// Deletes the policy snapshots no attempt refers to any more (their jobs were pruned).
+    /// One scan of the attempt history, so the pruner runs it rarely (daily). The fail path
+    /// reuses an existing snapshot without writing it, so the snapshots table is locked against
+    /// those writes for the duration: a failure recorded meanwhile waits instead of pointing at
+    /// a snapshot deleted under it.
+    pub async fn prune_policy_snapshots(&self) -> Result<u64, StoreError> {
+        let mut tx = self.begin().await?;
+        sqlx::query("SET LOCAL lock_timeout = '2s'").execute(&mut *tx).await?;
+        sqlx::query("LOCK TABLE policy_snapshots IN SHARE ROW EXCLUSIVE MODE").execute(&mut *tx).await?;
+        let n = sqlx::query(
+            "DELETE FROM policy_snapshots p WHERE NOT EXISTS (SELECT 1 FROM job_attempts a WHERE a.policy_id = p.id)",
+        )
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    /// Folds the job-count deltas that writers appended into the counters (see the
+    /// `job_counts` migration). Readers add unfolded deltas themselves, so this only keeps
+    /// reads short; it never changes a count anyone sees. Returns the delta rows folded.
+    pub async fn fold_job_counts(&self) -> Result<u64, StoreError> {
+        let mut tx = self.begin().await?;
+        let n: i64 = sqlx::query_scalar(
+            "WITH taken AS (
+                 DELETE FROM job_count_deltas RETURNING queue, type, state, dead_letter, n
+             ), folded AS (
+                 INSERT INTO job_counts AS c (queue, type, state, dead_letter, n)
+                 SELECT queue, type, state, dead_letter, sum(n)::bigint FROM taken GROUP BY 1, 2, 3, 4
+                 ON CONFLICT (queue, type, state, dead_letter) DO UPDATE SET n = c.n + EXCLUDED.n
+             )
+             SELECT count(*) FROM taken",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        // Keys that dropped to zero (a queue drained and pruned) would otherwise pile up.
+        if n > 0 {
+            sqlx::query("DELETE FROM job_counts WHERE n = 0").execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(n as u64)
     }
 }

@@ -84,7 +84,7 @@ pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};
 pub use events::{EVENT_TYPES, EventFilter, JobEvent};
 pub use fail::{Failure, FailureResult, KnownRun};
-pub use listing::{ErrorGroup, JobFilter, Page, Stats, StatsRow};
+pub use listing::{ErrorGroup, JobCount, JobFilter, Page, SEARCH_WINDOW, Stats, StatsRow};
 pub use maintenance::{Leadership, PruneConfig, PruneReport, RescueReport};
 pub use in_place::{InPlaceEnd, InPlaceRun, RetriedInPlace};
 pub use notify::{JobListener, NOTIFY_CHANNEL, Notification, POLICY_CHANNEL};

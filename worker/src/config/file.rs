@@ -99,6 +99,8 @@ pub struct PruneSection {
     pub dead_letters_after: Option<ConfigDuration>,
     pub dead_letters_per_queue: Option<i64>,
     pub workers_after: Option<ConfigDuration>,
+    pub audit_after: Option<ConfigDuration>,
+    pub cron_runs_after: Option<ConfigDuration>,
     pub batch: Option<i64>,
 }
 

@@ -393,6 +393,8 @@ fn check_prune(file: &ConfigFile) -> Result<Option<PrunerSettings>, ConfigError>
         dead_letters_after: age(p.dead_letters_after, r.dead_letters_after),
         dead_letters_per_queue,
         workers_after: age(p.workers_after, r.workers_after),
+        audit_after: age(p.audit_after, r.audit_after),
+        cron_runs_after: age(p.cron_runs_after, r.cron_runs_after),
         batch: match p.batch {
             Some(n) => i64::from(positive("prune.batch", n)?),
             None => r.batch,

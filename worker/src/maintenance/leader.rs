@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cron::{CRON_INTERVAL, CronFirer};
 use super::expirer::Expirer;
+use super::counts::{CountFolder, FOLD_INTERVAL};
 use super::pruner::Pruner;
 use super::rescuer::Rescuer;
 use super::scheduler::Scheduler;
@@ -89,8 +90,9 @@ impl Maintenance {
         set.spawn(run_service(Rescuer { interval: s.rescuer_interval, batch: s.batch }, self.store.clone(), stop.clone()));
         set.spawn(run_service(Expirer { interval: s.expirer_interval, batch: s.batch }, self.store.clone(), stop.clone()));
         set.spawn(run_service(CronFirer { interval: CRON_INTERVAL, batch: s.batch }, self.store.clone(), stop.clone()));
+        set.spawn(run_service(CountFolder { interval: FOLD_INTERVAL }, self.store.clone(), stop.clone()));
         if let Some(p) = &s.pruner {
-            set.spawn(run_service(Pruner { interval: p.interval, retention: p.retention.clone() }, self.store.clone(), stop.clone()));
+            set.spawn(run_service(Pruner::new(p.interval, p.retention.clone()), self.store.clone(), stop.clone()));
         }
         set
     }

@@ -8,6 +8,7 @@
 //! * [`pruner`]: retention of finished jobs, dead letters and silent workers.
 //! * [`cron`]: due cron ticks → jobs (exactly once per tick, whoever fires).
 
+pub mod counts;
 pub mod cron;
 pub mod expirer;
 pub mod leader;

@@ -2,8 +2,11 @@
 //! letters after 180 days or beyond 10 000 per queue (oldest first) by default; workers that
 //! have been silent for a day are forgotten. Deletes run in bounded batches so pruning never
 //! holds long locks, and a pass that hit its batch limit is followed by another at once.
+//! Audit entries (a year) and cron runs (30 days) age out the same way; policy snapshots no
+//! attempt refers to any more are swept once a day (it reads the whole attempt history).
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use rebound_queue::store::{PruneConfig, PruneReport};
 use rebound_queue::{Store, StoreError};
@@ -13,13 +16,31 @@ use super::MaintenanceService;
 pub struct Pruner {
     pub interval: Duration,
     pub retention: PruneConfig,
+    snapshots_swept: Mutex<Option<Instant>>,
 }
 
+/// How often unreferenced policy snapshots are swept.
+const SNAPSHOT_SWEEP_EVERY: Duration = Duration::from_secs(24 * 3600);
+
 impl Pruner {
+    pub fn new(interval: Duration, retention: PruneConfig) -> Pruner {
+        Pruner { interval, retention, snapshots_swept: Mutex::new(None) }
+    }
+
+    /// True (and remembered) when the daily snapshot sweep is due.
+    fn snapshot_sweep_due(&self) -> bool {
+        let Ok(mut last) = self.snapshots_swept.lock() else { return false };
+        if last.is_some_and(|at| at.elapsed() < SNAPSHOT_SWEEP_EVERY) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
+    }
+
     /// Whether a pass deleted a full batch of something.
     fn hit_limit(&self, r: &PruneReport) -> bool {
         let batch = self.retention.batch.max(1) as u64;
-        r.completed >= batch || r.discarded >= batch || r.dead_letters >= batch
+        r.completed >= batch || r.discarded >= batch || r.dead_letters >= batch || r.audit >= batch || r.cron_runs >= batch
     }
 }
 
@@ -36,7 +57,13 @@ impl MaintenanceService for Pruner {
         let report = store.prune(&self.retention).await?;
         if report != PruneReport::default() {
             tracing::info!(completed = report.completed, discarded = report.discarded, dead_letters = report.dead_letters,
-                workers = report.workers, "pruned old jobs");
+                workers = report.workers, audit = report.audit, cron_runs = report.cron_runs, "pruned old jobs");
+        }
+        if self.snapshot_sweep_due() {
+            let swept = store.prune_policy_snapshots().await?;
+            if swept > 0 {
+                tracing::info!(policy_snapshots = swept, "pruned policy snapshots no attempt refers to");
+            }
         }
         Ok(self.hit_limit(&report))
     }
@@ -79,7 +106,7 @@ mod tests {
         }
 
         // Nothing is old enough under the defaults.
-        let keep = Pruner { interval: Duration::from_secs(60), retention: PruneConfig::default() };
+        let keep = Pruner::new(Duration::from_secs(60), PruneConfig::default());
         assert!(!keep.run_once(&db.store).await.unwrap());
         assert!(db.store.get_job(completed).await.unwrap().is_some());
 
@@ -89,7 +116,7 @@ mod tests {
             dead_letters_per_queue: 2,
             ..PruneConfig::default()
         };
-        let pruner = Pruner { interval: Duration::from_secs(60), retention };
+        let pruner = Pruner::new(Duration::from_secs(60), retention);
         assert!(!pruner.run_once(&db.store).await.unwrap());
         assert!(db.store.get_job(completed).await.unwrap().is_none());
         assert!(db.store.get_job(discarded).await.unwrap().is_none());
@@ -99,7 +126,7 @@ mod tests {
         assert!(db.store.get_job(dead[2]).await.unwrap().is_some());
 
         // A full batch asks for another pass at once.
-        let batch_of_one = Pruner { interval: Duration::from_secs(60), retention: PruneConfig { batch: 1, dead_letters_per_queue: 0, ..pruner.retention.clone() } };
+        let batch_of_one = Pruner::new(Duration::from_secs(60), PruneConfig { batch: 1, dead_letters_per_queue: 0, ..pruner.retention.clone() });
         assert!(batch_of_one.run_once(&db.store).await.unwrap());
     }
 }

@@ -1,0 +1,177 @@
+//! What keeps the dashboard's reads bounded on a large database, against a real Postgres:
+//! the maintained job counters (exact through every kind of write, folded or not) and
+//! searches that read a bounded window per page yet find old matches by paging on.
+
+use std::time::Duration;
+
+use rebound_queue::outcome::{HandlerError, Outcome};
+use rebound_queue::store::{ClaimRequest, Completion, Failure, JobFilter, PruneConfig, SEARCH_WINDOW};
+use rebound_queue::testing::TestDb;
+use rebound_queue::{JobState, NewJob, Store};
+use serde_json::json;
+
+/// Every (queue, type, state, dead_letter) group counted from the jobs table itself.
+async fn counted_from_jobs(s: &Store) -> Vec<(String, String, String, bool, i64)> {
+    sqlx::query_as(
+        "SELECT queue, type, state::text, dead_letter, count(*) FROM jobs GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4",
+    )
+    .fetch_all(s.pool())
+    .await
+    .unwrap()
+}
+
+/// The same groups as the store reports them (from the counters).
+async fn counted_by_store(s: &Store) -> Vec<(String, String, String, bool, i64)> {
+    let mut rows: Vec<_> = s
+        .stats(None)
+        .await
+        .unwrap()
+        .rows
+        .into_iter()
+        .map(|r| (r.queue, r.job_type, r.state.as_str().to_string(), r.dead_letter, r.count))
+        .collect();
+    rows.sort();
+    rows
+}
+
+async fn assert_counts_exact(s: &Store, when: &str) {
+    assert_eq!(counted_by_store(s).await, counted_from_jobs(s).await, "counters disagree with the table {when}");
+}
+
+#[tokio::test]
+async fn counters_stay_exact_through_every_kind_of_write() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let jobs: Vec<NewJob> = (0..30)
+        .map(|i| {
+            let mut j = NewJob::new(if i % 3 == 0 { "count.a" } else { "count.b" }, json!([i]));
+            j.queue = if i % 2 == 0 { "even".into() } else { "odd".into() };
+            j
+        })
+        .collect();
+    s.enqueue_batch(jobs).await.unwrap();
+    assert_counts_exact(s, "after enqueue").await;
+
+    let claim = ClaimRequest {
+        worker_id: "w".into(),
+        queues: vec!["even".into(), "odd".into()],
+        limit: 12,
+        visibility_timeout: Duration::from_secs(30),
+    };
+    let claimed = s.claim(&claim).await.unwrap();
+    assert_eq!(claimed.len(), 12);
+    assert_counts_exact(s, "after a claim").await;
+    s.fold_job_counts().await.unwrap();
+    assert_counts_exact(s, "after a fold").await;
+
+    for job in &claimed[..6] {
+        s.complete(&Completion { id: job.id, attempt: Some(1), worker_id: Some("w".into()), result: None }).await.unwrap();
+    }
+    for (i, job) in claimed[6..].iter().enumerate() {
+        let outcome = if i % 2 == 0 {
+            Outcome::DeadLetter(HandlerError::new("count.broken", "no"))
+        } else {
+            Outcome::Retry(HandlerError::new("count.flaky", "again"))
+        };
+        s.fail(&Failure { id: job.id, attempt: Some(1), worker_id: Some("w".into()), outcome, error_code: None }).await.unwrap();
+    }
+    assert_counts_exact(s, "after completions and failures").await;
+
+    // A hand edit in psql is counted like the store's own writes.
+    sqlx::query("UPDATE jobs SET queue = 'moved' WHERE type = 'count.a' AND state = 'available'").execute(s.pool()).await.unwrap();
+    assert_counts_exact(s, "after a hand edit").await;
+    s.fold_job_counts().await.unwrap();
+
+    // Pruning deletes; heartbeats-style updates that change nothing counted add nothing.
+    sqlx::query("UPDATE jobs SET updated_at = now()").execute(s.pool()).await.unwrap();
+    let deltas: i64 = sqlx::query_scalar("SELECT count(*) FROM job_count_deltas").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(deltas, 0, "an update that moves no job between groups appends no delta");
+    sqlx::query("UPDATE jobs SET completed_at = now() - interval '2 days' WHERE state = 'completed'").execute(s.pool()).await.unwrap();
+    let report = s.prune(&PruneConfig::default()).await.unwrap();
+    assert_eq!(report.completed, 6);
+    assert_counts_exact(s, "after pruning").await;
+    s.fold_job_counts().await.unwrap();
+    assert_counts_exact(s, "after the second fold").await;
+    let zero_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM job_counts WHERE n = 0").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(zero_rows, 0, "groups that emptied are dropped");
+
+    let queues = s.queues().await.unwrap();
+    let names: Vec<&str> = queues.iter().map(|q| q.name.as_str()).collect();
+    assert_eq!(names, ["even", "moved", "odd"]);
+    let total: i64 = queues.iter().map(|q| q.available + q.active + q.retryable + q.discarded + q.completed).sum();
+    let in_table: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(total, in_table);
+    assert_eq!(queues.iter().map(|q| q.dead_letters).sum::<i64>(), 3);
+
+    sqlx::query("TRUNCATE jobs").execute(s.pool()).await.unwrap();
+    assert!(counted_by_store(s).await.is_empty(), "a truncate empties the counters");
+}
+
+#[tokio::test]
+async fn searches_read_a_bounded_window_and_page_on_to_older_matches() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    // The needle is the oldest job, behind more than two windows of others.
+    s.enqueue(NewJob::new("search.job", json!([{"note": "needle-in-the-haystack"}]))).await.unwrap();
+    let others = 2 * SEARCH_WINDOW + 500;
+    sqlx::query(
+        "INSERT INTO jobs (id, type, queue, args, state)
+         SELECT (lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint + 1000 + g), 12, '0')
+                 || '7' || substr(md5(g::text), 1, 3) || '8' || substr(md5(g::text), 4, 15))::uuid,
+                'search.job', 'default', jsonb_build_array(jsonb_build_object('note', 'hay ' || g)), 'completed'
+         FROM generate_series(1, $1) AS g",
+    )
+    .bind(others)
+    .execute(s.pool())
+    .await
+    .unwrap();
+
+    let filter = JobFilter { text: Some("NEEDLE".into()), ..Default::default() };
+    let first = s.list_jobs(&filter, None, 50).await.unwrap();
+    assert!(first.items.is_empty(), "the first window holds only hay");
+    let mut after = first.next;
+    let mut pages = 1;
+    let mut found = Vec::new();
+    while let Some(a) = after {
+        let page = s.list_jobs(&filter, Some(a), 50).await.unwrap();
+        found.extend(page.items.iter().map(|j| j.id));
+        after = page.next;
+        pages += 1;
+        assert!(pages < 10, "paging a search must end");
+    }
+    assert_eq!(found.len(), 1, "paging on reaches the old match");
+    assert_eq!(pages, 3, "two full windows, then the rest");
+
+    let counted = s.count_jobs_bounded(&filter, 10_000).await.unwrap();
+    assert_eq!((counted.n, counted.capped, counted.windowed), (0, false, true));
+    let hay = JobFilter { text: Some("hay 3".into()), ..Default::default() };
+    let counted = s.count_jobs_bounded(&hay, 100).await.unwrap();
+    assert_eq!((counted.n, counted.capped, counted.windowed), (100, true, true));
+
+    // Without a row-by-row condition there is no window: counts and pages are whole.
+    let plain = s.count_jobs_bounded(&JobFilter { states: vec![JobState::Available], ..Default::default() }, 10).await.unwrap();
+    assert_eq!((plain.n, plain.capped, plain.windowed), (1, false, false));
+}
+
+#[tokio::test]
+async fn time_ranges_select_by_creation_time() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let before = s.enqueue(NewJob::new("range.job", json!([]))).await.unwrap().job;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let start = s.now().await.unwrap();
+    let inside = s.enqueue(NewJob::new("range.job", json!([]))).await.unwrap().job;
+    let end = s.now().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let after = s.enqueue(NewJob::new("range.job", json!([]))).await.unwrap().job;
+    let page = s
+        .list_jobs(&JobFilter { created_after: Some(start), created_before: Some(end), ..Default::default() }, None, 10)
+        .await
+        .unwrap();
+    let ids: Vec<_> = page.items.iter().map(|j| j.id).collect();
+    assert_eq!(ids, [inside.id]);
+    let since = s.list_jobs(&JobFilter { created_after: Some(start), ..Default::default() }, None, 10).await.unwrap();
+    assert_eq!(since.items.iter().map(|j| j.id).collect::<Vec<_>>(), [after.id, inside.id]);
+    let until = s.list_jobs(&JobFilter { created_before: Some(start), ..Default::default() }, None, 10).await.unwrap();
+    assert_eq!(until.items.iter().map(|j| j.id).collect::<Vec<_>>(), [before.id]);
+}
