@@ -1,6 +1,7 @@
-//! Dashboard speed: seeds a large database (1 000 000 jobs, 100 000 of them dead letters with
-//! attempt histories) and measures how long the server takes to render the jobs list, a job's
-//! detail and the dead-letter page, as percentiles over many requests.
+//! Dashboard speed: seeds a large database (by default 10 000 000 jobs, 1 000 000 of them dead
+//! letters with attempt histories, plus an audit log) and measures how long the server takes
+//! to render every page and every kind of filter and search an operator can type, as
+//! percentiles over many requests. The budget is a p95 of 100 ms per page, server-side.
 
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,44 @@ use uuid::Uuid;
 /// Inserts `jobs` jobs, `dead` of them dead letters with three attempts each, in bounded
 /// statements. Job types, queues and errors vary so filters and groups have something to do.
 pub async fn seed(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
-    let batch = 50_000i64;
+    // Ten million rows through thirteen indexes one by one would take hours on 2 cores: the
+    // seed drops the secondary indexes and the count triggers, inserts, then rebuilds both
+    // (the same definitions, read back from the catalog) and counts once.
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes WHERE tablename = 'jobs' AND indexname <> 'jobs_pkey'",
+    )
+    .fetch_all(pool)
+    .await?;
+    for def in &indexes {
+        let name = def
+            .split_whitespace()
+            .skip_while(|w| *w != "INDEX")
+            .nth(1)
+            .context("an index definition without a name")?;
+        // Names and definitions come from the catalog, not from input.
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP INDEX {name}"))).execute(pool).await?;
+    }
+    sqlx::query("ALTER TABLE jobs DISABLE TRIGGER USER").execute(pool).await?;
+    seed_rows(pool, jobs, dead).await?;
+    for def in &indexes {
+        sqlx::query(sqlx::AssertSqlSafe(def.as_str())).execute(pool).await.with_context(|| format!("rebuilding {def}"))?;
+    }
+    sqlx::query("ALTER TABLE jobs ENABLE TRIGGER USER").execute(pool).await?;
+    sqlx::query("TRUNCATE job_count_deltas").execute(pool).await?;
+    sqlx::query("DELETE FROM job_counts").execute(pool).await?;
+    sqlx::query(
+        "INSERT INTO job_counts (queue, type, state, dead_letter, n)
+         SELECT queue, type, state, dead_letter, count(*) FROM jobs GROUP BY 1, 2, 3, 4",
+    )
+    .execute(pool)
+    .await?;
+    sqlx::query("VACUUM ANALYZE jobs").execute(pool).await?;
+    sqlx::query("VACUUM ANALYZE job_attempts").execute(pool).await?;
+    Ok(())
+}
+
+async fn seed_rows(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
+    let batch = 200_000i64;
     let mut done = 0i64;
     while done < jobs {
         let k = batch.min(jobs - done);
@@ -35,12 +73,13 @@ pub async fn seed(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
                         'type', (ARRAY['smtp.rejected', 'http.5xx', 'http.timeout', 'db.deadlock'])[1 + g % 4],
                         'code', 'E' || (g % 4), 'message', 'upstream said no to customer ' || (g % 10000),
                         'retryable', true, 'attempt', 3, 'occurred_at', ts) END
-             FROM (SELECT g, now() - interval '30 days' + g * interval '2 seconds' AS ts
+             FROM (SELECT g, now() - interval '30 days' + g * (interval '30 days' / $4::bigint) AS ts
                    FROM generate_series($1::bigint, $1::bigint + $2::bigint - 1) AS g) s",
         )
         .bind(done)
         .bind(k)
         .bind(dead)
+        .bind(jobs.max(1))
         .execute(pool)
         .await
         .context("seeding jobs")?;
@@ -56,8 +95,15 @@ pub async fn seed(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
     .execute(pool)
     .await
     .context("seeding attempts")?;
-    sqlx::query("ANALYZE jobs").execute(pool).await?;
-    sqlx::query("ANALYZE job_attempts").execute(pool).await?;
+    sqlx::query(
+        "INSERT INTO audit_log (at, actor, action, target, details)
+         SELECT now() - g * interval '1 minute', (ARRAY['alice', 'bob', 'carol'])[1 + g % 3],
+                (ARRAY['policy.update', 'queue.pause', 'jobs.redrive'])[1 + g % 3], 'mail.send', '{}'::jsonb
+         FROM generate_series(1, 100000) AS g",
+    )
+    .execute(pool)
+    .await
+    .context("seeding the audit log")?;
     Ok(())
 }
 
@@ -113,7 +159,11 @@ pub fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration) {
     (at(0.50), at(0.95))
 }
 
-/// Renders each page `n` times and prints the percentiles. Returns false if any p95 is over 50 ms.
+/// The p95 budget of every page.
+const BUDGET: Duration = Duration::from_millis(100);
+
+/// Renders each page `n` times and prints the percentiles. Returns false if any p95 is over
+/// the budget.
 pub async fn measure(pool: &PgPool, dash: &Dashboard, n: usize) -> anyhow::Result<bool> {
     let ids: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM jobs WHERE dead_letter ORDER BY random() LIMIT $1")
         .bind(n as i64)
@@ -126,12 +176,32 @@ pub async fn measure(pool: &PgPool, dash: &Dashboard, n: usize) -> anyhow::Resul
     if ids.is_empty() || deep.is_empty() {
         bail!("no seeded jobs: run with --seed first");
     }
+    let same = |path: &str| (0..n).map(|_| path.to_string()).collect::<Vec<_>>();
     let pages: Vec<(&str, Vec<String>)> = vec![
-        ("jobs list, first page", (0..n).map(|_| "/jobs".to_string()).collect()),
-        ("jobs list, deep page (keyset)", deep.iter().map(|id| format!("/jobs?after={id}")).collect()),
-        ("jobs list, filtered by type+state", (0..n).map(|_| "/jobs?type=pay.charge&state=retryable".to_string()).collect()),
+        ("overview", same("/")),
+        ("queues", same("/queues")),
+        ("policies", same("/policies")),
+        ("policy editor", same("/policies/edit?type=pay.charge")),
+        ("workers", same("/workers")),
+        ("cron", same("/cron")),
+        ("audit log", same("/audit")),
+        ("jobs, first page", same("/jobs")),
+        ("jobs, deep page (keyset)", deep.iter().map(|id| format!("/jobs?after={id}")).collect()),
+        ("jobs, state=completed", same("/jobs?state=completed")),
+        ("jobs, state=available", same("/jobs?state=available")),
+        ("jobs, type+state", same("/jobs?job_type=pay.charge&state=retryable")),
+        ("jobs, queue+state", same("/jobs?queue=billing&state=discarded")),
+        ("jobs, queue+type+state", same("/jobs?queue=mail&job_type=sync.crm&state=completed")),
+        ("jobs, error type prefix", same("/jobs?error_type=http.*")),
+        ("jobs, text in args (rare)", same("/jobs?text=customer%22%3A%204242")),
+        ("jobs, text in error message", same("/jobs?text=said%20no%20to%20customer%2077")),
+        ("jobs, text + type + state", same("/jobs?text=seeded%20job%2012&job_type=mail.send&state=completed")),
+        ("jobs, last 24 hours", same("/jobs?since=24h")),
+        ("jobs, last 7 days + state", same("/jobs?since=7d&state=retryable")),
         ("job detail (dead letter, 3 attempts)", ids.iter().map(|id| format!("/jobs/{id}")).collect()),
-        ("dead letters page", (0..n).map(|_| "/dead-letters".to_string()).collect()),
+        ("dead letters", same("/dead-letters")),
+        ("dead letters, queue + error type", same("/dead-letters?queue=billing&error_type=smtp.rejected")),
+        ("dead letters, text", same("/dead-letters?text=customer%209999")),
     ];
     let mut ok = true;
     println!("{:<40} {:>9} {:>9}", "page (server-side render)", "p50", "p95");
@@ -143,7 +213,7 @@ pub async fn measure(pool: &PgPool, dash: &Dashboard, n: usize) -> anyhow::Resul
             times.push(dash.render(p).await?);
         }
         let (p50, p95) = percentiles(times);
-        let mark = if p95 <= Duration::from_millis(50) { "" } else { "  over 50 ms" };
+        let mark = if p95 <= BUDGET { "" } else { "  over budget" };
         ok &= mark.is_empty();
         println!("{name:<40} {:>7.1}ms {:>7.1}ms{mark}", p50.as_secs_f64() * 1e3, p95.as_secs_f64() * 1e3);
     }

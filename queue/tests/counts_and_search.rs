@@ -76,6 +76,13 @@ async fn counters_stay_exact_through_every_kind_of_write() {
         s.fail(&Failure { id: job.id, attempt: Some(1), worker_id: Some("w".into()), outcome, error_code: None }).await.unwrap();
     }
     assert_counts_exact(s, "after completions and failures").await;
+    let groups = s.dead_letter_groups(&JobFilter::dead_letters(), 10).await.unwrap();
+    assert_eq!(groups.len(), 1);
+    assert_eq!((groups[0].signature.as_str(), groups[0].count), ("count.broken: no", 3));
+    assert_eq!(groups[0].example_message.as_deref(), Some("no"));
+    let in_odd = s.dead_letter_groups(&JobFilter { queue: Some("odd".into()), ..JobFilter::dead_letters() }, 10).await.unwrap();
+    let odd_direct: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE dead_letter AND queue = 'odd'").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(in_odd.iter().map(|g| g.count).sum::<i64>(), odd_direct);
 
     // A hand edit in psql is counted like the store's own writes.
     sqlx::query("UPDATE jobs SET queue = 'moved' WHERE type = 'count.a' AND state = 'available'").execute(s.pool()).await.unwrap();

@@ -188,9 +188,10 @@ async fn after_a_restart_the_rescuer_gives_every_lock_one_visibility_timeout() {
     let store = Store::connect(&cluster.url("rebound"), 2).await.unwrap();
     store.migrate().await.unwrap();
     let mut job = NewJob::new("t.restart", json!([]));
-    job.visibility_timeout_ms = Some(2_000);
+    // Long enough that a loaded machine brings the database back well inside it.
+    job.visibility_timeout_ms = Some(6_000);
     let job = store.enqueue(job).await.unwrap().job;
-    store.claim(&claim_req("w1", 1, Duration::from_secs(2))).await.unwrap();
+    store.claim(&claim_req("w1", 1, Duration::from_secs(6))).await.unwrap();
     // Its lock lapsed while the database was down (nobody could have extended it).
     sqlx::query("UPDATE jobs SET lock_expires_at = now() - interval '1 second'").execute(store.pool()).await.unwrap();
     cluster.pg_ctl(&["-m", "immediate", "restart"]);
@@ -204,9 +205,26 @@ async fn after_a_restart_the_rescuer_gives_every_lock_one_visibility_timeout() {
         }
         panic!("the database did not come back");
     };
-    assert_eq!(rescued().await.stalled, 0, "just after the restart, the worker gets to extend the lock first");
-    tokio::time::sleep(Duration::from_millis(2_100)).await;
-    assert_eq!(rescued().await.stalled, 1, "one visibility timeout after the restart, the lock has lapsed");
+    let first = rescued().await.stalled;
+    let since_start: f64 = sqlx::query_scalar("SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    // A loaded machine can take most of the grace to reconnect; only a pass that ran inside
+    // it can show that the grace held.
+    if since_start < 5.0 {
+        assert_eq!(first, 0, "just after the restart, the worker gets to extend the lock first");
+    } else {
+        eprintln!("reconnecting took {since_start:.1}s of the 6s grace: the first pass proves nothing");
+    }
+    // The grace runs from the server's start, not from when this test got through again.
+    let left: f64 = sqlx::query_scalar("SELECT extract(epoch FROM pg_postmaster_start_time() + interval '6.1 s' - now())::float8")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs_f64(left.max(0.0))).await;
+    let second = rescued().await.stalled;
+    assert_eq!(first + second, 1, "one visibility timeout after the restart, the lock has lapsed");
     let after = store.job(job.id).await.unwrap();
     assert_eq!((after.state, after.attempt), (JobState::Available, 1));
 }

@@ -276,17 +276,44 @@ impl Store {
     }
 
     /// Dead letters matching `filter`, grouped by error signature, largest groups first.
+    /// Filtered by queue and type only (what the page opens with), the counts come from the
+    /// maintained counters; other filters count the matching dead letters, a search within
+    /// its window (see [`SEARCH_WINDOW`]).
     pub async fn dead_letter_groups(&self, filter: &JobFilter, limit: i64) -> Result<Vec<ErrorGroup>, StoreError> {
-        // Count per signature first (an index-only scan of the partial signature index when
-        // unfiltered), then look up one example per group through the same index.
-        let mut qb = QueryBuilder::<Postgres>::new(
-            "WITH groups AS (
-                 SELECT j.error_signature AS signature, count(*) AS n FROM jobs j WHERE j.dead_letter",
-        );
         let mut f = filter.clone();
         f.dead_letter = None;
-        f.push_conditions(&mut qb);
-        qb.push(" GROUP BY 1 ORDER BY n DESC, 1 LIMIT ").push_bind(limit.clamp(1, 200));
+        let from_counters = f.states.is_empty()
+            && !f.is_search()
+            && f.created_after.is_none()
+            && f.created_before.is_none();
+        let mut qb = if from_counters {
+            let mut qb = QueryBuilder::<Postgres>::new(
+                "WITH groups AS (
+                     SELECT c.signature, sum(c.n)::bigint AS n FROM dead_letter_group_totals c WHERE true",
+            );
+            if let Some(q) = &f.queue {
+                qb.push(" AND c.queue = ").push_bind(q.clone());
+            }
+            if let Some(t) = &f.job_type {
+                qb.push(" AND c.type = ").push_bind(t.clone());
+            }
+            qb.push(" GROUP BY 1 HAVING sum(c.n) > 0");
+            qb
+        } else {
+            let window_end = if f.is_search() { self.search_window_end(&JobFilter { dead_letter: Some(true), ..f.clone() }, None).await? } else { None };
+            let mut qb = QueryBuilder::<Postgres>::new(
+                "WITH groups AS (
+                     SELECT j.error_signature AS signature, count(*) AS n FROM jobs j WHERE j.dead_letter",
+            );
+            f.push_conditions(&mut qb);
+            if let Some(end) = window_end {
+                qb.push(" AND j.id >= ").push_bind(end);
+            }
+            qb.push(" GROUP BY 1");
+            qb
+        };
+        qb.push(" ORDER BY n DESC, 1 LIMIT ").push_bind(limit.clamp(1, 200));
+        // One example per group, newest first, through the signature index.
         qb.push(
             ")
              SELECT g.signature, g.n, e.error_type, e.example_message, e.latest
@@ -294,7 +321,16 @@ impl Store {
              CROSS JOIN LATERAL (
                  SELECT x.last_error->>'type' AS error_type, x.last_error->>'message' AS example_message,
                         x.dead_lettered_at AS latest
-                 FROM jobs x WHERE x.dead_letter AND x.error_signature = g.signature
+                 FROM jobs x WHERE x.dead_letter AND x.error_signature = g.signature",
+        );
+        if let Some(q) = &f.queue {
+            qb.push(" AND x.queue = ").push_bind(q.clone());
+        }
+        if let Some(t) = &f.job_type {
+            qb.push(" AND x.type = ").push_bind(t.clone());
+        }
+        qb.push(
+            "
                  ORDER BY x.dead_lettered_at DESC LIMIT 1
              ) e
              ORDER BY g.n DESC, g.signature",

@@ -327,11 +327,11 @@ impl Store {
         let mut tx = self.begin().await?;
         let n: i64 = sqlx::query_scalar(
             "WITH taken AS (
-                 DELETE FROM job_count_deltas RETURNING queue, type, state, dead_letter, n
+                 DELETE FROM job_count_deltas RETURNING queue, type, state, dead_letter, signature, n
              ), folded AS (
-                 INSERT INTO job_counts AS c (queue, type, state, dead_letter, n)
-                 SELECT queue, type, state, dead_letter, sum(n)::bigint FROM taken GROUP BY 1, 2, 3, 4
-                 ON CONFLICT (queue, type, state, dead_letter) DO UPDATE SET n = c.n + EXCLUDED.n
+                 INSERT INTO job_counts AS c (queue, type, state, dead_letter, signature, n)
+                 SELECT queue, type, state, dead_letter, signature, sum(n)::bigint FROM taken GROUP BY 1, 2, 3, 4, 5
+                 ON CONFLICT (queue, type, state, dead_letter, signature) DO UPDATE SET n = c.n + EXCLUDED.n
              )
              SELECT count(*) FROM taken",
         )
