@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::policy::PolicyPatch;
+use crate::{bounds, storable};
 
 /// Where a job is in its life. Three states are terminal: `completed`, `cancelled`, `discarded`.
 ///
@@ -297,11 +298,30 @@ impl NewJob {
             ("options.timeout_ms", self.timeout_ms),
             ("options.visibility_timeout_ms", self.visibility_timeout_ms),
         ] {
-            if let Some(ms) = v
-                && ms <= 0
-            {
-                return Err(JobValidationError::new(field, format!("must be positive, got {ms}")));
+            if let Some(ms) = v {
+                bounds::check_timeout_ms(ms).map_err(|reason| JobValidationError::new(field, reason))?;
             }
+        }
+        for (field, v) in [("options.scheduled_at", self.scheduled_at), ("options.expires_at", self.expires_at)] {
+            if let Some(t) = v {
+                bounds::check_time(t).map_err(|reason| JobValidationError::new(field, reason))?;
+            }
+        }
+        if let Some(period) = self.unique.as_ref().and_then(|u| u.period) {
+            bounds::check_interval(period).map_err(|reason| JobValidationError::new("options.unique.period", reason))?;
+        }
+        self.check_storable()
+    }
+
+    /// Refuses text and numbers Postgres could not store or give back (see [`storable`]).
+    fn check_storable(&self) -> Result<(), JobValidationError> {
+        let unstorable = |e: storable::Unstorable| JobValidationError::new(e.path, e.reason);
+        storable::check(&self.args, "args").map_err(unstorable)?;
+        storable::check(&self.meta, "meta").map_err(unstorable)?;
+        // Extension fields sit at the top level of the envelope (and under `options`).
+        storable::check(&self.extra, "").map_err(unstorable)?;
+        for (i, tag) in self.tags.iter().enumerate() {
+            storable::check_text(tag, &format!("options.tags[{i}]")).map_err(unstorable)?;
         }
         Ok(())
     }

@@ -6,13 +6,17 @@
 //! * [`outcome`]: what a handler says happened, and [`outcome::decide`], the pure function
 //!   that turns a failure plus the effective policy into the job's next state.
 //! * [`store`]: every SQL statement of the system.
+//! * [`bounds`]: the largest durations and the range of timestamps accepted anywhere.
+//! * [`storable`]: JSON Postgres can store and give back (no NUL, readable numbers).
 //! * [`storage_retry`]: retrying storage operations through transient database errors.
 
+pub mod bounds;
 pub mod cron_schedule;
 pub mod job;
 pub mod outcome;
 pub mod policy;
 pub mod storage_retry;
+pub mod storable;
 pub mod store;
 pub mod unique_key;
 

@@ -11,7 +11,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use crate::bounds;
 use crate::policy::{JitterSource, OnExhaustion, RetryPolicy};
+use crate::storable::{make_storable, storable_text};
 
 /// A handler failure as reported by a worker (OJS nack `error`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -69,6 +71,21 @@ impl HandlerError {
         std::iter::once(self.error_type.as_str()).chain(class)
     }
 
+    /// Makes the error storable: NULs in the type, message and details become U+FFFD (and
+    /// numbers Postgres would not give back become strings), see [`crate::storable`]. Handler
+    /// output is recorded, not refused: the job must not stay stuck on a failure it cannot write.
+    pub fn make_storable(&mut self) {
+        if let std::borrow::Cow::Owned(clean) = storable_text(&self.error_type) {
+            self.error_type = clean;
+        }
+        if let std::borrow::Cow::Owned(clean) = storable_text(&self.message) {
+            self.message = clean;
+        }
+        if let Some(details) = &mut self.details {
+            make_storable(details);
+        }
+    }
+
     /// Whether any of [`HandlerError::names`] matches the policy's `non_retryable_errors`.
     /// (`retryable: false` is checked separately by [`decide`].)
     pub fn matches_non_retryable(&self, policy: &RetryPolicy) -> bool {
@@ -105,6 +122,18 @@ impl Outcome {
                 Some(e)
             }
             Outcome::RetryAfter { error, .. } => error.as_ref(),
+        }
+    }
+
+    /// [`HandlerError::make_storable`] on the carried error.
+    pub fn make_storable(&mut self) {
+        match self {
+            Outcome::Retry(e) | Outcome::Discard(e) | Outcome::DeadLetter(e) | Outcome::Fail(e) => e.make_storable(),
+            Outcome::RetryAfter { error, .. } => {
+                if let Some(e) = error {
+                    e.make_storable();
+                }
+            }
         }
     }
 }
@@ -256,7 +285,10 @@ pub fn decide(
         Outcome::Fail(_) => (NextStep::Discard, AttemptOutcome::Failed),
         Outcome::DeadLetter(_) => (NextStep::DeadLetter, AttemptOutcome::DeadLettered),
         Outcome::RetryAfter { at, .. } => {
-            let run_at = (*at).max(now);
+            // Never later than the longest interval: a far-future date from a handler (or a
+            // receiver's `Retry-After`) must not park the job beyond what readers can decode.
+            let latest = now.saturating_add(bounds::MAX_INTERVAL).unwrap_or(now);
+            let run_at = (*at).max(now).min(latest);
             // run_at ≥ now, so the difference is non-negative and fits.
             let delay = Duration::try_from(run_at.duration_since(now)).unwrap_or(Duration::ZERO);
             (NextStep::Snooze { run_at, delay }, AttemptOutcome::Snoozed)
@@ -267,7 +299,8 @@ pub fn decide(
             } else if attempt >= policy.effective_max_attempts() {
                 (give_up(policy), AttemptOutcome::Exhausted)
             } else {
-                let delay = policy.jittered_delay_for(attempt, rng);
+                // Clamped: a policy stored before bounds existed may still say more.
+                let delay = bounds::clamp_interval(policy.jittered_delay_for(attempt, rng));
                 let run_at = now.saturating_add(delay).unwrap_or(Timestamp::MAX);
                 (NextStep::Retry { run_at, delay }, AttemptOutcome::Retried)
             }
@@ -421,9 +454,13 @@ mod tests {
             max_interval: Duration::MAX,
             ..exact(5)
         };
+        // A policy beyond the bounds (stored by an older version) is clamped to the longest
+        // interval, so the job stays where every reader can decode it.
         let d = decide(1, &far, &Outcome::Retry(err()), now(), &mut FixedJitter(0.0));
-        assert_eq!(d.next.run_at(), Some(Timestamp::MAX));
-        assert_eq!(d.next.delay(), Some(Duration::MAX));
+        assert_eq!(d.next.delay(), Some(bounds::MAX_INTERVAL));
+        assert_eq!(d.next.run_at(), now().checked_add(bounds::MAX_INTERVAL).ok());
+        let d = decide(1, &far, &Outcome::RetryAfter { at: Timestamp::MAX, error: None }, now(), &mut FixedJitter(0.0));
+        assert_eq!(d.next.run_at(), now().checked_add(bounds::MAX_INTERVAL).ok());
     }
 
     #[test]

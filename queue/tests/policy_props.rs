@@ -90,12 +90,32 @@ fn policy() -> impl Strategy<Value = RetryPolicy> {
         })
 }
 
+/// [`policy()`] with every interval capped at the accepted maximum (rebound_queue::bounds):
+/// what validation accepts. The math is tested over the whole range, since it also runs on
+/// policies stored before the bounds existed.
+fn policy_within_bounds() -> impl Strategy<Value = RetryPolicy> {
+    policy().prop_map(|mut p| {
+        let cap = rebound_queue::bounds::clamp_interval;
+        p.initial_interval = cap(p.initial_interval);
+        p.max_interval = cap(p.max_interval);
+        p.schedule = p.schedule.into_iter().map(cap).collect();
+        p
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2_000))]
 
     #[test]
-    fn generated_policies_are_valid(p in policy()) {
+    fn generated_policies_are_valid(p in policy_within_bounds()) {
         prop_assert_eq!(p.validate(), Ok(()));
+    }
+
+    #[test]
+    fn intervals_past_the_bounds_are_refused(p in policy()) {
+        let too_long = p.max_interval > rebound_queue::bounds::MAX_INTERVAL
+            || p.schedule.iter().any(|d| *d > rebound_queue::bounds::MAX_INTERVAL);
+        prop_assert_eq!(p.validate().is_err(), too_long);
     }
 
     #[test]
@@ -170,7 +190,7 @@ proptest! {
     }
 
     #[test]
-    fn wire_form_round_trips(p in policy()) {
+    fn wire_form_round_trips(p in policy_within_bounds()) {
         let wire = p.to_json();
         let back = RetryPolicy::from_json(&wire);
         // Durations round-trip to the nanosecond, floats exactly.

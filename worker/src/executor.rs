@@ -192,7 +192,7 @@ impl Executor {
     fn timeout_for(&self, job: &Job) -> Duration {
         job.timeout_ms
             .filter(|ms| *ms > 0)
-            .map(|ms| Duration::from_millis(ms as u64))
+            .map(|ms| Duration::from_millis(ms.min(rebound_queue::bounds::MAX_TIMEOUT_MS) as u64))
             .or_else(|| self.registry.lookup(&job.job_type).and_then(|r| r.timeout))
             .unwrap_or(self.default_timeout)
     }
@@ -236,11 +236,17 @@ impl Executor {
                 tracing::warn!(job_id = %id, attempt, "job is no longer held by this worker (cancelled or rescued); handler stopped");
                 None
             }
-            Some(Ok(Ok(Ok(result)))) => {
+            Some(Ok(Ok(Ok(mut result)))) => {
                 tracing::debug!(job_id = %id, attempt, elapsed_ms, "job completed");
+                // Handler output is stored whatever it holds: NULs become U+FFFD (see
+                // rebound_queue::storable), rather than the write failing for good.
+                if let Some(r) = &mut result {
+                    rebound_queue::storable::make_storable(r);
+                }
                 Some(Finished::Completed { id, attempt, result })
             }
-            Some(Ok(Ok(Err(outcome)))) => {
+            Some(Ok(Ok(Err(mut outcome)))) => {
+                outcome.make_storable();
                 if let Some(e) = outcome.error() {
                     tracing::debug!(job_id = %id, job_type = %job.job_type, attempt, error_type = %e.error_type, message = %e.message, "handler failed");
                 }
@@ -260,7 +266,8 @@ impl Executor {
     fn panicked(&self, job: &Job, panic: panic_capture::CapturedPanic) -> Finished {
         tracing::error!(job_id = %job.id, job_type = %job.job_type, attempt = job.attempt, panic = %panic.message,
             location = panic.location.as_deref().unwrap_or("?"), "handler panicked");
-        let error = HandlerError::new("rebound.panic", format!("handler panicked: {}", panic.message)).with_details(panic.details());
+        let mut error = HandlerError::new("rebound.panic", format!("handler panicked: {}", panic.message)).with_details(panic.details());
+        error.make_storable();
         Finished::Failed { id: job.id, attempt: job.attempt, outcome: Outcome::Retry(error), known: known(job) }
     }
 }

@@ -152,6 +152,13 @@ impl RetryPolicy {
     /// while their combination is not (e.g. a job's `initial_interval` above the type's
     /// `max_interval`).
     pub fn validate(&self) -> Result<(), PolicyError> {
+        // Bounds first: an interval beyond them is the problem, whatever it is compared with.
+        for (field, d) in [("initial_interval", self.initial_interval), ("max_interval", self.max_interval)] {
+            crate::bounds::check_interval(d).map_err(|reason| PolicyError::new(field, reason))?;
+        }
+        for (i, d) in self.schedule.iter().enumerate() {
+            crate::bounds::check_interval(*d).map_err(|reason| PolicyError::new("schedule", format!("entry {i}: {reason}")))?;
+        }
         if self.initial_interval.is_zero() {
             return Err(PolicyError::new("initial_interval", "must be > 0, got PT0S"));
         }

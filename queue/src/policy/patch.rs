@@ -167,6 +167,24 @@ impl PolicyPatch {
         }
     }
 
+    /// Caps every interval at [`crate::bounds::MAX_INTERVAL`]; returns whether any was
+    /// longer. For patches read back from storage, written before the bounds existed: they
+    /// keep working (and displaying) with the intervals the failure path would use anyway.
+    pub fn clamp_to_bounds(&mut self) -> bool {
+        let clamp = |d: &mut Duration| {
+            let capped = crate::bounds::clamp_interval(*d);
+            std::mem::replace(d, capped) != capped
+        };
+        let mut changed = false;
+        for d in [&mut self.initial_interval, &mut self.max_interval].into_iter().flatten() {
+            changed |= clamp(d);
+        }
+        for d in self.schedule.iter_mut().flatten() {
+            changed |= clamp(d);
+        }
+        changed
+    }
+
     /// True when no field is set: the patch changes nothing (e.g. an empty `"retry": {}`).
     pub fn is_empty(&self) -> bool {
         self.set_fields().next().is_none()

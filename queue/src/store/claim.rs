@@ -5,6 +5,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::{Store, StoreError, jobs_from_rows, millis};
+use crate::bounds;
 use crate::job::Job;
 
 /// A worker asking for up to `limit` jobs.
@@ -35,10 +36,10 @@ pub struct ClaimRequest {
 const CLAIM: &str = "
 WITH q AS MATERIALIZED (
     SELECT name, paused, concurrency_limit, rate_max, throttle_max,
-           CASE WHEN rate_window_start > now() - rate_period_ms * interval '1 millisecond' THEN rate_window_start ELSE now() END AS rate_start,
-           CASE WHEN rate_window_start > now() - rate_period_ms * interval '1 millisecond' THEN rate_window_used ELSE 0 END AS rate_used,
-           CASE WHEN throttle_window_start > now() - throttle_period_ms * interval '1 millisecond' THEN throttle_window_start ELSE now() END AS throttle_start,
-           CASE WHEN throttle_window_start > now() - throttle_period_ms * interval '1 millisecond' THEN throttle_window_used ELSE 0 END AS throttle_used
+           CASE WHEN rate_window_start > now() - LEAST(rate_period_ms, 31536000000) * interval '1 millisecond' THEN rate_window_start ELSE now() END AS rate_start,
+           CASE WHEN rate_window_start > now() - LEAST(rate_period_ms, 31536000000) * interval '1 millisecond' THEN rate_window_used ELSE 0 END AS rate_used,
+           CASE WHEN throttle_window_start > now() - LEAST(throttle_period_ms, 31536000000) * interval '1 millisecond' THEN throttle_window_start ELSE now() END AS throttle_start,
+           CASE WHEN throttle_window_start > now() - LEAST(throttle_period_ms, 31536000000) * interval '1 millisecond' THEN throttle_window_used ELSE 0 END AS throttle_used
     FROM queues
     WHERE name = $1 AND (paused OR rate_max IS NOT NULL OR throttle_max IS NOT NULL OR concurrency_limit IS NOT NULL)
     FOR UPDATE
@@ -53,7 +54,9 @@ WITH q AS MATERIALIZED (
 ), claimed AS (
     UPDATE jobs j
     SET state = 'active', attempt = j.attempt + 1, started_at = now(), locked_by = $3,
-        lock_expires_at = now() + COALESCE(j.visibility_timeout_ms, $4) * interval '1 millisecond',
+        -- LEAST: a timeout stored before bounds::MAX_TIMEOUT_MS (7 days) existed must not
+        -- overflow the interval and fail every claim of the queue.
+        lock_expires_at = now() + LEAST(COALESCE(j.visibility_timeout_ms, $4), 604800000) * interval '1 millisecond',
         -- Remembered so heartbeats extend by the same amount.
         visibility_timeout_ms = COALESCE(j.visibility_timeout_ms, $4),
         updated_at = now()
@@ -81,7 +84,7 @@ impl Store {
     /// Jobs come back in claim order: queue order, then priority (high first), then FIFO.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Job>, StoreError> {
         let mut claimed: Vec<Job> = Vec::new();
-        let vis = millis(req.visibility_timeout).max(1);
+        let vis = millis(req.visibility_timeout).clamp(1, bounds::MAX_TIMEOUT_MS);
         for queue in &req.queues {
             let want = req.limit as usize - claimed.len();
             if want == 0 {
@@ -109,7 +112,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let ids: Vec<Uuid> = sqlx::query_scalar(
-            "UPDATE jobs SET lock_expires_at = now() + COALESCE($3, visibility_timeout_ms, 30000) * interval '1 millisecond'
+            "UPDATE jobs SET lock_expires_at = now() + LEAST(COALESCE($3, visibility_timeout_ms, 30000), 604800000) * interval '1 millisecond'
              WHERE id = ANY($1) AND state = 'active' AND ($2::text IS NULL OR locked_by = $2)
              RETURNING id",
         )

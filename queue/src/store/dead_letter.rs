@@ -35,7 +35,13 @@ pub type RedriveTarget = JobSelection;
 
 impl Store {
     /// Re-drives dead letters in the selection (at most 50 000 per call). Returns how many.
+    ///
+    /// A stagger longer than [`crate::bounds::MAX_INTERVAL`] (365 days) is refused
+    /// ([`StoreError::Invalid`] naming `stagger`) before anything is read or written.
     pub async fn redrive(&self, sel: &JobSelection, opts: &RedriveOptions) -> Result<u64, StoreError> {
+        if let Some(stagger) = opts.stagger {
+            crate::bounds::check_interval(stagger).map_err(|reason| StoreError::invalid("stagger", reason))?;
+        }
         let mut tx = self.begin().await?;
         let ids: Vec<Uuid> = sel.select_ids("j.dead_letter", BULK_LIMIT).build_query_scalar().fetch_all(&mut *tx).await?;
         let queues: Vec<String> = sqlx::query_scalar(

@@ -81,7 +81,7 @@ WITH input AS (
         retry_delay_ms = 0,
         locked_by = i.worker_id,
         lock_expires_at = CASE WHEN i.completed THEN NULL
-                               ELSE now() + COALESCE(j.visibility_timeout_ms, 30000) * interval '1 millisecond' END,
+                               ELSE now() + LEAST(COALESCE(j.visibility_timeout_ms, 30000), 604800000) * interval '1 millisecond' END,
         updated_at = now()
     FROM input i
     -- Looked up by key whatever the statistics say (see the same guard in fail.rs).

@@ -155,8 +155,10 @@ impl Store {
                      -- Nobody could extend a lock while the database was down. After a restart,
                      -- a lock lapses no sooner than one visibility timeout after it, so the
                      -- workers that are still running their jobs get to say so first.
-                     AND pg_postmaster_start_time() + COALESCE(visibility_timeout_ms, 30000) * interval '1 millisecond' < now())
-                    OR (timeout_ms IS NOT NULL AND started_at + timeout_ms * interval '1 millisecond' < now()))
+                     AND pg_postmaster_start_time() + LEAST(COALESCE(visibility_timeout_ms, 30000), 604800000) * interval '1 millisecond' < now())
+                    -- LEAST: bounds::MAX_TIMEOUT_MS; a larger stored timeout would overflow the
+                    -- interval and fail every maintenance pass.
+                    OR (timeout_ms IS NOT NULL AND started_at + LEAST(timeout_ms, 604800000) * interval '1 millisecond' < now()))
              ORDER BY lock_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED",
         )
         .bind(limit)
@@ -169,7 +171,7 @@ impl Store {
             .map(|job| {
                 let timed_out = match (job.timeout_ms, job.started_at) {
                     (Some(ms), Some(started)) => {
-                        started.as_millisecond().saturating_add(ms) < now.as_millisecond()
+                        started.as_millisecond().saturating_add(ms.min(crate::bounds::MAX_TIMEOUT_MS)) < now.as_millisecond()
                     }
                     _ => false,
                 };

@@ -287,12 +287,58 @@ fn pool_options(max_connections: u32) -> PgPoolOptions {
 
 /// Reads a non-null timestamptz column.
 pub(crate) fn ts(row: &PgRow, col: &str) -> Result<Timestamp, StoreError> {
-    Ok(row.try_get::<jiff_sqlx::Timestamp, _>(col)?.to_jiff())
+    Ok(row.try_get::<StoredTime, _>(col)?.0)
 }
 
 /// Reads a nullable timestamptz column.
 pub(crate) fn ts_opt(row: &PgRow, col: &str) -> Result<Option<Timestamp>, sqlx::Error> {
-    Ok(row.try_get::<Option<jiff_sqlx::Timestamp>, _>(col)?.map(|t| t.to_jiff()))
+    Ok(row.try_get::<Option<StoredTime>, _>(col)?.map(|t| t.0))
+}
+
+/// A `timestamptz` as read from a row, leniently: Postgres holds instants far outside jiff's
+/// years -9999 ..= 9999 (and `±infinity`), and one such value, written by hand or by an older
+/// version without [`crate::bounds`], must not make a whole listing or claim fail to decode.
+/// It reads as [`Timestamp::MIN`] or [`Timestamp::MAX`] instead.
+pub(crate) struct StoredTime(pub Timestamp);
+
+/// Postgres counts `timestamptz` in microseconds from 2000-01-01T00:00:00Z.
+const POSTGRES_EPOCH: Timestamp = Timestamp::constant(946_684_800, 0);
+
+impl sqlx::Type<sqlx::Postgres> for StoredTime {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <jiff_sqlx::Timestamp as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <jiff_sqlx::Timestamp as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for StoredTime {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let t = match value.format() {
+            sqlx::postgres::PgValueFormat::Binary => {
+                let micros: i64 = sqlx::Decode::<sqlx::Postgres>::decode(value)?;
+                saturating_instant(micros)
+            }
+            sqlx::postgres::PgValueFormat::Text => {
+                let text = value.as_str()?;
+                match text.parse::<Timestamp>() {
+                    Ok(t) => t,
+                    Err(_) if text.starts_with('-') || text.ends_with(" BC") => Timestamp::MIN,
+                    Err(_) => Timestamp::MAX,
+                }
+            }
+        };
+        Ok(StoredTime(t))
+    }
+}
+
+/// The instant `micros` after the Postgres epoch, saturating at jiff's range.
+fn saturating_instant(micros: i64) -> Timestamp {
+    POSTGRES_EPOCH
+        .checked_add(jiff::SignedDuration::from_micros(micros))
+        .unwrap_or(if micros < 0 { Timestamp::MIN } else { Timestamp::MAX })
 }
 
 /// Milliseconds for binding into SQL as an interval multiplier, saturating.
@@ -395,22 +441,22 @@ impl JobColumns {
             timeout_ms: row.try_get(self.timeout_ms)?,
             visibility_timeout_ms: row.try_get(self.visibility_timeout_ms)?,
             unique_key: row.try_get(self.unique_key)?,
-            scheduled_at: row.try_get::<jiff_sqlx::Timestamp, _>(self.scheduled_at)?.to_jiff(),
-            expires_at: row.try_get::<Option<jiff_sqlx::Timestamp>, _>(self.expires_at)?.map(|t| t.to_jiff()),
-            created_at: row.try_get::<jiff_sqlx::Timestamp, _>(self.created_at)?.to_jiff(),
-            enqueued_at: row.try_get::<Option<jiff_sqlx::Timestamp>, _>(self.enqueued_at)?.map(|t| t.to_jiff()),
-            started_at: row.try_get::<Option<jiff_sqlx::Timestamp>, _>(self.started_at)?.map(|t| t.to_jiff()),
-            completed_at: row.try_get::<Option<jiff_sqlx::Timestamp>, _>(self.completed_at)?.map(|t| t.to_jiff()),
-            cancelled_at: row.try_get::<Option<jiff_sqlx::Timestamp>, _>(self.cancelled_at)?.map(|t| t.to_jiff()),
-            discarded_at: row.try_get::<Option<jiff_sqlx::Timestamp>, _>(self.discarded_at)?.map(|t| t.to_jiff()),
+            scheduled_at: row.try_get::<StoredTime, _>(self.scheduled_at)?.0,
+            expires_at: row.try_get::<Option<StoredTime>, _>(self.expires_at)?.map(|t| t.0),
+            created_at: row.try_get::<StoredTime, _>(self.created_at)?.0,
+            enqueued_at: row.try_get::<Option<StoredTime>, _>(self.enqueued_at)?.map(|t| t.0),
+            started_at: row.try_get::<Option<StoredTime>, _>(self.started_at)?.map(|t| t.0),
+            completed_at: row.try_get::<Option<StoredTime>, _>(self.completed_at)?.map(|t| t.0),
+            cancelled_at: row.try_get::<Option<StoredTime>, _>(self.cancelled_at)?.map(|t| t.0),
+            discarded_at: row.try_get::<Option<StoredTime>, _>(self.discarded_at)?.map(|t| t.0),
             locked_by: row.try_get(self.locked_by)?,
-            lock_expires_at: row.try_get::<Option<jiff_sqlx::Timestamp>, _>(self.lock_expires_at)?.map(|t| t.to_jiff()),
+            lock_expires_at: row.try_get::<Option<StoredTime>, _>(self.lock_expires_at)?.map(|t| t.0),
             dead_letter: row.try_get(self.dead_letter)?,
-            dead_lettered_at: row.try_get::<Option<jiff_sqlx::Timestamp>, _>(self.dead_lettered_at)?.map(|t| t.to_jiff()),
+            dead_lettered_at: row.try_get::<Option<StoredTime>, _>(self.dead_lettered_at)?.map(|t| t.0),
             result: row.try_get(self.result)?,
             last_error: row.try_get(self.last_error)?,
             retry_delay_ms: row.try_get(self.retry_delay_ms)?,
-            updated_at: row.try_get::<jiff_sqlx::Timestamp, _>(self.updated_at)?.to_jiff(),
+            updated_at: row.try_get::<StoredTime, _>(self.updated_at)?.0,
         })
     }
 }
@@ -422,7 +468,7 @@ pub(crate) fn attempt_from_row(row: &PgRow) -> Result<Attempt, sqlx::Error> {
         attempt: row.try_get("attempt")?,
         worker_id: row.try_get("worker_id")?,
         started_at: ts_opt(row, "started_at")?,
-        finished_at: row.try_get::<jiff_sqlx::Timestamp, _>("finished_at")?.to_jiff(),
+        finished_at: row.try_get::<StoredTime, _>("finished_at")?.0,
         outcome: row.try_get("outcome")?,
         error_type: row.try_get("error_type")?,
         error_code: row.try_get("error_code")?,

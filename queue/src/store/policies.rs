@@ -76,7 +76,7 @@ impl PolicyLayers {
             let job_type: String = row.try_get("job_type")?;
             let value: Value = row.try_get("policy")?;
             // A row that no longer parses (edited by hand) must not block failures: skip it loudly.
-            match PolicyPatch::from_json(&value) {
+            match PolicyPatch::from_json(&value).map(clamped) {
                 Ok(patch) if job_type == DEFAULT_POLICY_KEY => layers.star = Some(patch),
                 Ok(patch) => {
                     layers.by_type.insert(job_type, patch);
@@ -148,12 +148,20 @@ impl PolicyLayers {
 /// loudly: a failure must still be recorded.
 pub(crate) fn stored_override(retry: Option<&Value>) -> Option<PolicyPatch> {
     match retry.map(PolicyPatch::from_json).transpose() {
-        Ok(p) => p,
+        Ok(p) => p.map(clamped),
         Err(e) => {
             tracing::warn!(error = %e, "stored job retry override no longer parses; ignoring it");
             None
         }
     }
+}
+
+/// A stored patch with its intervals capped at the bounds (see [`PolicyPatch::clamp_to_bounds`]).
+fn clamped(mut patch: PolicyPatch) -> PolicyPatch {
+    if patch.clamp_to_bounds() {
+        tracing::warn!("a stored retry policy has intervals longer than 365 days; using 365 days");
+    }
+    patch
 }
 
 fn stored_from_row(row: &sqlx::postgres::PgRow) -> Result<StoredPolicy, StoreError> {
@@ -189,7 +197,9 @@ impl Store {
     pub async fn effective_policy(&self, job_type: &str, job_patch: Option<&PolicyPatch>) -> Result<ResolvedPolicy, StoreError> {
         let mut conn = self.pool.acquire().await?;
         let layers = PolicyLayers::load(&mut conn, &[job_type.to_string()]).await?;
-        Ok(layers.resolve(job_type, job_patch)?)
+        // A job's override is stored data too: shown as the failure path would apply it.
+        let job_patch = job_patch.cloned().map(clamped);
+        Ok(layers.resolve(job_type, job_patch.as_ref())?)
     }
 
     /// Every stored policy layer, as of now. Policy edits notify [`POLICY_CHANNEL`]

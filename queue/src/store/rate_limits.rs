@@ -64,6 +64,7 @@ impl QueueRateLimit {
                 if millis(w.period) < 1 {
                     return Err(StoreError::invalid(format!("{field}.period"), "must be at least a millisecond"));
                 }
+                crate::bounds::check_interval(w.period).map_err(|reason| StoreError::invalid(format!("{field}.period"), reason))?;
                 if field == "throttle" && w.limit == 0 {
                     return Err(StoreError::invalid("throttle.limit", "must be at least 1 (use concurrency 0 to stop the queue)"));
                 }

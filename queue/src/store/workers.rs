@@ -69,7 +69,7 @@ pub struct BeatReport {
 // back. The two updates of `jobs` touch disjoint rows (held / not known).
 const BEAT: &str = concat!(
     "WITH extended AS (
-    UPDATE jobs SET lock_expires_at = now() + COALESCE(visibility_timeout_ms, 30000) * interval '1 millisecond'
+    UPDATE jobs SET lock_expires_at = now() + LEAST(COALESCE(visibility_timeout_ms, 30000), 604800000) * interval '1 millisecond'
     WHERE id = ANY($1) AND state = 'active' AND locked_by = $2
     RETURNING id
 ), ",

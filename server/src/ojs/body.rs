@@ -8,6 +8,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
+use rebound_queue::storable;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
@@ -73,7 +74,12 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             return Err(ApiError::invalid_payload("the body is empty"));
         }
         match serde_json::from_slice::<Value>(&bytes) {
-            Ok(Value::Object(map)) => Ok(JsonObject(map)),
+            Ok(Value::Object(map)) => {
+                // One check of the whole body covers every field, stored or not: a NUL or an
+                // unreadable number is refused here, naming its path, before anything is written.
+                storable::check_fields(&map, "").map_err(|e| ApiError::invalid_field(&e.path, e.reason))?;
+                Ok(JsonObject(map))
+            }
             Ok(other) => Err(ApiError::invalid_field("body", format!("must be a JSON object, got {}", json_kind(&other)))),
             Err(e) => Err(ApiError::invalid_payload(e)),
         }

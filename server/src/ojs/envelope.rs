@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 use rebound_queue::job::{Attempt, OnConflict, UniqueSpec};
+use rebound_queue::bounds;
 use rebound_queue::policy::iso8601;
 use rebound_queue::unique_key::{DIMENSIONS, Fingerprint};
 use rebound_queue::{Job, JobState, NewJob, PolicyPatch};
@@ -86,18 +87,13 @@ pub fn parse_new_job(f: &Fields<'_>, now: Timestamp) -> Result<NewJob, ApiError>
         job.tags = tags.into_iter().map(str::to_owned).collect();
     }
     job.pending = pick("pending").bool("pending")?.unwrap_or(false);
-    let delay = pick("delay_until");
-    if let Some(at) = delay.str("delay_until")? {
-        job.scheduled_at = Some(parse_time(at, now).map_err(|r| delay.error("delay_until", r))?);
+    if let Some(t) = job_time(&pick("delay_until"), "delay_until", now)? {
+        job.scheduled_at = Some(t);
     }
-    let sched = pick("scheduled_at");
-    if let Some(at) = sched.str("scheduled_at")? {
-        job.scheduled_at = Some(parse_time(at, now).map_err(|r| sched.error("scheduled_at", r))?);
+    if let Some(t) = job_time(&pick("scheduled_at"), "scheduled_at", now)? {
+        job.scheduled_at = Some(t);
     }
-    let exp = pick("expires_at");
-    if let Some(at) = exp.str("expires_at")? {
-        job.expires_at = Some(parse_time(at, now).map_err(|r| exp.error("expires_at", r))?);
-    }
+    job.expires_at = job_time(&pick("expires_at"), "expires_at", now)?;
     let retry = pick("retry");
     if let Some(v) = retry.get("retry") {
         let patch = PolicyPatch::from_json(v).map_err(|e| {
@@ -118,11 +114,19 @@ pub fn parse_new_job(f: &Fields<'_>, now: Timestamp) -> Result<NewJob, ApiError>
     Ok(job)
 }
 
+/// A job timeout: positive and at most [`bounds::MAX_TIMEOUT`].
 fn positive_ms(f: &Fields<'_>, key: &str) -> Result<Option<i64>, ApiError> {
-    match f.i64(key)? {
-        Some(ms) if ms <= 0 => Err(f.error(key, format!("must be a positive number of milliseconds, got {ms}"))),
-        other => Ok(other),
+    let ms = f.i64(key)?;
+    if let Some(ms) = ms {
+        bounds::check_timeout_ms(ms).map_err(|reason| f.error(key, reason))?;
     }
+    Ok(ms)
+}
+
+/// A job timestamp.
+fn job_time(f: &Fields<'_>, key: &str, now: Timestamp) -> Result<Option<Timestamp>, ApiError> {
+    let Some(at) = f.str(key)? else { return Ok(None) };
+    parse_time(at, now).map(Some).map_err(|r| f.error(key, r))
 }
 
 /// Unknown top-level keys, plus unmodeled options under `options`.
@@ -180,11 +184,18 @@ fn parse_unique(u: &Fields<'_>, job: &NewJob) -> Result<UniqueSpec, ApiError> {
         None => match u.i64("period_ms")? {
             None => None,
             Some(ms) if ms <= 0 => return Err(u.error("period_ms", "must be a positive number of milliseconds")),
-            Some(ms) => Some(Duration::from_millis(ms.unsigned_abs())),
+            Some(ms) => {
+                let d = Duration::from_millis(ms.unsigned_abs());
+                bounds::check_interval(d).map_err(|r| u.error("period_ms", r))?;
+                Some(d)
+            }
         },
         Some(p) => match iso8601::parse(p) {
             Ok(d) if d.is_zero() => return Err(u.error("period", "must be longer than zero")),
-            Ok(d) => Some(d),
+            Ok(d) => {
+                bounds::check_interval(d).map_err(|r| u.error("period", r))?;
+                Some(d)
+            }
             Err(r) => return Err(u.error("period", r)),
         },
     };
@@ -203,15 +214,22 @@ pub fn parse_client_id(s: &str) -> Result<Uuid, String> {
     Ok(id)
 }
 
-/// An RFC 3339 timestamp, or `+<ISO-8601 duration>` relative to `now`.
+/// An RFC 3339 timestamp, or `+<ISO-8601 duration>` relative to `now`, within
+/// [`bounds::EARLIEST_TIME`] ..= [`bounds::LATEST_TIME`] (for filters too: Postgres would not
+/// read jiff's spelling of years before 1 or after 9999).
 pub fn parse_time(s: &str, now: Timestamp) -> Result<Timestamp, String> {
-    if let Some(rel) = s.strip_prefix('+') {
-        let d = iso8601::parse(rel)?;
-        let d = SignedDuration::try_from(d).map_err(|_| format!("{s:?} is too far in the future"))?;
-        return now.checked_add(d).map_err(|_| format!("{s:?} is too far in the future"));
-    }
-    s.parse::<Timestamp>()
-        .map_err(|e| format!("must be an RFC 3339 timestamp with an offset (\"2030-01-01T00:00:00Z\") or a relative \"+PT30S\", got {s:?} ({e})"))
+    let t = match s.strip_prefix('+') {
+        Some(rel) => {
+            let d = iso8601::parse(rel)?;
+            let d = SignedDuration::try_from(d).map_err(|_| format!("{s:?} is too far in the future"))?;
+            now.checked_add(d).map_err(|_| format!("{s:?} is too far in the future"))?
+        }
+        None => s
+            .parse::<Timestamp>()
+            .map_err(|e| format!("must be an RFC 3339 timestamp with an offset (\"2030-01-01T00:00:00Z\") or a relative \"+PT30S\", got {s:?} ({e})"))?,
+    };
+    bounds::check_time(t)?;
+    Ok(t)
 }
 
 fn ts(t: Timestamp) -> Value {

@@ -91,7 +91,8 @@ pub fn router(state: AppState) -> Router {
     if state.config.test_mode {
         protected = protected.route("/v1/admin/reset", post(test_mode::reset));
     }
-    let protected = protected.route_layer(from_fn_with_state(state.clone(), auth::require_token));
+    // Checked after authentication (the outer layer), so strangers learn nothing from it.
+    let protected = protected.route_layer(from_fn(query::refuse_nul)).route_layer(from_fn_with_state(state.clone(), auth::require_token));
 
     Router::new()
         .route("/manifest", get(manifest::manifest))

@@ -1,7 +1,9 @@
 //! Reading query strings, with errors that name the parameter.
 
-use axum::extract::{FromRequestParts, Query};
+use axum::extract::{FromRequestParts, Query, Request};
 use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use uuid::Uuid;
 
 use super::body::parse_uuid;
@@ -70,4 +72,23 @@ impl QueryParams {
             Some(raw) => parse_uuid(raw).map(Some).map_err(|r| ApiError::invalid_field(key, r)),
         }
     }
+}
+
+/// Middleware: a NUL character (`%00`) anywhere in the path or the query string is refused
+/// with 400 naming the path or the parameter. Postgres cannot store NUL in text, so a job
+/// type, queue, worker id or filter carrying one would otherwise fail at the database.
+pub async fn refuse_nul(req: Request, next: Next) -> Response {
+    let uri = req.uri();
+    if uri.path().contains("%00") {
+        return ApiError::invalid_field("path", "contains a NUL character (%00)").into_response();
+    }
+    if let Some(query) = uri.query()
+        && query.contains("%00")
+    {
+        let pair = query.split('&').find(|p| p.contains("%00")).unwrap_or(query);
+        let key = pair.split('=').next().unwrap_or("");
+        let field = if key.contains("%00") || key.is_empty() { "query".to_owned() } else { key.to_owned() };
+        return ApiError::invalid_field(&field, "contains a NUL character (%00)").into_response();
+    }
+    next.run(req).await
 }

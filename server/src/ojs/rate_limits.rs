@@ -25,6 +25,7 @@ fn window(f: &Fields<'_>, key: &str) -> Result<Option<Window>, ApiError> {
     if period.is_zero() {
         return Err(w.error("period", "must be longer than zero"));
     }
+    rebound_queue::bounds::check_interval(period).map_err(|r| w.error("period", r))?;
     Ok(Some(Window { limit: u32::try_from(limit).unwrap_or(0), period }))
 }
 

@@ -173,7 +173,67 @@ fn table() -> Vec<Case> {
         case("preview limit zero", "POST", preview, json!({"policy": {}, "limit": 0}), 400, "limit"),
         case("preview malformed type", "POST", preview, json!({"policy": {}, "job_type": "Bad!"}), 400, "job_type"),
         case("preview unknown field", "POST", preview, json!({"policy": {}, "dry": true}), 400, "dry"),
+        // Values past the bounds (rebound_queue::bounds): each once poisoned a queue or the
+        // maintenance pass, or left a row no reader could decode.
+        case("visibility timeout i64::MAX", "POST", jobs, job(json!({"visibility_timeout_ms": i64::MAX})), 400, "options.visibility_timeout_ms"),
+        case("timeout i64::MAX", "POST", jobs, job(json!({"timeout_ms": i64::MAX})), 400, "options.timeout_ms"),
+        case("timeout over 7 days", "POST", jobs, job(json!({"timeout_ms": 7 * 86_400_000_i64 + 1})), 400, "options.timeout_ms"),
+        case("top-level visibility i64::MAX", "POST", jobs, json!({"type": "a", "args": [], "visibility_timeout_ms": i64::MAX}), 400, "visibility_timeout_ms"),
+        case("batch job timeout i64::MAX", "POST", batch, json!({"jobs": [{"type": "a", "args": []}, job(json!({"timeout_ms": i64::MAX}))]}), 400, "jobs[1].options.timeout_ms"),
+        case("retry initial interval of 10 000 years", "POST", jobs, job(json!({"retry": {"initial_interval": "PT87600000H"}})), 422, "options.retry.initial_interval"),
+        case("retry max interval of 10 000 years", "POST", jobs, job(json!({"retry": {"max_interval": "PT87600000H"}})), 422, "options.retry.max_interval"),
+        case("retry interval in ms past a year", "POST", jobs, job(json!({"retry": {"max_interval_ms": 31_536_000_001_i64}})), 422, "options.retry.max_interval"),
+        case("retry schedule entry of 10 000 years", "POST", jobs, job(json!({"retry": {"backoff_strategy": "custom", "schedule": ["PT1S", "PT87600000H"]}})), 422, "options.retry.schedule"),
+        case("scheduled_at in year 9999", "POST", jobs, job(json!({"scheduled_at": "9999-12-31T00:00:00Z"})), 400, "options.scheduled_at"),
+        case("delay_until 10 000 years ahead", "POST", jobs, job(json!({"delay_until": "+PT87600000H"})), 400, "options.delay_until"),
+        case("expires_at before 1970", "POST", jobs, job(json!({"expires_at": "0001-01-01T00:00:00Z"})), 400, "options.expires_at"),
+        case("unique period of ten years", "POST", jobs, job(json!({"unique": {"period": "P3650D"}})), 400, "options.unique.period"),
+        case("unique period_ms i64::MAX", "POST", jobs, job(json!({"unique": {"period_ms": i64::MAX}})), 400, "options.unique.period_ms"),
+        raw_field("args number jsonb cannot give back", "POST", jobs, br#"{"type": "a", "args": [1.7976931348623157e+308]}"#, 400, "args[0]"),
+        raw_field("nested args number jsonb cannot give back", "POST", jobs, br#"{"type": "a", "args": [{"n": [-1.7976931348623157e+308]}]}"#, 400, "args[0].n[0]"),
+        raw_field("ack result number jsonb cannot give back", "POST", ack, br#"{"job_id": "019539a4-0000-7000-8000-000000000000", "result": {"x": 1.7976931348623157e+308}}"#, 400, "result.x"),
+        case("policy interval of 10 000 years", "PUT", policy, json!({"initial_interval": "PT87600000H"}), 422, "initial_interval"),
+        case("policy max interval of 10 000 years", "PUT", policy, json!({"max_interval": "PT87600000H"}), 422, "max_interval"),
+        case("preview interval of 10 000 years", "POST", preview, json!({"policy": {"max_interval": "PT87600000H"}}), 422, "policy.max_interval"),
+        case("rate-limit period of ten years", "PUT", "/ojs/v1/admin/queues/default/rate-limit", json!({"rate": {"limit": 5, "period": "P3650D"}}), 400, "rate.period"),
+        get("listing filter after year 9000", "/ojs/v1/admin/jobs?since=9999-01-01T00:00:00Z", 400, "since"),
+        // NUL characters: Postgres stores none, in text or jsonb.
+        case("NUL in args", "POST", jobs, json!({"type": "a", "args": ["a\u{0}b"]}), 400, "args[0]"),
+        case("NUL in nested args", "POST", jobs, json!({"type": "a", "args": [{"name": "x\u{0}"}]}), 400, "args[0].name"),
+        case("NUL in a meta value", "POST", jobs, json!({"type": "a", "args": [], "meta": {"trace": "\u{0}"}}), 400, "meta.trace"),
+        case("NUL in a meta key", "POST", jobs, json!({"type": "a", "args": [], "meta": {"k\u{0}": 1}}), 400, "meta[\"k\\u0000\"]"),
+        case("NUL in a tag", "POST", jobs, job(json!({"tags": ["ok", "t\u{0}"]})), 400, "options.tags[1]"),
+        case("NUL in an extension field", "POST", jobs, json!({"type": "a", "args": [], "x_trace": "\u{0}"}), 400, "x_trace"),
+        case("NUL in an extension option", "POST", jobs, job(json!({"metadata": {"note": "\u{0}"}})), 400, "options.metadata.note"),
+        case("NUL in the type", "POST", jobs, json!({"type": "a\u{0}", "args": []}), 400, "type"),
+        case("NUL in the queue", "POST", jobs, job(json!({"queue": "q\u{0}"})), 400, "options.queue"),
+        case("NUL in a batch job", "POST", batch, json!({"jobs": [{"type": "a", "args": []}, {"type": "a", "args": ["\u{0}"]}]}), 400, "jobs[1].args[0]"),
+        case("NUL in the fetch worker id", "POST", fetch, json!({"queues": ["default"], "worker_id": "w\u{0}"}), 400, "worker_id"),
+        case("NUL in an ack result", "POST", ack, json!({"job_id": some_id, "result": {"out": "\u{0}"}}), 400, "result.out"),
+        case("NUL in an ack worker id", "POST", ack, json!({"job_id": some_id, "worker_id": "\u{0}"}), 400, "worker_id"),
+        case("NUL in a nack message", "POST", nack, json!({"job_id": some_id, "error": {"code": "x", "message": "m\u{0}"}}), 400, "error.message"),
+        case("NUL in nack details", "POST", nack, json!({"job_id": some_id, "error": {"code": "x", "message": "m", "details": {"trace": ["\u{0}"]}}}), 400, "error.details.trace[0]"),
+        case("NUL in a nack code", "POST", nack, json!({"job_id": some_id, "error": {"code": "x\u{0}", "message": "m"}}), 400, "error.code"),
+        case("NUL in the heartbeat worker id", "POST", beat, json!({"worker_id": "w\u{0}", "active_jobs": []}), 400, "worker_id"),
+        case("NUL in the heartbeat state", "POST", beat, json!({"worker_id": "w", "state": "\u{0}"}), 400, "state"),
+        case("NUL in a cron name", "POST", "/ojs/v1/cron", json!({"name": "c\u{0}", "expression": "* * * * *", "job_template": {"type": "a", "args": []}}), 400, "name"),
+        case("NUL in cron job args", "POST", "/ojs/v1/cron", json!({"name": "c", "expression": "* * * * *", "job_template": {"type": "a", "args": ["\u{0}"]}}), 400, "job_template.args[0]"),
+        case("NUL in a policy pattern", "PUT", policy, json!({"non_retryable_errors": ["a\u{0}"]}), 400, "non_retryable_errors[0]"),
+        case("NUL in a queue config body", "PUT", "/ojs/v1/admin/queues/default/config", json!({"paused": "\u{0}"}), 400, "paused"),
+        case("NUL in a bulk filter", "POST", "/ojs/v1/admin/jobs/bulk/cancel", json!({"filter": {"queue": "\u{0}"}}), 400, "filter.queue"),
+        case("NUL in a dead-letter retry filter", "POST", "/ojs/v1/dead-letter/retry", json!({"queue": "\u{0}"}), 400, "queue"),
+        get("NUL in a path", "/ojs/v1/admin/workers/w%00", 400, "path"),
+        Case { method: "POST", ..get("NUL in a cron path", "/ojs/v1/cron/c%00/pause", 400, "path") },
+        get("NUL in a query parameter", "/ojs/v1/dead-letter?queue=a%00", 400, "queue"),
+        Case {
+            path: format!("{policy}?note=a%00"),
+            ..case("NUL in a policy note", "PUT", policy, json!({"max_attempts": 3}), 400, "note")
+        },
     ]
+}
+
+fn raw_field(name: &'static str, method: &'static str, path: &str, body: &[u8], status: u16, field: &'static str) -> Case {
+    Case { name, method, path: path.to_owned(), content_type: Some(JSON), body: body.to_vec(), status, field: Some(field), code: None }
 }
 
 #[tokio::test]
@@ -283,4 +343,85 @@ async fn state_conflicts_and_missing_jobs() {
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert_eq!(r.body["error"]["code"], "conflict");
     assert_eq!(r.body["error"]["details"]["current_state"], "available");
+}
+
+/// Rows an older version (or a hand edit) may have stored beyond today's bounds: a timeout of
+/// `i64::MAX` ms, times past jiff's year 9999 and `infinity`. Fetching their queue, listing,
+/// reading and cancelling them, and the maintenance pass must all still work.
+#[tokio::test]
+async fn rows_stored_beyond_the_bounds_are_still_served() {
+    let server = TestServer::new().await;
+    let pool = server.db.store.pool();
+    let insert = |sql: &'static str| async move { sqlx::query(sql).execute(pool).await.expect(sql) };
+    // Due now, with timeouts that once overflowed `now() + timeout` in every claim and pass.
+    insert(
+        "INSERT INTO jobs (id, type, queue, args, state, enqueued_at, timeout_ms, visibility_timeout_ms)
+         VALUES ('019539a4-0000-7000-8000-0000000000a1', 'old.job', 'poison', '[1]', 'available', now(), 9223372036854775807, 9223372036854775807)",
+    )
+    .await;
+    // Waiting until after year 9999, and forever.
+    insert(
+        "INSERT INTO jobs (id, type, queue, args, state, scheduled_at, expires_at)
+         VALUES ('019539a4-0000-7000-8000-0000000000a2', 'old.job', 'poison', '[]', 'scheduled', '20000-01-01T00:00:00Z', 'infinity')",
+    )
+    .await;
+    insert(
+        "INSERT INTO jobs (id, type, queue, args, state, scheduled_at, retry_delay_ms)
+         VALUES ('019539a4-0000-7000-8000-0000000000a3', 'old.job', 'poison', '[]', 'retryable', 'infinity', 9223372036854775807)",
+    )
+    .await;
+
+    let fetched = server.fetch("poison").await;
+    assert_eq!(fetched["id"], "019539a4-0000-7000-8000-0000000000a1", "the due job is claimed");
+    let lock: Option<i64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM lock_expires_at - now())::bigint FROM jobs WHERE id = '019539a4-0000-7000-8000-0000000000a1'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("lock");
+    assert!(lock.is_some_and(|s| s <= 7 * 86_400), "the claim's lock is clamped to 7 days: {lock:?}");
+
+    // The maintenance pass (rescuer included) still runs with that job active.
+    rebound_server::maintenance::run_pass(&server.db.store, &server.state.metrics).await.expect("maintenance pass");
+    server.db.store.rescue_expired(100).await.expect("rescue");
+
+    let far = server.get("/ojs/v1/jobs/019539a4-0000-7000-8000-0000000000a2").await;
+    assert_eq!(far.status, StatusCode::OK, "{}", far.text);
+    assert!(far.body["job"]["scheduled_at"].as_str().is_some_and(|t| t.starts_with("9999-")), "saturated: {}", far.text);
+    let list = server.get("/ojs/v1/admin/jobs?queue=poison").await;
+    assert_eq!(list.status, StatusCode::OK, "{}", list.text);
+    assert_eq!(list.body["items"].as_array().map(Vec::len), Some(3), "{}", list.text);
+    let page = server.db.store.list_jobs(&Default::default(), None, 50).await.expect("store listing");
+    assert_eq!(page.items.len(), 3);
+    for id in ["019539a4-0000-7000-8000-0000000000a2", "019539a4-0000-7000-8000-0000000000a3"] {
+        let r = server.call("DELETE", &format!("/ojs/v1/jobs/{id}"), None).await;
+        assert_eq!(r.status, StatusCode::OK, "cancel {id}: {}", r.text);
+    }
+    // The claimed job can still fail and be retried: its delay is bounded.
+    let r = server.post("/ojs/v1/workers/nack", json!({"job_id": fetched["id"], "error": {"code": "x", "message": "m"}})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+}
+
+/// A retry policy stored before the bounds existed (ten thousand years between attempts) is
+/// clamped when a failure is recorded: the job is due within a year, and stays readable.
+#[tokio::test]
+async fn a_stored_unbounded_policy_schedules_within_a_year() {
+    let server = TestServer::new().await;
+    sqlx::query(
+        "INSERT INTO retry_policies (job_type, policy, version, updated_at, updated_by)
+         VALUES ('old.job', '{\"initial_interval\": \"PT87600000H\", \"max_interval\": \"PT87600000H\", \"jitter\": false}', 1, now(), 'old')",
+    )
+    .execute(server.db.store.pool())
+    .await
+    .expect("insert policy");
+    let job = server.enqueue(json!({"type": "old.job", "args": [], "options": {"queue": "oldq"}})).await;
+    assert_eq!(server.fetch("oldq").await["id"], job["id"]);
+    let r = server.post("/ojs/v1/workers/nack", json!({"job_id": job["id"], "error": {"code": "x", "message": "m"}})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.body["state"], "retryable", "{}", r.text);
+    let next: jiff::Timestamp = r.body["next_attempt_at"].as_str().expect("next_attempt_at").parse().expect("time");
+    let limit = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(366 * 24);
+    assert!(next < limit, "due within a year: {next}");
+    let got = server.get(&format!("/ojs/v1/jobs/{}", job["id"].as_str().expect("id"))).await;
+    assert_eq!(got.status, StatusCode::OK, "{}", got.text);
 }

@@ -77,10 +77,10 @@ impl HttpHandler {
             .json(&body)
             .send()
             .await;
-        let response = sent.map_err(|e| request_failure(&self.config.url, &e))?;
+        let response = sent.map_err(|e| request_failure(&self.config.url, e))?;
         let status = response.status().as_u16();
         let retry_after = response.headers().get(RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let bytes = response.bytes().await.map_err(|e| request_failure(&self.config.url, &e))?;
+        let bytes = response.bytes().await.map_err(|e| request_failure(&self.config.url, e))?;
         outcome_for_response(status, retry_after.as_deref(), &bytes, Timestamp::now())
     }
 }
@@ -91,7 +91,11 @@ impl Handler for HttpHandler {
     }
 }
 
-fn request_failure(url: &reqwest::Url, e: &reqwest::Error) -> Outcome {
+/// The error of a request that got no answer. Its text reaches the dashboard's viewers and
+/// every API token holder, while the configured URL may carry credentials in its path, query
+/// or user info (`?api_key=…`): only the scheme, host and port are named, reqwest's error is
+/// stripped of its URL, and any remaining mention of the configured URL is cut out.
+fn request_failure(url: &reqwest::Url, e: reqwest::Error) -> Outcome {
     let what = if e.is_timeout() {
         "timed out"
     } else if e.is_connect() {
@@ -99,9 +103,32 @@ fn request_failure(url: &reqwest::Url, e: &reqwest::Error) -> Outcome {
     } else {
         "failed"
     };
-    // The URL may carry credentials; report only where it points.
     let target = format!("{}://{}{}", url.scheme(), url.host_str().unwrap_or("?"), url.port().map(|p| format!(":{p}")).unwrap_or_default());
-    Outcome::Retry(HandlerError::new("http.timeout", format!("request to {target} {what}: {e}")).with_details(json!({ "url": target })))
+    let e = e.without_url();
+    // The causes say why (refused, DNS, TLS); reqwest's own text only says what failed.
+    let mut reason = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        reason.push_str(": ");
+        reason.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    let reason = scrub_url(&reason, url);
+    Outcome::Retry(HandlerError::new("http.timeout", format!("request to {target} {what}: {reason}")).with_details(json!({ "url": target })))
+}
+
+/// `text` without the configured URL or its secret-bearing parts (path and query, user info).
+fn scrub_url(text: &str, url: &reqwest::Url) -> String {
+    let mut out = text.replace(url.as_str(), "<url>");
+    let query = url.query().unwrap_or("");
+    let path_and_query = if query.is_empty() { url.path().to_owned() } else { format!("{}?{query}", url.path()) };
+    for secret in [path_and_query.as_str(), query, url.path(), url.password().unwrap_or(""), url.username()] {
+        // One-character paths ("/") are everywhere in error text and secret to nobody.
+        if secret.len() > 1 {
+            out = out.replace(secret, "<redacted>");
+        }
+    }
+    out
 }
 
 /// Maps an answer to the handler's result. Pure, so every branch is testable.
@@ -270,5 +297,47 @@ mod tests {
         };
         let refused = handler(&format!("http://127.0.0.1:{closed}"), "/x", Duration::from_secs(5)).handle(ctx()).await;
         assert_eq!(error_of(refused), ("http.timeout".into(), true));
+    }
+
+    /// The error text of a failed request names where it went, never the secret-bearing parts
+    /// of the configured URL (shown to viewers and API token holders).
+    #[tokio::test]
+    async fn request_errors_do_not_echo_the_configured_url() {
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let slow = Router::new().route("/hooks/secret-path", post(|| async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            "too late"
+        }));
+        let slow_base = serve(slow).await;
+        let cases = [
+            (format!("http://user:hunter2@127.0.0.1:{closed}"), Duration::from_secs(5)),
+            (slow_base, Duration::from_millis(200)),
+        ];
+        for (base, timeout) in cases {
+            let url = format!("{base}/hooks/secret-path?api_key=sk_live_123&x=1");
+            let mut config = HttpConfig::new(url.parse().unwrap());
+            config.request_timeout = timeout;
+            let h = HttpHandler::new(reqwest::Client::new(), config);
+            let ctx = crate::handler::test_context("hook.deliver", json!([]), 1);
+            let Err(Outcome::Retry(e)) = h.handle(ctx).await else { panic!("expected a retryable failure for {url}") };
+            let text = format!("{} {}", e.message, e.details.as_ref().map(Value::to_string).unwrap_or_default());
+            for secret in ["api_key", "sk_live_123", "secret-path", "hunter2", "user:"] {
+                assert!(!text.contains(secret), "{secret:?} leaked in {text:?}");
+            }
+            assert!(text.contains("http://127.0.0.1:"), "the target is still named: {text}");
+        }
+    }
+
+    #[test]
+    fn scrubbing_removes_every_part_of_the_url() {
+        let url: reqwest::Url = "https://u:p4ss@example.com/a/b?token=t0k".parse().unwrap();
+        let text = format!("error sending request for url ({url}): /a/b?token=t0k and token=t0k and p4ss");
+        let clean = scrub_url(&text, &url);
+        for secret in ["/a/b", "t0k", "p4ss"] {
+            assert!(!clean.contains(secret), "{secret} in {clean}");
+        }
     }
 }
