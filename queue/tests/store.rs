@@ -480,6 +480,7 @@ async fn listing_filters_and_keyset_pages() {
     let text = s.list_jobs(&JobFilter { text: Some("\"n\": 7}".into()), ..Default::default() }, None, 100).await.unwrap();
     assert_eq!(text.items.len(), 1);
     assert_eq!(s.count_jobs(&JobFilter { states: vec![JobState::Available], ..Default::default() }, 10).await.unwrap(), 10);
+    assert_eq!(s.count_jobs_bounded(&JobFilter { states: vec![JobState::Available], ..Default::default() }, 10).await.unwrap().n, 25, "exact from the counters");
     let stats = s.stats(None).await.unwrap();
     assert_eq!(stats.by_state(JobState::Available), 25);
 }

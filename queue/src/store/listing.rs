@@ -230,13 +230,35 @@ impl Store {
     /// answer `cap` means "at least cap"). A search counts within its window, see
     /// [`Store::count_jobs_bounded`].
     pub async fn count_jobs(&self, filter: &JobFilter, cap: i64) -> Result<i64, StoreError> {
-        Ok(self.count_jobs_bounded(filter, cap).await?.n)
+        Ok(self.count_jobs_bounded(filter, cap).await?.n.min(cap.max(1)))
     }
 
-    /// How many jobs match `filter`, saying how far the count went: at most `cap`, and for a
-    /// search only within the newest [`SEARCH_WINDOW`] jobs matching the indexed conditions.
+    /// How many jobs match `filter`, saying how far the count went. Filters on state, queue,
+    /// type and the dead-letter flag only are counted exactly from the maintained counters;
+    /// others count at most `cap`, and a search only within the newest [`SEARCH_WINDOW`] jobs
+    /// matching the indexed conditions.
     pub async fn count_jobs_bounded(&self, filter: &JobFilter, cap: i64) -> Result<JobCount, StoreError> {
         let cap = cap.max(1);
+        if !filter.is_search() && filter.created_after.is_none() && filter.created_before.is_none() {
+            // Every condition is a key of the maintained counters: an exact count, whatever
+            // the size, from a few hundred counter rows.
+            let mut qb = QueryBuilder::<Postgres>::new("SELECT COALESCE(sum(c.n), 0)::bigint FROM job_count_totals c WHERE true");
+            if !filter.states.is_empty() {
+                let states: Vec<String> = filter.states.iter().map(|s| s.as_str().to_string()).collect();
+                qb.push(" AND c.state::text = ANY(").push_bind(states).push(")");
+            }
+            if let Some(q) = &filter.queue {
+                qb.push(" AND c.queue = ").push_bind(q.clone());
+            }
+            if let Some(t) = &filter.job_type {
+                qb.push(" AND c.type = ").push_bind(t.clone());
+            }
+            if let Some(d) = filter.dead_letter {
+                qb.push(" AND c.dead_letter = ").push_bind(d);
+            }
+            let n: i64 = qb.build_query_scalar().fetch_one(&self.pool).await?;
+            return Ok(JobCount { n, capped: false, windowed: false });
+        }
         let window_end = if filter.is_search() { self.search_window_end(filter, None).await? } else { None };
         let mut qb = QueryBuilder::<Postgres>::new("SELECT count(*) AS n FROM (SELECT 1 FROM jobs j WHERE true");
         filter.push_conditions(&mut qb);
