@@ -131,6 +131,44 @@ async fn panics_timeouts_snoozes_and_unknown_types_become_attempts() {
     assert!(!report.grace_expired);
 }
 
+/// Postgres stores no NUL: handler output carrying one (a result, an error message, details,
+/// even a panic message) is written with U+FFFD in its place instead of failing the write and
+/// leaving the job stuck. Input carrying one is refused by the library's enqueue.
+#[tokio::test]
+async fn handler_output_with_nul_is_stored_with_replacement_characters() {
+    let db = TestDb::new().await;
+    let once = PolicyPatch { max_attempts: Some(1), ..PolicyPatch::default() };
+    db.store.put_policy("lib.nul.fails", &once, &Actor::new("test"), None).await.unwrap();
+    let worker = quick(Worker::builder(db.store.clone()))
+        .queue("default", 4)
+        .handler("lib.nul.done", handler_fn(|_| async { Ok(Some(json!({"out\u{0}": ["a\u{0}b"], "big": 1.7976931348623157e308}))) }))
+        .handler(
+            "lib.nul.fails",
+            handler_fn(|_| async {
+                Err(Outcome::Retry(HandlerError::new("lib.nul\u{0}", "bad\u{0}byte").with_details(json!({"stderr": "x\u{0}y"}))))
+            }),
+        )
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+    let done = db.store.enqueue(NewJob::new("lib.nul.done", json!([]))).await.unwrap().job.id;
+    let fails = db.store.enqueue(NewJob::new("lib.nul.fails", json!([]))).await.unwrap().job.id;
+
+    let job = wait_state(&db.store, done, JobState::Completed).await;
+    assert_eq!(job.result, Some(json!({"out\u{FFFD}": ["a\u{FFFD}b"], "big": "1.7976931348623157e+308"})));
+    wait_state(&db.store, fails, JobState::Discarded).await;
+    let a = &db.store.attempts(fails).await.unwrap()[0];
+    assert_eq!(a.error_type.as_deref(), Some("lib.nul\u{FFFD}"));
+    assert_eq!(a.error_message.as_deref(), Some("bad\u{FFFD}byte"));
+    assert_eq!(a.error_details.as_ref().map(|d| d["stderr"].clone()), Some(json!("x\u{FFFD}y")));
+
+    let refused = db.store.enqueue(NewJob::new("lib.nul.done", json!([{"name": "\u{0}"}]))).await;
+    assert!(matches!(&refused, Err(rebound_queue::StoreError::InvalidJob(e)) if e.field == "args[0].name"), "{refused:?}");
+    shutdown.cancel();
+    run.await.unwrap();
+}
+
 #[tokio::test]
 async fn paused_queues_are_not_claimed_and_several_queues_run_side_by_side() {
     let db = TestDb::new().await;

@@ -88,7 +88,9 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
     }
     let since = match q.one("since")? {
         None => None,
-        Some(s) => Some(s.parse::<Timestamp>().map_err(|e| ApiError::invalid_field("since", format!("must be an RFC 3339 timestamp, got {s:?} ({e})")))?),
+        // Bounded like every time the API reads: Postgres would not read jiff's spelling of
+        // a year before 1 (`-009999-…`), and the query would fail instead of the request.
+        Some(s) => Some(super::envelope::parse_time(s, Timestamp::now()).map_err(|r| ApiError::invalid_field("since", r))?),
     };
     let only_cron = !types.is_empty() && job_types.is_empty();
     let only_jobs = !types.is_empty() && cron_types.is_empty();

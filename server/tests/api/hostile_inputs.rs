@@ -196,6 +196,8 @@ fn table() -> Vec<Case> {
         case("policy max interval of 10 000 years", "PUT", policy, json!({"max_interval": "PT87600000H"}), 422, "max_interval"),
         case("preview interval of 10 000 years", "POST", preview, json!({"policy": {"max_interval": "PT87600000H"}}), 422, "policy.max_interval"),
         case("rate-limit period of ten years", "PUT", "/ojs/v1/admin/queues/default/rate-limit", json!({"rate": {"limit": 5, "period": "P3650D"}}), 400, "rate.period"),
+        get("events since before year 1", "/ojs/v1/events?since=-009999-01-01T00:00:00Z", 400, "since"),
+        get("dead-letter filter before 1970", "/ojs/v1/admin/dead-letter?since=1900-01-01T00:00:00Z", 400, "since"),
         get("listing filter after year 9000", "/ojs/v1/admin/jobs?since=9999-01-01T00:00:00Z", 400, "since"),
         // NUL characters: Postgres stores none, in text or jsonb.
         case("NUL in args", "POST", jobs, json!({"type": "a", "args": ["a\u{0}b"]}), 400, "args[0]"),
