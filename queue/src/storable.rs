@@ -169,6 +169,55 @@ pub fn make_storable(value: &mut Value) -> bool {
     }
 }
 
+/// Parses JSON text in which some numbers may be beyond what serde_json reads as a float
+/// (as `jsonb` gives back rows written before these checks): each such number becomes a
+/// string of its digits instead of failing the whole value. Only used after a normal parse
+/// failed.
+pub fn parse_lenient(text: &str) -> Result<Value, serde_json::Error> {
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut chars = text.char_indices().peekable();
+    let (mut in_string, mut escaped) = (false, false);
+    while let Some((i, c)) = chars.next() {
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '-' | '0'..='9' => {
+                let mut end = i + c.len_utf8();
+                while let Some(&(j, d)) = chars.peek() {
+                    if !matches!(d, '0'..='9' | '.' | 'e' | 'E' | '+' | '-') {
+                        break;
+                    }
+                    end = j + d.len_utf8();
+                    chars.next();
+                }
+                let number = &text[i..end];
+                match serde_json::from_str::<Value>(number) {
+                    Ok(_) => out.push_str(number),
+                    Err(_) => {
+                        out.push('"');
+                        out.push_str(number);
+                        out.push('"');
+                    }
+                }
+            }
+            _ => out.push(c),
+        }
+    }
+    serde_json::from_str(&out)
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -202,6 +251,16 @@ mod tests {
         for fine in [json!(1e300), json!(1.5e16), json!(1e-300), json!(5e-324), json!(u64::MAX), json!(i64::MIN), json!(0.1), json!(123.0)] {
             assert!(check(&fine, "").is_ok(), "{fine}");
         }
+    }
+
+    #[test]
+    fn unreadable_numbers_parse_leniently_as_strings() {
+        let huge = format!("17976931348623157{}", "0".repeat(292));
+        let text = format!(r#"[{huge}, {{"a": -{huge}, "s": "1e999 \" {huge}"}}, 1.5, -2, 3e2]"#);
+        assert!(serde_json::from_str::<Value>(&text).is_err());
+        let v = parse_lenient(&text).expect("lenient");
+        assert_eq!(v, json!([huge, {"a": format!("-{huge}"), "s": format!("1e999 \" {huge}")}, 1.5, -2, 300.0]));
+        assert!(parse_lenient("[1, ").is_err(), "still JSON");
     }
 
     #[test]

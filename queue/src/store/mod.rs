@@ -52,6 +52,7 @@ mod enqueue;
 mod events;
 mod fail;
 mod in_place;
+mod lenient;
 mod listing;
 mod maintenance;
 mod next_due;
@@ -65,12 +66,12 @@ mod workers;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{ColumnIndex, PgPool, Row};
 use uuid::Uuid;
 
 use crate::job::{Attempt, Job, JobState, JobValidationError};
+use lenient::{StoredJson, StoredTime};
 use crate::policy::PolicyError;
 
 pub use admin::{BulkReport, DeadLetterStats};
@@ -295,52 +296,6 @@ pub(crate) fn ts_opt(row: &PgRow, col: &str) -> Result<Option<Timestamp>, sqlx::
     Ok(row.try_get::<Option<StoredTime>, _>(col)?.map(|t| t.0))
 }
 
-/// A `timestamptz` as read from a row, leniently: Postgres holds instants far outside jiff's
-/// years -9999 ..= 9999 (and `±infinity`), and one such value, written by hand or by an older
-/// version without [`crate::bounds`], must not make a whole listing or claim fail to decode.
-/// It reads as [`Timestamp::MIN`] or [`Timestamp::MAX`] instead.
-pub(crate) struct StoredTime(pub Timestamp);
-
-/// Postgres counts `timestamptz` in microseconds from 2000-01-01T00:00:00Z.
-const POSTGRES_EPOCH: Timestamp = Timestamp::constant(946_684_800, 0);
-
-impl sqlx::Type<sqlx::Postgres> for StoredTime {
-    fn type_info() -> sqlx::postgres::PgTypeInfo {
-        <jiff_sqlx::Timestamp as sqlx::Type<sqlx::Postgres>>::type_info()
-    }
-
-    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
-        <jiff_sqlx::Timestamp as sqlx::Type<sqlx::Postgres>>::compatible(ty)
-    }
-}
-
-impl<'r> sqlx::Decode<'r, sqlx::Postgres> for StoredTime {
-    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        let t = match value.format() {
-            sqlx::postgres::PgValueFormat::Binary => {
-                let micros: i64 = sqlx::Decode::<sqlx::Postgres>::decode(value)?;
-                saturating_instant(micros)
-            }
-            sqlx::postgres::PgValueFormat::Text => {
-                let text = value.as_str()?;
-                match text.parse::<Timestamp>() {
-                    Ok(t) => t,
-                    Err(_) if text.starts_with('-') || text.ends_with(" BC") => Timestamp::MIN,
-                    Err(_) => Timestamp::MAX,
-                }
-            }
-        };
-        Ok(StoredTime(t))
-    }
-}
-
-/// The instant `micros` after the Postgres epoch, saturating at jiff's range.
-fn saturating_instant(micros: i64) -> Timestamp {
-    POSTGRES_EPOCH
-        .checked_add(jiff::SignedDuration::from_micros(micros))
-        .unwrap_or(if micros < 0 { Timestamp::MIN } else { Timestamp::MAX })
-}
-
 /// Milliseconds for binding into SQL as an interval multiplier, saturating.
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -429,15 +384,15 @@ impl JobColumns {
             id: row.try_get(self.id)?,
             job_type: row.try_get(self.job_type)?,
             queue: row.try_get(self.queue)?,
-            args: row.try_get(self.args)?,
-            meta: row.try_get(self.meta)?,
-            extra: row.try_get(self.extra)?,
+            args: row.try_get::<StoredJson, _>(self.args)?.0,
+            meta: row.try_get::<StoredJson, _>(self.meta)?.0,
+            extra: row.try_get::<StoredJson, _>(self.extra)?.0,
             priority: row.try_get(self.priority)?,
             tags: row.try_get(self.tags)?,
             state: row.try_get(self.state)?,
             attempt: row.try_get(self.attempt)?,
             max_attempts: row.try_get(self.max_attempts)?,
-            retry: row.try_get::<Option<Value>, _>(self.retry)?,
+            retry: row.try_get::<Option<StoredJson>, _>(self.retry)?.map(|j| j.0),
             timeout_ms: row.try_get(self.timeout_ms)?,
             visibility_timeout_ms: row.try_get(self.visibility_timeout_ms)?,
             unique_key: row.try_get(self.unique_key)?,
@@ -453,8 +408,8 @@ impl JobColumns {
             lock_expires_at: row.try_get::<Option<StoredTime>, _>(self.lock_expires_at)?.map(|t| t.0),
             dead_letter: row.try_get(self.dead_letter)?,
             dead_lettered_at: row.try_get::<Option<StoredTime>, _>(self.dead_lettered_at)?.map(|t| t.0),
-            result: row.try_get(self.result)?,
-            last_error: row.try_get(self.last_error)?,
+            result: row.try_get::<Option<StoredJson>, _>(self.result)?.map(|j| j.0),
+            last_error: row.try_get::<Option<StoredJson>, _>(self.last_error)?.map(|j| j.0),
             retry_delay_ms: row.try_get(self.retry_delay_ms)?,
             updated_at: row.try_get::<StoredTime, _>(self.updated_at)?.0,
         })
@@ -473,10 +428,10 @@ pub(crate) fn attempt_from_row(row: &PgRow) -> Result<Attempt, sqlx::Error> {
         error_type: row.try_get("error_type")?,
         error_code: row.try_get("error_code")?,
         error_message: row.try_get("error_message")?,
-        error_details: row.try_get("error_details")?,
+        error_details: row.try_get::<Option<StoredJson>, _>("error_details")?.map(|j| j.0),
         delay_ms: row.try_get("delay_ms")?,
         next_run_at: ts_opt(row, "next_run_at")?,
-        policy: row.try_get("policy")?,
+        policy: row.try_get::<Option<StoredJson>, _>("policy")?.map(|j| j.0),
     })
 }
 

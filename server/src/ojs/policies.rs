@@ -130,7 +130,12 @@ pub async fn preview(State(state): State<AppState>, body: JsonObject) -> Result<
         resolve(&patch.apply_to(&RetryPolicy::default()), None, None)
     } else {
         let star = match state.store.policy(DEFAULT_POLICY_KEY).await? {
-            Some(p) => PolicyPatch::from_json(&p.policy).unwrap_or_else(|e| {
+            // Stored before the bounds existed, it may hold longer intervals: preview it as the
+            // failure path applies it (capped), not as an error about the caller's policy.
+            Some(p) => PolicyPatch::from_json(&p.policy).map(|mut star| {
+                star.clamp_to_bounds();
+                star
+            }).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "stored global default policy does not parse; previewing over the built-in defaults");
                 PolicyPatch::default()
             }),
