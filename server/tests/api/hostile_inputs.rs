@@ -277,6 +277,42 @@ async fn hostile_inputs_get_4xx_naming_the_field_and_write_nothing() {
     assert_eq!(server.job_count().await, 0, "a rejected request wrote a job");
     assert!(server.db.store.policies().await.expect("policies").is_empty(), "a rejected request saved a policy");
     assert!(server.db.store.queues().await.expect("queues").is_empty(), "a rejected request created a queue");
+    assert!(server.db.store.cron_jobs(None).await.expect("crons").is_empty(), "a rejected request registered a cron job");
+}
+
+/// The bounds hold for the store's own callers too (the dashboard, the worker library): a
+/// re-drive staggered over 5 000 000 000 000 s or a rate-limit window of ten years is refused
+/// naming the field, and nothing changes.
+#[tokio::test]
+async fn store_callers_get_the_same_bounds() {
+    use rebound_queue::StoreError;
+    use rebound_queue::store::{Actor, JobSelection, QueueRateLimit, RedriveBudget, RedriveOptions, Window};
+
+    let server = TestServer::new().await;
+    let id: uuid::Uuid = server.dead_letter("dlq", "boom").await.parse().expect("id");
+    let opts = RedriveOptions {
+        budget: RedriveBudget::Fresh,
+        stagger: Some(std::time::Duration::from_secs(5_000_000_000_000)),
+        actor: Actor::new("test"),
+        reason: None,
+    };
+    let refused = server.db.store.redrive(&JobSelection::Ids(vec![id]), &opts).await;
+    assert!(matches!(&refused, Err(StoreError::Invalid { field, .. }) if field == "stagger"), "{refused:?}");
+    let job = server.db.store.job(id).await.expect("job");
+    assert!(job.dead_letter, "the refused re-drive changed the job: {job:?}");
+
+    let limit = QueueRateLimit {
+        rate: Some(Window { limit: 5, period: std::time::Duration::from_secs(10 * 365 * 86_400) }),
+        ..QueueRateLimit::default()
+    };
+    let refused = server.db.store.set_queue_rate_limit("dlq", Some(&limit), &Actor::new("test")).await;
+    assert!(matches!(&refused, Err(StoreError::Invalid { field, .. }) if field == "rate.period"), "{refused:?}");
+
+    // A job enqueued through the library is held to the API's bounds.
+    let mut job = rebound_queue::NewJob::new("lib.job", json!([]));
+    job.visibility_timeout_ms = Some(i64::MAX);
+    let refused = server.db.store.enqueue(job).await;
+    assert!(matches!(&refused, Err(StoreError::InvalidJob(e)) if e.field == "options.visibility_timeout_ms"), "{refused:?}");
 }
 
 #[tokio::test]
