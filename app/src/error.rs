@@ -1,6 +1,8 @@
 //! The error every server function returns. It travels to the browser as JSON, so the page can
 //! say exactly what went wrong (which field, which state), and on the server it sets the HTTP
-//! status: a viewer's mutation is a 403, a missing session a 401.
+//! status ([`AppError::status`], applied by the server's session middleware): a viewer's
+//! mutation is a 403, a missing session a 401, a malformed argument a 400. Internal failures
+//! never carry their text to the browser: only the request id the server logged them under.
 
 use leptos::server_fn::codec::JsonEncoding;
 use leptos::server_fn::error::{FromServerFnError, ServerFnErrorErr};
@@ -25,7 +27,8 @@ pub enum AppError {
     /// The target is not in a state that allows the action.
     #[error("{0}")]
     Conflict(String),
-    #[error("internal error: {0}")]
+    /// Something failed inside the server; the full error is in its log under this request id.
+    #[error("something went wrong on the server; its log has the details under request id {0}")]
     Internal(String),
     #[error("{0}")]
     ServerFn(ServerFnErrorErr),
@@ -48,9 +51,34 @@ impl AppError {
             AppError::NotFound(_) => 404,
             AppError::Invalid { .. } => 422,
             AppError::Conflict(_) => 409,
-            AppError::Internal(_) | AppError::ServerFn(_) => 500,
+            AppError::Internal(_) => 500,
+            AppError::ServerFn(e) => match e {
+                // The request did not carry what the function takes: the caller's mistake.
+                ServerFnErrorErr::Args(_) | ServerFnErrorErr::MissingArg(_) | ServerFnErrorErr::Deserialization(_) => 400,
+                ServerFnErrorErr::UnsupportedRequestMethod(_) => 405,
+                ServerFnErrorErr::Registration(_) => 404,
+                _ => 500,
+            },
         }
     }
+
+    /// An internal failure: logs `error` with the current request's id and returns an error
+    /// that names only the id, so no database or file-system text reaches the browser.
+    #[cfg(feature = "ssr")]
+    pub fn internal(error: impl std::fmt::Display) -> AppError {
+        let id = request_id();
+        tracing::error!(request_id = %id, error = %error, "dashboard request failed");
+        AppError::Internal(id)
+    }
+}
+
+/// The id `rebound-server` gave this request (its `X-Request-Id`), or a fresh one when the
+/// request carries none (a test calling a server function directly).
+#[cfg(feature = "ssr")]
+fn request_id() -> String {
+    leptos::prelude::use_context::<http::request::Parts>()
+        .and_then(|parts| parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned))
+        .unwrap_or_else(|| format!("req_{}", uuid::Uuid::now_v7()))
 }
 
 impl FromServerFnError for AppError {
@@ -72,10 +100,7 @@ impl From<rebound_queue::StoreError> for AppError {
             StoreError::InvalidJob(v) => AppError::Invalid { field: v.field, reason: v.reason },
             StoreError::InvalidPolicy(p) => AppError::Invalid { field: p.field, reason: p.reason },
             StoreError::Invalid { field, reason } => AppError::Invalid { field, reason },
-            other => {
-                tracing::error!(error = %other, "dashboard store operation failed");
-                AppError::Internal(other.to_string())
-            }
+            other => AppError::internal(other),
         }
     }
 }
@@ -85,4 +110,27 @@ impl From<rebound_queue::PolicyError> for AppError {
     fn from(p: rebound_queue::PolicyError) -> Self {
         AppError::Invalid { field: p.field, reason: p.reason }
     }
+}
+
+#[cfg(feature = "ssr")]
+impl From<rebound_queue::job::JobValidationError> for AppError {
+    fn from(v: rebound_queue::job::JobValidationError) -> Self {
+        AppError::Invalid { field: v.field, reason: v.reason }
+    }
+}
+
+/// Checks a queue name from a form before it reaches the store (a space or a NUL would be
+/// stored, or refused by Postgres as an internal error).
+#[cfg(feature = "ssr")]
+pub fn check_queue(queue: &str) -> Result<(), AppError> {
+    rebound_queue::job::validate_queue(queue).map_err(|v| AppError::Invalid { field: "queue".into(), reason: v.reason })
+}
+
+/// Checks a job type from a policy form, like [`check_queue`] (`*`, the defaults, included).
+#[cfg(feature = "ssr")]
+pub fn check_job_type(job_type: &str) -> Result<(), AppError> {
+    if job_type == rebound_queue::store::DEFAULT_POLICY_KEY {
+        return Ok(());
+    }
+    rebound_queue::job::validate_type(job_type).map_err(|v| AppError::Invalid { field: "job_type".into(), reason: v.reason })
 }

@@ -31,8 +31,25 @@ use crate::auth::{MeResource, whoami};
 use crate::layout::Header;
 use crate::pages::*;
 
+/// The Content-Security-Policy of a dashboard page: scripts only from this site or inline with
+/// this response's nonce (Leptos puts it on its hydration and resource scripts), WebAssembly
+/// compilation (`'wasm-unsafe-eval'`, which the hydration bundle needs), no framing, no
+/// plugins, forms only to this site.
+pub fn content_security_policy(nonce: &str) -> String {
+    format!(
+        "default-src 'self'; script-src 'self' 'nonce-{nonce}' 'wasm-unsafe-eval'; style-src 'self'; img-src 'self' data:; \
+         connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    )
+}
+
 /// The HTML document around the app; the server renders it for every page.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
+    #[cfg(feature = "ssr")]
+    if let (Some(nonce), Some(res)) = (leptos::nonce::use_nonce(), use_context::<leptos_axum::ResponseOptions>())
+        && let Ok(value) = http::HeaderValue::from_str(&content_security_policy(&nonce))
+    {
+        res.insert_header(http::header::CONTENT_SECURITY_POLICY, value);
+    }
     view! {
         <!DOCTYPE html>
         <html lang="en">

@@ -4,5 +4,5 @@
 #[cfg(feature = "ssr")]
 pub fn store() -> Result<rebound_queue::Store, crate::error::AppError> {
     leptos::prelude::use_context::<rebound_queue::Store>()
-        .ok_or_else(|| crate::error::AppError::Internal("the dashboard has no store in its context".into()))
+        .ok_or_else(|| crate::error::AppError::internal("the dashboard has no store in its context"))
 }

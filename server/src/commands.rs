@@ -62,7 +62,8 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     tracing::info!(addr = %listener.local_addr().context("reading the bound address")?, "rebound-server listening");
     let stop = shutdown.clone();
-    axum::serve(listener, router(state))
+    // The peer address reaches handlers (sign-in throttling counts per client address).
+    axum::serve(listener, router(state).into_make_service_with_connect_info::<std::net::SocketAddr>())
         .with_graceful_shutdown(async move {
             wait_for_signal().await;
             tracing::info!("shutting down");
@@ -127,7 +128,7 @@ async fn users(url: &str, cmd: UserCommand) -> anyhow::Result<()> {
                 RoleArg::Operator => Role::Operator,
             };
             let op = store.upsert_operator(&username, &hash, role, &cli_actor()).await.context("saving the operator")?;
-            println!("operator {} saved with role {}", op.username, op.role.as_str());
+            println!("operator {} saved with role {}; any sessions they had are ended", op.username, op.role.as_str());
         }
         UserCommand::List => {
             println!("{:<32} {:<9} {:<9} last login", "username", "role", "status");

@@ -86,6 +86,18 @@ pub struct ServeArgs {
     /// Do not run maintenance in this process (a worker does it).
     #[arg(long)]
     pub no_maintenance: bool,
+
+    /// Always mark the session cookie `Secure` (browsers then send it over HTTPS only). Without
+    /// it the cookie is `Secure` only when the request says it came over HTTPS
+    /// (`X-Forwarded-Proto: https`). Set it whenever the dashboard is reached over TLS.
+    #[arg(long, env = "REBOUND_SECURE_COOKIES")]
+    pub secure_cookies: bool,
+
+    /// The server runs behind a reverse proxy that appends the client's address to
+    /// `X-Forwarded-For`: sign-in throttling then counts per that address (the last one in the
+    /// header) instead of the proxy's.
+    #[arg(long, env = "REBOUND_BEHIND_PROXY")]
+    pub behind_proxy: bool,
 }
 
 /// A dashboard role.
@@ -134,6 +146,10 @@ pub struct ServerConfig {
     pub visibility_timeout: Duration,
     pub max_body_bytes: usize,
     pub request_timeout: Duration,
+    /// Mark the session cookie `Secure` whatever the request says.
+    pub secure_cookies: bool,
+    /// Take the client's address from `X-Forwarded-For` (see [`ServeArgs::behind_proxy`]).
+    pub behind_proxy: bool,
 }
 
 impl Default for ServerConfig {
@@ -144,6 +160,8 @@ impl Default for ServerConfig {
             visibility_timeout: Duration::from_secs(300),
             max_body_bytes: 4 * 1024 * 1024,
             request_timeout: Duration::from_secs(30),
+            secure_cookies: false,
+            behind_proxy: false,
         }
     }
 }
@@ -156,6 +174,8 @@ impl From<&ServeArgs> for ServerConfig {
             visibility_timeout: a.visibility_timeout,
             max_body_bytes: a.max_body_bytes,
             request_timeout: a.request_timeout,
+            secure_cookies: a.secure_cookies,
+            behind_proxy: a.behind_proxy,
         }
     }
 }

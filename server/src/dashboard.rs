@@ -16,10 +16,12 @@ use axum::routing::post;
 use leptos::config::LeptosOptions;
 use leptos::prelude::provide_context;
 use leptos_axum::{LeptosRoutes, generate_route_list};
+use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::services::{ServeDir, ServeFile};
 
 use crate::AppState;
 use crate::dashboard_auth::{login, logout, session_middleware};
+
 
 /// The front end's output name: `/pkg/rebound.js`, `rebound.wasm`, `rebound.css`.
 const OUTPUT_NAME: &str = "rebound";
@@ -58,7 +60,12 @@ pub fn mount(router: Router, state: AppState) -> Router {
         )
         .with_state(options);
     let auth = Router::new().route("/auth/login", post(login)).route("/auth/logout", post(logout)).with_state(state.clone());
-    let dashboard = pages.merge(auth).layer(from_fn_with_state(state, session_middleware));
+    // The body limit is outermost: a large body is refused (413) before the session is looked
+    // up, signed in or not.
+    let dashboard = pages
+        .merge(auth)
+        .layer(from_fn_with_state(state, session_middleware))
+        .layer(RequestBodyLimitLayer::new(crate::dashboard_guard::MAX_FORM_BYTES));
     let assets = Router::new()
         .nest_service("/pkg", ServeDir::new(pkg_dir))
         .route_service("/favicon.svg", ServeFile::new(site_root.join("favicon.svg")));

@@ -1,27 +1,35 @@
 //! Dashboard sign-in: the login and logout handlers and the session middleware.
 //!
-//! A session is a random token in an `HttpOnly`, `SameSite=Lax` cookie; the store keeps only
-//! its SHA-256 (like API tokens: random, so a plain hash is enough), the operator, a per-session
-//! CSRF token and the expiry. The middleware resolves the cookie once per request and hands the
-//! session to the app as a request extension; pages without one redirect to the login page.
+//! A session is a random token in an `HttpOnly`, `SameSite=Lax` cookie (`Secure` over HTTPS or
+//! with `--secure-cookies`); the store keeps only its SHA-256 (like API tokens: random, so a
+//! plain hash is enough), the operator, a per-session CSRF token and the expiry
+//! ([`SESSION_TTL`], not extended by use). The middleware resolves the cookie once per request
+//! and hands the session to the app as a request extension; pages without one redirect to the
+//! login page. The checks every request passes first are in
+//! [`dashboard_guard`](crate::dashboard_guard); sign-in throttling in
+//! [`login_throttle`](crate::login_throttle).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::http::header::{ACCEPT, CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::header::{ACCEPT, COOKIE, LOCATION, RETRY_AFTER, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::Form;
+use axum::{Extension, Form};
 use rebound_queue::store::Actor;
 use serde::Deserialize;
 use serde_json::json;
 
 use app::auth::SignedIn;
+use app::error::AppError;
 
 use crate::AppState;
 use crate::auth::hash_token;
+use crate::dashboard_guard::{self as guard, FlashCheck};
+use crate::login_throttle;
 use crate::passwords::verify_password;
 
 /// The session cookie's name.
@@ -54,13 +62,30 @@ pub fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-/// Only same-site paths: a `next` of `//evil.example` or `https://…` would make the login an
-/// open redirect.
-fn safe_next(next: Option<&str>) -> &str {
-    match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.starts_with("/\\") => n,
-        _ => "/",
+/// Where to go after signing in: `next` if it is a path on this site, else `/`.
+///
+/// The value is parsed as a URL relative to a placeholder origin (so it is normalised exactly
+/// as a browser would: tabs and newlines dropped, `\\` read as `/`, dot segments resolved) and
+/// accepted only if it stays on that origin; what is returned is rebuilt from the parsed path
+/// and query, never the raw text. Control characters and backslashes are refused outright.
+pub fn safe_next(next: Option<&str>) -> String {
+    const BASE: &str = "http://rebound.invalid/";
+    let Some(next) = next else { return "/".into() };
+    if !next.starts_with('/') || next.chars().any(|c| c.is_control() || c == '\\') {
+        return "/".into();
     }
+    let Ok(base) = url::Url::parse(BASE) else { return "/".into() };
+    let Ok(url) = base.join(next) else { return "/".into() };
+    if url.origin() != base.origin() || !url.username().is_empty() || url.password().is_some() {
+        return "/".into();
+    }
+    let mut out = url.path().to_string();
+    if let Some(q) = url.query() {
+        out.push('?');
+        out.push_str(q);
+    }
+    // `//host` is a network path; the parse above cannot yield one, but never emit it.
+    if !out.starts_with('/') || out.starts_with("//") { "/".into() } else { out }
 }
 
 fn percent_encode(s: &str) -> String {
@@ -75,15 +100,25 @@ fn see_other(location: &str) -> Response {
     res
 }
 
-/// `Secure` only when the request reached us over HTTPS (directly or through a proxy that says
-/// so): browsers drop `Secure` cookies sent over plain HTTP to anything but localhost.
-fn session_cookie(headers: &HeaderMap, value: &str, max_age: Duration) -> String {
-    let https = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()) == Some("https");
+/// Whether cookies must be `Secure`: forced by `--secure-cookies`, else when the request
+/// reached us over HTTPS through a proxy that says so (browsers drop `Secure` cookies sent over
+/// plain HTTP to anything but localhost, so this cannot be the default).
+fn secure(state: &AppState, headers: &HeaderMap) -> bool {
+    state.config.secure_cookies || headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()) == Some("https")
+}
+
+fn session_cookie(secure: bool, value: &str, max_age: Duration) -> String {
     format!(
         "{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Lax; Max-Age={}{}",
         max_age.as_secs(),
-        if https { "; Secure" } else { "" }
+        if secure { "; Secure" } else { "" }
     )
+}
+
+fn unavailable(message: &str, retry_after_secs: u64) -> Response {
+    let mut res = guard::refusal_page(StatusCode::SERVICE_UNAVAILABLE, message);
+    res.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+    res
 }
 
 #[derive(Debug, Deserialize)]
@@ -94,38 +129,83 @@ pub struct LoginForm {
     pub next: Option<String>,
 }
 
-/// `POST /auth/login`: checks the password, starts a session, and goes to `next`.
-pub async fn login(State(state): State<AppState>, headers: HeaderMap, Form(form): Form<LoginForm>) -> Response {
-    let next = safe_next(form.next.as_deref()).to_string();
-    let operator = match state.store.operator(form.username.trim()).await {
+/// How long a sign-in waits for a turn at checking its password before being told to retry.
+const PASSWORD_CHECK_QUEUE_WAIT: Duration = Duration::from_secs(10);
+
+/// `POST /auth/login`: checks the password (throttled, see [`login_throttle`]), starts a
+/// session, and goes to `next` (see [`safe_next`]).
+pub async fn login(
+    State(state): State<AppState>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let next = safe_next(form.next.as_deref());
+    let username = form.username.trim().to_string();
+    let address = login_throttle::client_address(&headers, peer.as_ref().map(|p| &p.0), state.config.behind_proxy);
+    let keys = [login_throttle::account_key(&username), login_throttle::address_key(address)];
+    let wait = match state.store.login_failures(&keys, login_throttle::FORGET_AFTER).await {
+        Ok(failures) => login_throttle::remaining_wait(&failures),
+        Err(e) => {
+            tracing::error!(error = %e, "login: reading recent failures failed");
+            return unavailable("the database is unavailable; try again shortly", 5);
+        }
+    };
+    if !wait.is_zero() {
+        let secs = wait.as_secs().max(1);
+        tracing::warn!(username = %username, address = ?address, wait_secs = secs, "dashboard login throttled after repeated failures");
+        let mut res = guard::refusal_page(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!("Too many failed sign-ins for this account or from this address: wait {secs} s and try again."),
+        );
+        res.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
+        return res;
+    }
+    let operator = match state.store.operator(&username).await {
         Ok(op) => op.filter(|op| !op.disabled),
         Err(e) => {
             tracing::error!(error = %e, "login: looking up the operator failed");
-            return (StatusCode::SERVICE_UNAVAILABLE, "the database is unavailable; try again shortly").into_response();
+            return unavailable("the database is unavailable; try again shortly", 5);
         }
     };
     let hash = operator.as_ref().map(|op| op.password_hash.clone()).unwrap_or_else(|| DUMMY_HASH.to_string());
+    // argon2 takes ~19 MiB and tens of milliseconds per check: a bounded number run at once,
+    // off the async workers; the rest wait their turn for a while, then are told to retry.
+    let Ok(Ok(permit)) = tokio::time::timeout(PASSWORD_CHECK_QUEUE_WAIT, state.password_checks.clone().acquire_owned()).await else {
+        tracing::warn!(username = %username, "login: too many password checks waiting");
+        return unavailable("Too many sign-ins at once: try again in a few seconds.", 5);
+    };
     let password = form.password;
-    // argon2 is deliberately slow: keep it off the async workers.
-    let matches = tokio::task::spawn_blocking(move || verify_password(&password, &hash)).await.unwrap_or(false);
+    let matches = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        verify_password(&password, &hash)
+    })
+    .await
+    .unwrap_or(false);
     let Some(operator) = operator.filter(|_| matches) else {
-        tracing::info!(username = %form.username, "dashboard login refused");
+        tracing::info!(username = %username, address = ?address, "dashboard login refused");
+        if let Err(e) = state.store.record_login_failure(&keys, login_throttle::FORGET_AFTER).await {
+            tracing::error!(error = %e, "login: recording the failure failed");
+        }
         return see_other(&format!("/login?error=1&next={}", percent_encode(&next)));
     };
+    if let Err(e) = state.store.clear_login_failures(&keys[0]).await {
+        tracing::warn!(error = %e, "login: clearing the account's failures failed");
+    }
     let (Ok(token), Ok(csrf)) = (random_secret(), random_secret()) else {
         tracing::error!("login: the OS gave no randomness for the session token");
-        return (StatusCode::SERVICE_UNAVAILABLE, "could not start a session; try again shortly").into_response();
+        return unavailable("could not start a session; try again shortly", 5);
     };
     if let Err(e) = state.store.create_session(operator.id, &hash_token(&token), &csrf, SESSION_TTL).await {
         tracing::error!(error = %e, "login: creating the session failed");
-        return (StatusCode::SERVICE_UNAVAILABLE, "could not start a session; try again shortly").into_response();
+        return unavailable("could not start a session; try again shortly", 5);
     }
     let actor = Actor::new(operator.username.clone());
     if let Err(e) = state.store.audit(&actor, "operator.login", Some(&operator.username), json!({})).await {
         tracing::warn!(error = %e, "login: writing the audit entry failed");
     }
     let mut res = see_other(&next);
-    if let Ok(v) = HeaderValue::from_str(&session_cookie(&headers, &token, SESSION_TTL)) {
+    if let Ok(v) = HeaderValue::from_str(&session_cookie(secure(&state, &headers), &token, SESSION_TTL)) {
         res.headers_mut().insert(SET_COOKIE, v);
     }
     res
@@ -137,28 +217,28 @@ pub struct LogoutForm {
     pub csrf: String,
 }
 
-/// `POST /auth/logout`: ends the session (the form's CSRF token must match it) and clears the
-/// cookie.
+/// `POST /auth/logout`: ends the session (the form's CSRF token must match it, so no other
+/// site can sign an operator out) and clears the cookie.
 pub async fn logout(State(state): State<AppState>, headers: HeaderMap, Form(form): Form<LogoutForm>) -> Response {
     if let Some(token) = cookie_value(&headers, SESSION_COOKIE) {
         let hash = hash_token(&token);
         match state.store.session(&hash).await {
-            Ok(Some(session)) if session.csrf_token == form.csrf => {
+            Ok(Some(session)) if guard::constant_time_eq(session.csrf_token.as_bytes(), form.csrf.as_bytes()) => {
                 if let Err(e) = state.store.delete_session(&hash).await {
                     tracing::error!(error = %e, "logout: deleting the session failed");
-                    return (StatusCode::SERVICE_UNAVAILABLE, "could not end the session; try again").into_response();
+                    return unavailable("could not end the session; try again", 5);
                 }
             }
-            Ok(Some(_)) => return (StatusCode::FORBIDDEN, "the logout form did not come from this dashboard").into_response(),
+            Ok(Some(_)) => return guard::refusal_page(StatusCode::FORBIDDEN, &AppError::Csrf.to_string()),
             Ok(None) => {}
             Err(e) => {
                 tracing::error!(error = %e, "logout: looking up the session failed");
-                return (StatusCode::SERVICE_UNAVAILABLE, "the database is unavailable; try again shortly").into_response();
+                return unavailable("the database is unavailable; try again shortly", 5);
             }
         }
     }
     let mut res = see_other("/login?logged_out=1");
-    if let Ok(v) = HeaderValue::from_str(&session_cookie(&headers, "", Duration::ZERO)) {
+    if let Ok(v) = HeaderValue::from_str(&session_cookie(secure(&state, &headers), "", Duration::ZERO)) {
         res.headers_mut().insert(SET_COOKIE, v);
     }
     res
@@ -169,37 +249,97 @@ fn is_public(path: &str) -> bool {
     path == "/login" || path.starts_with("/auth/")
 }
 
-/// Resolves the session cookie into a [`SignedIn`] request extension, sends signed-out page
-/// loads to the login page, and words refusals of plain form posts as a page a person can read.
+/// Every dashboard request: resolves the session cookie into a [`SignedIn`] request extension;
+/// refuses cross-site, NUL-carrying or token-less mutations before anything parses them (see
+/// [`dashboard_guard`](crate::dashboard_guard)); sends signed-out page loads to the login
+/// page; drops server-function errors in links that this browser's form post did not
+/// produce; gives server-function errors their status.
 pub async fn session_middleware(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let form_post = req.method() == Method::POST
+        && req.headers().get(ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/html"));
+    let path = req.uri().path().to_string();
+    let secure_cookies = secure(&state, req.headers());
+    let unsafe_method = guard::is_unsafe(req.method());
+    if unsafe_method && let Some(reason) = guard::cross_site(req.headers()) {
+        tracing::warn!(path = %path, reason, "dashboard: cross-site request refused");
+        return guard::refusal(StatusCode::FORBIDDEN, &AppError::Forbidden(format!("{reason}; use the dashboard's own forms")), form_post);
+    }
+    if !unsafe_method && guard::has_nul(req.uri().query().unwrap_or(""), b"") {
+        let nul = AppError::Invalid { field: "query".into(), reason: "contains a NUL character".into() };
+        return guard::refusal(StatusCode::BAD_REQUEST, &nul, true);
+    }
+    let mut session = None;
     if let Some(token) = cookie_value(req.headers(), SESSION_COOKIE) {
         match state.store.session(&hash_token(&token)).await {
-            Ok(Some(session)) => {
-                req.extensions_mut().insert(SignedIn(session));
-            }
-            Ok(None) => {}
+            Ok(found) => session = found,
             Err(e) => {
                 tracing::error!(error = %e, "resolving the dashboard session failed");
-                return (StatusCode::SERVICE_UNAVAILABLE, "the database is unavailable; try again shortly").into_response();
+                return unavailable("the database is unavailable; try again shortly", 5);
             }
         }
     }
-    let path = req.uri().path().to_string();
-    let signed_in = req.extensions().get::<SignedIn>().is_some();
+    if unsafe_method {
+        let (parts, body) = req.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, guard::MAX_FORM_BYTES).await else {
+            let too_big = AppError::Invalid { field: "body".into(), reason: format!("larger than {} KiB", guard::MAX_FORM_BYTES / 1024) };
+            return guard::refusal(StatusCode::PAYLOAD_TOO_LARGE, &too_big, form_post);
+        };
+        if guard::needs_csrf(&path) {
+            let sent = guard::form_field(&bytes, "csrf").unwrap_or_default();
+            let ok = session.as_ref().is_some_and(|s| !sent.is_empty() && guard::constant_time_eq(sent.as_bytes(), s.csrf_token.as_bytes()));
+            if !ok {
+                tracing::info!(path = %path, signed_in = session.is_some(), "dashboard: mutation without a valid CSRF token refused");
+                return guard::refusal(StatusCode::FORBIDDEN, &AppError::Csrf, form_post);
+            }
+        }
+        if guard::has_nul(parts.uri.query().unwrap_or(""), &bytes) {
+            let nul = AppError::Invalid { field: "form".into(), reason: "contains a NUL character".into() };
+            return guard::refusal(StatusCode::BAD_REQUEST, &nul, form_post);
+        }
+        req = Request::from_parts(parts, Body::from(bytes));
+    }
+    let signed_in = session.is_some();
+    if let Some(session) = session {
+        req.extensions_mut().insert(SignedIn(session));
+    }
     let is_page = req.method() == Method::GET && !path.starts_with("/api/");
     if is_page && !signed_in && !is_public(&path) {
         let target = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
         return see_other(&format!("/login?next={}", percent_encode(&target)));
     }
-    let form_post = req.method() == Method::POST
-        && req.headers().get(ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/html"));
+    let mut shown_flash = false;
+    if is_page {
+        match guard::check_flash(&path, req.uri().query(), req.headers()) {
+            FlashCheck::Absent => {}
+            FlashCheck::Genuine => shown_flash = true,
+            FlashCheck::Forged(clean) => {
+                tracing::info!(path = %path, "dashboard: a server-function error in a link was dropped");
+                return see_other(&clean);
+            }
+        }
+    }
     let mut res = next.run(req).await;
+    if shown_flash {
+        guard::add_cookie(&mut res, guard::clear_flash_cookie());
+    }
     // A form post redirected back to a page whose error parameters were stripped leaves a
     // bare `?` behind.
-    if let Some(trimmed) = res.headers().get(LOCATION).and_then(|l| l.to_str().ok()).and_then(|l| l.strip_suffix('?')).map(str::to_string)
-        && let Ok(v) = HeaderValue::from_str(&trimmed)
-    {
-        res.headers_mut().insert(LOCATION, v);
+    if let Some(location) = guard::location(&res) {
+        let trimmed = location.strip_suffix('?').unwrap_or(&location).to_string();
+        if trimmed != location
+            && let Ok(v) = HeaderValue::from_str(&trimmed)
+        {
+            res.headers_mut().insert(LOCATION, v);
+        }
+        if form_post
+            && path.starts_with("/api/")
+            && let Some(cookie) = guard::flash_cookie_for(&trimmed, secure_cookies)
+        {
+            guard::add_cookie(&mut res, cookie);
+        }
+    }
+    if path.starts_with("/api/") {
+        res = guard::restatus_server_fn_error(res).await;
     }
     let status = res.status();
     if form_post && (status == StatusCode::FORBIDDEN || status == StatusCode::UNAUTHORIZED) {
@@ -208,26 +348,14 @@ pub async fn session_middleware(State(state): State<AppState>, mut req: Request,
     res
 }
 
-/// A refused form post (JavaScript off) as a small HTML page instead of the JSON error.
+/// A server function's refusal of a plain form post (JavaScript off) as a page.
 async fn refusal_page(res: Response) -> Response {
     let status = res.status();
     let bytes = axum::body::to_bytes(res.into_body(), 64 * 1024).await.unwrap_or_default();
-    let message = serde_json::from_slice::<app::error::AppError>(&bytes)
+    let message = serde_json::from_slice::<AppError>(&bytes)
         .map(|e| e.to_string())
         .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-    let escaped = message.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
-    let title = if status == StatusCode::UNAUTHORIZED { "Not signed in" } else { "Not allowed" };
-    let html = format!(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\
-         <link rel=\"stylesheet\" href=\"/pkg/rebound.css\"></head><body><main>\
-         <h1>{title}</h1><div class=\"alert error\" role=\"alert\">{escaped}</div>\
-         <p><a href=\"javascript:history.back()\">Go back</a> · <a href=\"/\">Overview</a> · <a href=\"/login\">Log in</a></p>\
-         </main></body></html>"
-    );
-    let mut out = Response::new(Body::from(html));
-    *out.status_mut() = status;
-    out.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
-    out
+    guard::refusal_page(status, &message)
 }
 
 #[cfg(test)]
@@ -246,21 +374,39 @@ mod tests {
 
     #[test]
     fn next_stays_on_this_site() {
-        assert_eq!(safe_next(Some("/jobs?state=retryable")), "/jobs?state=retryable");
-        assert_eq!(safe_next(Some("//evil.example/")), "/");
-        assert_eq!(safe_next(Some("https://evil.example/")), "/");
-        assert_eq!(safe_next(Some("/\\evil.example")), "/");
+        let table = [
+            ("/jobs?state=retryable", "/jobs?state=retryable"),
+            ("/jobs/0192?x=a%20b", "/jobs/0192?x=a%20b"),
+            ("/a/../queues", "/queues"),
+            ("//evil.example/", "/"),
+            ("///evil.example/", "/"),
+            ("https://evil.example/", "/"),
+            ("javascript:alert(1)", "/"),
+            ("/\\evil.example", "/"),
+            ("/\t/evil.example", "/"),
+            ("/\t\\evil.example", "/"),
+            ("/\n/evil.example", "/"),
+            ("/\r\n//evil.example", "/"),
+            ("\t//evil.example", "/"),
+            ("/%09/evil.example", "/%09/evil.example"),
+            ("/%2F%2Fevil.example", "/%2F%2Fevil.example"),
+            ("/\u{0}x", "/"),
+            ("", "/"),
+            ("evil.example", "/"),
+            ("/@evil.example", "/@evil.example"),
+        ];
+        for (next, expected) in table {
+            assert_eq!(safe_next(Some(next)), expected, "next = {next:?}");
+        }
         assert_eq!(safe_next(None), "/");
     }
 
     #[test]
     fn the_cookie_is_http_only_and_same_site() {
-        let c = session_cookie(&HeaderMap::new(), "tok", SESSION_TTL);
+        let c = session_cookie(false, "tok", SESSION_TTL);
         assert!(c.starts_with("rebound_session=tok; Path=/; HttpOnly; SameSite=Lax; Max-Age=43200"), "{c}");
         assert!(!c.contains("Secure"));
-        let mut h = HeaderMap::new();
-        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
-        assert!(session_cookie(&h, "tok", SESSION_TTL).ends_with("; Secure"));
+        assert!(session_cookie(true, "tok", SESSION_TTL).ends_with("; Secure"));
     }
 
     #[test]

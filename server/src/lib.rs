@@ -4,7 +4,10 @@
 //! * [`auth`]: bearer tokens for API clients; [`passwords`]: argon2 for dashboard operators.
 //! * [`metrics`]: `/metrics`; [`health`]: `/healthz`, `/readyz`.
 //! * [`maintenance`]: the scheduler / rescuer / TTL loop, run while this process leads.
-//! * [`dashboard`]: where the Leptos dashboard is mounted.
+//! * [`dashboard`]: where the Leptos dashboard is mounted; [`dashboard_auth`] signs operators in
+//!   and out, [`dashboard_guard`] checks every dashboard request first, [`login_throttle`]
+//!   slows password guessing.
+//! * [`security_headers`]: CSP, framing, sniffing and referrer headers on every response.
 //! * [`config`]: the command line; [`commands`]: what each subcommand does.
 //!
 //! The library exposes [`router`] so tests can drive the whole server in process.
@@ -14,19 +17,25 @@ pub mod commands;
 pub mod config;
 pub mod dashboard;
 pub mod dashboard_auth;
+pub mod dashboard_guard;
 pub mod health;
+pub mod login_throttle;
 pub mod maintenance;
 pub mod metrics;
 pub mod ojs;
 pub mod passwords;
+pub mod security_headers;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
 use axum::http::{HeaderValue, Request};
+use axum::middleware::map_response;
 use axum::routing::get;
 use rebound_queue::Store;
+use tokio::sync::Semaphore;
+use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 use uuid::Uuid;
@@ -43,7 +52,13 @@ pub struct AppState {
     pub started_at: Instant,
     /// Where offset-paged listings continue (see [`ojs::offset_pages`]).
     pub offset_pages: Arc<ojs::offset_pages::OffsetPages>,
+    /// Turns at checking a dashboard password: argon2 takes ~19 MiB per check, so only
+    /// [`CONCURRENT_PASSWORD_CHECKS`] run at once however many sign-ins arrive.
+    pub password_checks: Arc<Semaphore>,
 }
+
+/// How many argon2 password checks run at once.
+pub const CONCURRENT_PASSWORD_CHECKS: usize = 2;
 
 impl AppState {
     /// State for a server on `store` with `config`, and fresh metrics.
@@ -54,6 +69,7 @@ impl AppState {
             metrics: Arc::new(Metrics::default()),
             started_at: Instant::now(),
             offset_pages: Arc::default(),
+            password_checks: Arc::new(Semaphore::new(CONCURRENT_PASSWORD_CHECKS)),
         }
     }
 }
@@ -69,8 +85,11 @@ impl MakeRequestId for RequestIdV7 {
 }
 
 /// The whole server: the OJS API under `/ojs`, the probes, `/metrics`, then the dashboard.
-/// Every response carries `X-Request-Id` (the client's, if it sent one).
+/// Every response carries `X-Request-Id` (the client's, if it sent one) and the
+/// [`security_headers`]; no request body may exceed `max_body_bytes` (the dashboard's own limit
+/// is lower, [`dashboard_guard::MAX_FORM_BYTES`]).
 pub fn router(state: AppState) -> Router {
+    let max_body = state.config.max_body_bytes;
     let app = Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
@@ -78,6 +97,8 @@ pub fn router(state: AppState) -> Router {
         .with_state(state.clone())
         .nest("/ojs", ojs::router(state.clone()));
     dashboard::mount(app, state)
+        .layer(RequestBodyLimitLayer::new(max_body))
+        .layer(map_response(security_headers::add))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(TraceLayer::new_for_http())
         .layer(SetRequestIdLayer::x_request_id(RequestIdV7))

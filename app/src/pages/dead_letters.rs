@@ -93,11 +93,17 @@ pub async fn redrive_dead_letters(
         "one_more" => RedriveBudget::OneMore,
         other => return Err(AppError::Invalid { field: "budget".into(), reason: format!("{other:?} is not fresh or one_more") }),
     };
+    // A week is far more than any real spread, and keeps every planned run in range.
+    const MAX_STAGGER_SECS: u64 = 7 * 24 * 3600;
     let stagger = match stagger.trim() {
         "" | "0" => None,
-        s => Some(std::time::Duration::from_secs(
-            s.parse::<u64>().map_err(|_| AppError::Invalid { field: "stagger".into(), reason: "must be a number of seconds".into() })?,
-        )),
+        s => {
+            let secs = s.parse::<u64>().map_err(|_| AppError::Invalid { field: "stagger".into(), reason: "must be a number of seconds".into() })?;
+            if secs > MAX_STAGGER_SECS {
+                return Err(AppError::Invalid { field: "stagger".into(), reason: format!("at most {MAX_STAGGER_SECS} seconds (a week)") });
+            }
+            Some(std::time::Duration::from_secs(secs))
+        }
     };
     let reason = Some(reason.trim().to_string()).filter(|r| !r.is_empty());
     let n = store.redrive(&sel, &RedriveOptions { budget, stagger, actor, reason }).await?;

@@ -445,6 +445,7 @@ pub async fn save_policy(csrf: String, job_type: String, policy: PolicyForm, #[s
         return Ok("Preview below.".into());
     }
     let actor = crate::auth::authorize_mutation(&csrf)?;
+    crate::error::check_job_type(job_type.trim())?;
     let store = crate::state::store()?;
     let patch = policy.to_patch()?;
     let note = Some(note.trim()).filter(|n| !n.is_empty());
@@ -455,6 +456,10 @@ pub async fn save_policy(csrf: String, job_type: String, policy: PolicyForm, #[s
 #[server(endpoint = "restore_policy")]
 pub async fn restore_policy(csrf: String, job_type: String, version: i32) -> Result<String, AppError> {
     let actor = crate::auth::authorize_mutation(&csrf)?;
+    crate::error::check_job_type(&job_type)?;
+    if version < 1 {
+        return Err(AppError::Invalid { field: "version".into(), reason: format!("{version} is not a version number (they start at 1)") });
+    }
     let store = crate::state::store()?;
     let saved = store.restore_policy(&job_type, version, &actor).await?;
     Ok(format!("Restored version {version} as version {}.", saved.version))
@@ -463,6 +468,7 @@ pub async fn restore_policy(csrf: String, job_type: String, version: i32) -> Res
 #[server(endpoint = "reset_policy")]
 pub async fn reset_policy(csrf: String, job_type: String) -> Result<String, AppError> {
     let actor = crate::auth::authorize_mutation(&csrf)?;
+    crate::error::check_job_type(&job_type)?;
     let store = crate::state::store()?;
     Ok(if store.delete_policy(&job_type, &actor).await? {
         format!("The {job_type} policy is removed: its jobs use the defaults from their next failure on.")

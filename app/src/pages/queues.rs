@@ -101,8 +101,13 @@ pub async fn queues() -> Result<Vec<QueueRow>, AppError> {
 #[server(endpoint = "set_queue_paused")]
 pub async fn set_queue_paused(csrf: String, queue: String, paused: String) -> Result<String, AppError> {
     let actor = crate::auth::authorize_mutation(&csrf)?;
+    crate::error::check_queue(&queue)?;
+    let pause = match paused.as_str() {
+        "true" => true,
+        "false" => false,
+        other => return Err(AppError::Invalid { field: "paused".into(), reason: format!("{other:?} is not \"true\" or \"false\"") }),
+    };
     let store = crate::state::store()?;
-    let pause = paused == "true";
     store.set_queue_paused(&queue, pause, &actor).await?;
     Ok(if pause {
         format!("Queue {queue} is paused: jobs are accepted but none are claimed.")
@@ -117,6 +122,7 @@ pub async fn set_queue_paused(csrf: String, queue: String, paused: String) -> Re
 pub async fn set_queue_rate_limit(csrf: String, queue: String, limit: RateLimitForm) -> Result<String, AppError> {
     use rebound_queue::store::{QueueRateLimit, Window};
     let actor = crate::auth::authorize_mutation(&csrf)?;
+    crate::error::check_queue(&queue)?;
     let invalid = |field: &str, reason: String| AppError::Invalid { field: field.into(), reason };
     let number = |field: &str, raw: &str| -> Result<Option<u32>, AppError> {
         let raw = raw.trim();

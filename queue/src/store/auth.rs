@@ -94,7 +94,9 @@ fn token_from_row(r: &PgRow) -> Result<ApiToken, StoreError> {
 }
 
 impl Store {
-    /// Creates an operator, or updates the password and role of an existing one.
+    /// Creates an operator, or updates the password and role of an existing one. An existing
+    /// operator's sessions end: whoever signed in with the old password (or role) must sign in
+    /// again.
     pub async fn upsert_operator(&self, username: &str, password_hash: &str, role: Role, actor: &Actor) -> Result<Operator, StoreError> {
         if username.trim().is_empty() || username.len() > 64 {
             return Err(StoreError::invalid("username", "must be 1 to 64 characters"));
@@ -110,7 +112,9 @@ impl Store {
         .bind(role.as_str())
         .fetch_one(&mut *tx)
         .await?;
-        record(&mut tx, actor, "operator.upsert", Some(username), json!({"role": role.as_str()})).await?;
+        let id: i64 = row.try_get("id")?;
+        let ended = sqlx::query("DELETE FROM sessions WHERE operator_id = $1").bind(id).execute(&mut *tx).await?.rows_affected();
+        record(&mut tx, actor, "operator.upsert", Some(username), json!({"role": role.as_str(), "sessions_ended": ended})).await?;
         tx.commit().await?;
         operator_from_row(&row)
     }

@@ -83,7 +83,10 @@ impl Store {
             JobSelection::Ids(ids) if ids.len() == 1 => Some(ids[0].to_string()),
             _ => None,
         };
-        record(&mut tx, &opts.actor, "dead_letter.redrive", target.as_deref(), details).await?;
+        // A re-drive that matched nothing did nothing: the caller reports it, the log stays clean.
+        if !ids.is_empty() {
+            record(&mut tx, &opts.actor, "dead_letter.redrive", target.as_deref(), details).await?;
+        }
         tx.commit().await?;
         Ok(ids.len() as u64)
     }

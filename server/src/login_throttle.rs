@@ -1,0 +1,105 @@
+//! How long a sign-in must wait after failures, per account and per client address.
+//!
+//! The first few failures cost nothing (people mistype); after that each failure doubles the
+//! wait before the next attempt is even checked, up to a cap. The account's cap is short
+//! ([`ACCOUNT`]: 30 s), so someone guessing a real operator's password from many addresses can
+//! only make that operator wait half a minute, never lock them out; an address's cap is longer
+//! ([`ADDRESS`]: 5 min), since it only slows that one client. Failures are forgotten after
+//! [`FORGET_AFTER`] without one, and an account's after it signs in. The counts live in
+//! Postgres (`login_failures`) so that every server process enforces the same waits.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use axum::http::HeaderMap;
+use rebound_queue::store::LoginFailures;
+
+/// A key's rule: failures allowed before waits start, and the longest wait.
+#[derive(Clone, Copy, Debug)]
+pub struct Rule {
+    pub free_failures: u32,
+    pub max_wait: Duration,
+}
+
+/// Per account (the username typed, whether or not it exists).
+pub const ACCOUNT: Rule = Rule { free_failures: 3, max_wait: Duration::from_secs(30) };
+/// Per client address.
+pub const ADDRESS: Rule = Rule { free_failures: 10, max_wait: Duration::from_secs(300) };
+/// Failures older than this (counted from the latest) are forgotten.
+pub const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
+
+impl Rule {
+    /// The wait imposed after `failures` failures: 1 s after the first one past the free
+    /// ones, doubling, capped.
+    pub fn wait_after(&self, failures: u32) -> Duration {
+        let Some(over) = failures.checked_sub(self.free_failures).filter(|n| *n > 0) else { return Duration::ZERO };
+        let doubled = Duration::from_secs(1).saturating_mul(2u32.saturating_pow(over - 1));
+        doubled.min(self.max_wait)
+    }
+}
+
+/// The throttle keys of a sign-in attempt.
+pub fn account_key(username: &str) -> String {
+    format!("account:{}", username.trim().to_lowercase())
+}
+
+pub fn address_key(address: Option<IpAddr>) -> String {
+    address.map_or_else(|| "address:unknown".to_string(), |a| format!("address:{a}"))
+}
+
+/// The client's address: the connection's peer, or behind a proxy the address the proxy
+/// appended to `X-Forwarded-For` (the last one; earlier ones are whatever the client wrote).
+pub fn client_address(headers: &HeaderMap, peer: Option<&ConnectInfo<SocketAddr>>, behind_proxy: bool) -> Option<IpAddr> {
+    if behind_proxy
+        && let Some(forwarded) = headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()).next_back()
+        && let Some(ip) = forwarded.rsplit(',').next().and_then(|a| a.trim().parse().ok())
+    {
+        return Some(ip);
+    }
+    peer.map(|c| c.0.ip())
+}
+
+/// How much longer the attempt must wait, given the keys' recent failures: the longest of
+/// each key's wait minus the time since its latest failure.
+pub fn remaining_wait(failures: &[LoginFailures]) -> Duration {
+    failures
+        .iter()
+        .map(|f| {
+            let rule = if f.key.starts_with("account:") { ACCOUNT } else { ADDRESS };
+            rule.wait_after(f.failures).saturating_sub(f.since_last)
+        })
+        .max()
+        .unwrap_or(Duration::ZERO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_grow_then_stop_growing() {
+        let waits: Vec<u64> = (0..=12).map(|n| ACCOUNT.wait_after(n).as_secs()).collect();
+        assert_eq!(waits, [0, 0, 0, 0, 1, 2, 4, 8, 16, 30, 30, 30, 30]);
+        assert_eq!(ADDRESS.wait_after(10), Duration::ZERO);
+        assert_eq!(ADDRESS.wait_after(11), Duration::from_secs(1));
+        assert_eq!(ADDRESS.wait_after(u32::MAX), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn the_longest_remaining_wait_counts() {
+        let f = |key: &str, failures, since| LoginFailures { key: key.into(), failures, since_last: Duration::from_secs(since) };
+        assert_eq!(remaining_wait(&[]), Duration::ZERO);
+        assert_eq!(remaining_wait(&[f("account:olivia", 6, 1)]), Duration::from_secs(3));
+        assert_eq!(remaining_wait(&[f("account:olivia", 6, 10), f("address:10.0.0.1", 14, 2)]), Duration::from_secs(6));
+    }
+
+    #[test]
+    fn the_proxy_appended_address_is_the_last() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "6.6.6.6, 10.1.2.3".parse().expect("header"));
+        let peer = ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 9)));
+        assert_eq!(client_address(&h, Some(&peer), true), Some(IpAddr::from([10, 1, 2, 3])));
+        assert_eq!(client_address(&h, Some(&peer), false), Some(IpAddr::from([127, 0, 0, 1])));
+    }
+}

@@ -1,0 +1,490 @@
+//! The dashboard against hostile input (issue 13): every bad request is a 4xx (or the page's
+//! error), never a 5xx, and writes nothing; cross-site and token-less mutations are refused
+//! first; `next` never leaves the site; password guessing is slowed; changed credentials end
+//! sessions; internal errors show only a request id; every response carries the security
+//! headers; a link cannot make a page show an error the server did not produce.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use rebound_queue::outcome::{HandlerError, Outcome};
+use rebound_queue::store::{AuditFilter, ClaimRequest, Failure, Role};
+use rebound_queue::testing::TestDb;
+use rebound_queue::{Job, JobState, NewJob, PolicyPatch};
+use rebound_server::auth::hash_token;
+use rebound_server::config::{ApiAuth, ServerConfig};
+use rebound_server::dashboard_auth::SESSION_COOKIE;
+use rebound_server::passwords::hash_password;
+use rebound_server::{AppState, router};
+use serde_json::json;
+use tower::ServiceExt;
+
+struct Dashboard {
+    db: TestDb,
+    app: Router,
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    text: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+struct Browser {
+    cookie: String,
+    csrf: String,
+}
+
+fn form(pairs: &[(&str, &str)]) -> String {
+    pairs.iter().map(|(k, v)| format!("{}={}", app::filters::urlencode(k), app::filters::urlencode(v))).collect::<Vec<_>>().join("&")
+}
+
+impl Dashboard {
+    async fn new() -> Dashboard {
+        Dashboard::with_config(ServerConfig { api_auth: ApiAuth::None, ..ServerConfig::default() }).await
+    }
+
+    async fn with_config(config: ServerConfig) -> Dashboard {
+        let db = TestDb::new().await;
+        let state = AppState::new(db.store.clone(), config);
+        Dashboard { app: router(state), db }
+    }
+
+    async fn user(&self, name: &str, password: &str, role: Role) {
+        let hash = hash_password(password).expect("hash");
+        self.db.store.upsert_operator(name, &hash, role, &rebound_queue::store::Actor::system("test")).await.expect("operator");
+    }
+
+    async fn send(&self, req: Request<Body>) -> Reply {
+        let res = tokio::time::timeout(Duration::from_secs(60), self.app.clone().oneshot(req))
+            .await
+            .expect("the dashboard answered within a minute")
+            .expect("the router is infallible");
+        let status = res.status();
+        let headers = res.headers().clone();
+        let bytes = axum::body::to_bytes(res.into_body(), usize::MAX).await.expect("body");
+        Reply { status, headers, text: String::from_utf8_lossy(&bytes).into_owned() }
+    }
+
+    /// A POST with a raw body and extra headers; `html` makes it a browser form without JS.
+    async fn post(&self, path: &str, browser: Option<&Browser>, body: String, html: bool, extra: &[(&str, &str)]) -> Reply {
+        let mut req = Request::post(path).header("content-type", "application/x-www-form-urlencoded").header("content-length", body.len());
+        if let Some(b) = browser {
+            req = req.header("cookie", format!("{SESSION_COOKIE}={}", b.cookie));
+        }
+        req = if html {
+            req.header("accept", "text/html,application/xhtml+xml").header("referer", "http://localhost/queues")
+        } else {
+            req.header("accept", "application/json")
+        };
+        for (k, v) in extra {
+            req = req.header(*k, *v);
+        }
+        self.send(req.body(Body::from(body)).expect("request")).await
+    }
+
+    async fn get(&self, path: &str, cookies: &[String]) -> Reply {
+        let mut req = Request::get(path);
+        if !cookies.is_empty() {
+            req = req.header("cookie", cookies.join("; "));
+        }
+        self.send(req.body(Body::empty()).expect("request")).await
+    }
+
+    async fn login(&self, name: &str, password: &str, next: &str, extra: &[(&str, &str)]) -> Reply {
+        self.post("/auth/login", None, form(&[("username", name), ("password", password), ("next", next)]), true, extra).await
+    }
+
+    async fn sign_in(&self, name: &str, password: &str) -> Browser {
+        let r = self.login(name, password, "/", &[]).await;
+        assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+        let cookie = r
+            .header("set-cookie")
+            .and_then(|c| c.split(';').next())
+            .and_then(|kv| kv.strip_prefix(&format!("{SESSION_COOKIE}=")))
+            .expect("the session cookie")
+            .to_string();
+        let session = self.db.store.session(&hash_token(&cookie)).await.expect("db").expect("a live session");
+        Browser { cookie, csrf: session.csrf_token }
+    }
+
+    fn cookie(b: &Browser) -> String {
+        format!("{SESSION_COOKIE}={}", b.cookie)
+    }
+
+    async fn dead_letter(&self, job_type: &str) -> Job {
+        let patch = PolicyPatch::from_json(&json!({"max_attempts": 1, "on_exhaustion": "dead_letter"})).expect("patch");
+        let job = self.db.store.enqueue(NewJob::new(job_type, json!([1])).retry(patch)).await.expect("enqueue").job;
+        let claim = ClaimRequest { worker_id: "w1".into(), queues: vec!["default".into()], limit: 1, visibility_timeout: Duration::from_secs(60) };
+        assert_eq!(self.db.store.claim(&claim).await.expect("claim").len(), 1);
+        let failure = Failure {
+            id: job.id,
+            attempt: None,
+            worker_id: Some("w1".into()),
+            outcome: Outcome::Retry(HandlerError::new("http.5xx", "503")),
+            error_code: None,
+        };
+        self.db.store.fail(&failure).await.expect("fail").job
+    }
+
+    async fn audit_count(&self) -> usize {
+        self.db.store.audit_log(&AuditFilter { limit: 1000, ..AuditFilter::default() }).await.expect("audit").len()
+    }
+
+    async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar::<_, i64>(sql).fetch_one(self.db.store.pool()).await.expect("count")
+    }
+}
+
+/// Item 2 and 3: each bad server-function call is answered with the expected 4xx (never 5xx)
+/// and leaves the job, the policies, the queues and the audit log as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_server_function_input_is_a_4xx_that_writes_nothing() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let job = d.dead_letter("payment.charge").await;
+    let b = d.sign_in("olivia", "correct horse").await;
+    d.db.store
+        .put_policy("payment.charge", &PolicyPatch::from_json(&json!({"max_attempts": 4})).expect("patch"), &rebound_queue::store::Actor::system("t"), None)
+        .await
+        .expect("policy");
+    let id = job.id.to_string();
+    let unknown = "01a203c3-1a5d-733f-b465-1a65fa697edd";
+    let csrf = b.csrf.as_str();
+    let audit_before = d.audit_count().await;
+    let queues_before = d.count("SELECT count(*) FROM queues").await;
+    let versions_before = d.count("SELECT count(*) FROM retry_policy_versions").await;
+
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, u16);
+    let table: &[Case] = &[
+        // CSRF first: a missing or wrong token is 403 whatever else the form holds.
+        ("/api/act_on_job", vec![("id", id.as_str()), ("action", "redrive")], 403),
+        ("/api/act_on_job", vec![("csrf", "forged"), ("id", id.as_str()), ("action", "redrive")], 403),
+        ("/api/act_on_job", vec![("action", "nonsense")], 403),
+        ("/api/set_queue_paused", vec![("queue", "q\u{0}"), ("paused", "true")], 403),
+        // Then the arguments.
+        ("/api/act_on_job", vec![("csrf", csrf), ("action", "redrive")], 400),
+        ("/api/act_on_job", vec![("csrf", csrf), ("id", "not-a-job-id"), ("action", "redrive")], 422),
+        ("/api/act_on_job", vec![("csrf", csrf), ("id", unknown), ("action", "redrive")], 404),
+        ("/api/act_on_job", vec![("csrf", csrf), ("id", unknown), ("action", "cancel")], 404),
+        ("/api/act_on_job", vec![("csrf", csrf), ("id", id.as_str()), ("action", "explode")], 422),
+        ("/api/redrive_dead_letters", vec![("csrf", csrf), ("scope", "selected"), ("ids[]", unknown)], 409),
+        ("/api/redrive_dead_letters", vec![("csrf", csrf), ("scope", "selected"), ("ids[]", "x")], 422),
+        ("/api/redrive_dead_letters", vec![("csrf", csrf), ("scope", "filter"), ("how[stagger]", "5000000000000")], 422),
+        ("/api/save_policy", vec![("csrf", csrf), ("job_type", "Not A Type"), ("policy[max_attempts]", "3"), ("intent", "save")], 422),
+        ("/api/save_policy", vec![("csrf", csrf), ("job_type", "payment.charge"), ("policy[max_attempts]", "many"), ("intent", "save")], 422),
+        ("/api/restore_policy", vec![("csrf", csrf), ("job_type", "payment.charge"), ("version", "two")], 400),
+        ("/api/restore_policy", vec![("csrf", csrf), ("job_type", "payment.charge"), ("version", "99")], 404),
+        ("/api/restore_policy", vec![("csrf", csrf), ("job_type", "payment.charge"), ("version", "-1")], 422),
+        ("/api/restore_policy", vec![("csrf", csrf), ("job_type", "payment.charge")], 400),
+        ("/api/reset_policy", vec![("csrf", csrf), ("job_type", "bad type")], 422),
+        ("/api/set_queue_paused", vec![("csrf", csrf), ("queue", "two words"), ("paused", "true")], 422),
+        ("/api/set_queue_paused", vec![("csrf", csrf), ("queue", "nul\u{0}queue"), ("paused", "true")], 400),
+        ("/api/set_queue_paused", vec![("csrf", csrf), ("queue", "emails"), ("paused", "maybe")], 422),
+        ("/api/set_queue_rate_limit", vec![("csrf", csrf), ("queue", "Emails!"), ("limit[concurrency]", "2"), ("limit[rate_limit]", ""), ("limit[rate_period]", ""), ("limit[throttle_limit]", ""), ("limit[throttle_period]", "")], 422),
+        ("/api/bulk_jobs", vec![("csrf", csrf), ("action", "cancel"), ("scope", "everything"), ("confirm", "yes")], 422),
+        ("/api/act_on_cron", vec![("csrf", csrf), ("name", "nightly"), ("action", "pause")], 404),
+        // Reads.
+        ("/api/audit_log", vec![("query[before]", "yesterday")], 422),
+        ("/api/audit_log", vec![], 400),
+        ("/api/load_job", vec![("id", "../../etc/passwd")], 422),
+        ("/api/load_job", vec![("id", unknown)], 404),
+        ("/api/load_policy_editor", vec![("job_type", "DROP TABLE")], 422),
+        ("/api/list_jobs", vec![("after", "not-a-cursor")], 422),
+        ("/api/list_jobs", vec![("query[queue]", "a\u{0}")], 400),
+        ("/api/no_such_function", vec![("csrf", csrf)], 404),
+    ];
+    for (path, fields, expected) in table {
+        let r = d.post(path, Some(&b), form(fields), false, &[]).await;
+        assert_eq!(r.status.as_u16(), *expected, "{path} {fields:?}: {}", r.text);
+        assert!(r.text.len() > 2 || *path == "/api/no_such_function", "{path} {fields:?}: the refusal says why");
+    }
+
+    for page in ["/jobs?queue=a%00", "/audit?before=1%00", "/dead-letters?type=%00"] {
+        let r = d.get(page, &[Dashboard::cookie(&b)]).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{page}: {}", r.text);
+    }
+
+    let after = d.db.store.job(job.id).await.expect("job");
+    assert_eq!((after.state, after.dead_letter), (JobState::Discarded, true), "the dead letter is untouched");
+    let audit = d.db.store.audit_log(&AuditFilter { limit: 1000, ..AuditFilter::default() }).await.expect("audit");
+    assert_eq!(audit.len(), audit_before, "nothing audited, so nothing done: {audit:?}");
+    assert_eq!(d.count("SELECT count(*) FROM queues").await, queues_before, "no queue created");
+    assert_eq!(d.count("SELECT count(*) FROM retry_policy_versions").await, versions_before, "no policy version written");
+}
+
+/// Item 2 (body limit) and 3: a 3 MiB body is refused before the session is looked at; a plain
+/// form post without the token is a 403 page; cross-site requests are refused even with the
+/// token; logout cannot be forced from another site.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_bodies_cross_site_posts_and_forced_logouts_are_refused() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let b = d.sign_in("olivia", "correct horse").await;
+    let audit_before = d.audit_count().await;
+    let big = format!("csrf=x&queue={}", "a".repeat(3 * 1024 * 1024));
+    for (path, browser) in [("/api/set_queue_paused", None), ("/api/set_queue_paused", Some(&b)), ("/api/list_jobs", None), ("/auth/login", None), ("/auth/logout", Some(&b))] {
+        let r = d.post(path, browser, big.clone(), false, &[]).await;
+        assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{path} signed in: {}", browser.is_some());
+    }
+    // No Content-Length (a streamed body): still refused once it passes the limit.
+    let req = Request::post("/api/set_queue_paused")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Body::from_stream(futures::stream::iter(big.as_bytes().chunks(64 * 1024).map(|c| Ok::<_, std::io::Error>(c.to_vec())).collect::<Vec<_>>())))
+        .expect("request");
+    assert_eq!(d.send(req).await.status, StatusCode::PAYLOAD_TOO_LARGE);
+
+    let no_token = d.post("/api/set_queue_paused", Some(&b), form(&[("queue", "emails"), ("paused", "true")]), true, &[]).await;
+    assert_eq!(no_token.status, StatusCode::FORBIDDEN);
+    assert!(no_token.text.contains("<h1>Not allowed</h1>") && no_token.text.contains("reload the page"), "{}", no_token.text);
+
+    let with_token = form(&[("csrf", &b.csrf), ("queue", "emails"), ("paused", "true")]);
+    for headers in [
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("sec-fetch-site", "same-site")],
+        vec![("origin", "https://evil.example"), ("host", "localhost")],
+        vec![("origin", "null"), ("host", "localhost")],
+    ] {
+        let r = d.post("/api/set_queue_paused", Some(&b), with_token.clone(), false, &headers).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{headers:?}: {}", r.text);
+        let r = d.post("/auth/logout", Some(&b), form(&[("csrf", &b.csrf)]), true, &headers).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "logout {headers:?}");
+    }
+    let r = d.post("/auth/logout", Some(&b), String::new(), true, &[]).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "logout without the token");
+    assert!(d.db.store.session(&hash_token(&b.cookie)).await.expect("db").is_some(), "still signed in");
+    assert_eq!(d.count("SELECT count(*) FROM queues WHERE paused").await, 0, "no queue paused");
+    assert_eq!(d.audit_count().await, audit_before);
+
+    // The dashboard's own pages pass: same-origin by either header.
+    for headers in [vec![("sec-fetch-site", "same-origin")], vec![("origin", "http://localhost"), ("host", "localhost")]] {
+        let r = d.post("/api/set_queue_paused", Some(&b), with_token.clone(), false, &headers).await;
+        assert_eq!(r.status, StatusCode::OK, "{headers:?}: {}", r.text);
+    }
+}
+
+/// Item 4 and 8 (login CSRF): `next` is kept only as a path on this site; a login form posted
+/// from another site is refused and starts no session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_redirects_stay_on_the_site_and_other_sites_cannot_sign_you_in() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let table = [
+        ("/jobs?state=retryable", "/jobs?state=retryable"),
+        ("/\t/evil.example", "/"),
+        ("/\t\\evil.example", "/"),
+        ("/\\evil.example", "/"),
+        ("//evil.example", "/"),
+        ("/\n/evil.example", "/"),
+        ("https://evil.example/", "/"),
+        ("javascript:alert(1)", "/"),
+        ("/%2F%2Fevil.example", "/%2F%2Fevil.example"),
+        ("/./../..//evil.example", "/"),
+    ];
+    for (next, expected) in table {
+        let r = d.login("olivia", "correct horse", next, &[]).await;
+        assert_eq!(r.status, StatusCode::SEE_OTHER, "{next:?}");
+        assert_eq!(r.header("location"), Some(expected), "next = {next:?}");
+    }
+    // A wrong password keeps only the cleaned `next` in the login page's URL.
+    let r = d.login("olivia", "wrong horse", "/\t/evil.example", &[]).await;
+    assert_eq!(r.header("location"), Some("/login?error=1&next=%2F"));
+
+    let sessions = d.count("SELECT count(*) FROM sessions").await;
+    for headers in [vec![("sec-fetch-site", "cross-site")], vec![("origin", "https://evil.example"), ("host", "localhost")]] {
+        let r = d.login("olivia", "correct horse", "/", &headers).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{headers:?}");
+        assert!(r.header("set-cookie").is_none());
+    }
+    assert_eq!(d.count("SELECT count(*) FROM sessions").await, sessions, "no session started from another site");
+}
+
+/// Item 5: after a few wrong passwords the account must wait (429 with Retry-After, even
+/// with the right password, and logged as failures); the wait is short, so the real
+/// operator gets in a moment later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn password_guessing_is_slowed_but_the_operator_is_not_locked_out() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    for i in 0..4 {
+        let r = d.login("olivia", &format!("guess {i}"), "/", &[]).await;
+        assert_eq!(r.header("location"), Some("/login?error=1&next=%2F"), "guess {i}");
+    }
+    let r = d.login("olivia", "correct horse", "/", &[]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert!(r.header("set-cookie").is_none());
+    assert!(r.text.contains("Too many failed sign-ins"), "{}", r.text);
+    // Case and spaces do not make a new account to guess at.
+    assert_eq!(d.login(" OLIVIA ", "guess", "/", &[]).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(d.count("SELECT failures::bigint FROM login_failures WHERE key = 'account:olivia'").await, 4);
+
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = d.login("olivia", "correct horse", "/", &[]).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    assert!(r.header("set-cookie").is_some_and(|c| c.starts_with(SESSION_COOKIE)));
+    assert_eq!(d.count("SELECT count(*) FROM login_failures WHERE key = 'account:olivia'").await, 0, "a success forgets the account's failures");
+}
+
+/// Item 8: many wrong logins at once are all answered (a bounded number hash at a time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_logins_are_queued_not_failed() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let mut handles = Vec::new();
+    for i in 0..12 {
+        let app = d.app.clone();
+        handles.push(tokio::spawn(async move {
+            let body = form(&[("username", &format!("user{i}")), ("password", "wrong password")]);
+            let req = Request::post("/auth/login").header("content-type", "application/x-www-form-urlencoded").body(Body::from(body)).expect("request");
+            app.oneshot(req).await.expect("infallible").status()
+        }));
+    }
+    for h in handles {
+        let status = h.await.expect("task");
+        // Refused, throttled (they all come from one address) or asked to retry; never a 5xx
+        // other than that 503.
+        let expected = [StatusCode::SEE_OTHER, StatusCode::TOO_MANY_REQUESTS, StatusCode::SERVICE_UNAVAILABLE];
+        assert!(expected.contains(&status), "{status}");
+    }
+}
+
+/// Item 6: a new password (`rebound-server user add` on an existing name) or disabling the
+/// user ends their live sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credential_changes_end_live_sessions() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    d.user("victor", "viewer password", Role::Viewer).await;
+    let olivia = d.sign_in("olivia", "correct horse").await;
+    let victor = d.sign_in("victor", "viewer password").await;
+    assert_eq!(d.get("/jobs", &[Dashboard::cookie(&olivia)]).await.status, StatusCode::OK);
+
+    // What `rebound-server user add olivia` runs, through the command itself.
+    // SAFETY: nextest runs each test in its own process; nothing else reads the variable.
+    unsafe { std::env::set_var("REBOUND_PASSWORD", "a brand new password") };
+    let cli = <rebound_server::config::Cli as clap::Parser>::try_parse_from([
+        "rebound-server",
+        "--database-url",
+        d.db.url.as_str(),
+        "user",
+        "add",
+        "olivia",
+        "--role",
+        "operator",
+    ])
+    .expect("cli");
+    rebound_server::commands::run(cli).await.expect("user add");
+    let r = d.get("/jobs", &[Dashboard::cookie(&olivia)]).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "the old session is over");
+    assert!(r.header("location").is_some_and(|l| l.starts_with("/login")));
+    let r = d.post("/api/set_queue_paused", Some(&olivia), form(&[("csrf", &olivia.csrf), ("queue", "emails"), ("paused", "true")]), false, &[]).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+
+    assert_eq!(d.get("/jobs", &[Dashboard::cookie(&victor)]).await.status, StatusCode::OK);
+    d.db.store.disable_operator("victor", &rebound_queue::store::Actor::system("test")).await.expect("disable");
+    assert_eq!(d.get("/jobs", &[Dashboard::cookie(&victor)]).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(d.count("SELECT count(*) FROM sessions").await, 0);
+}
+
+/// Item 7: a database failure inside a server function reaches the browser as a request id
+/// (the one in `X-Request-Id`, logged with the error), never as the database's text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_errors_show_a_request_id_not_the_database_text() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let b = d.sign_in("olivia", "correct horse").await;
+    sqlx::query("ALTER TABLE audit_log RENAME TO audit_log_gone").execute(d.db.store.pool()).await.expect("break the audit log");
+    let r = d.post("/api/audit_log", Some(&b), form(&[("query[actor]", "x")]), false, &[]).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let id = r.header("x-request-id").expect("a request id").to_string();
+    assert!(r.text.contains(&id), "{}", r.text);
+    for leak in ["audit_log", "relation", "does not exist", "sqlx", "postgres"] {
+        assert!(!r.text.to_lowercase().contains(leak), "{leak:?} leaked: {}", r.text);
+    }
+    let page = d.get("/audit", &[Dashboard::cookie(&b)]).await;
+    assert!(page.text.contains("request id req_") && !page.text.contains("does not exist"), "{}", page.text);
+}
+
+/// Item 8: security headers on every response; the page's CSP carries the nonce its inline
+/// scripts have; `--secure-cookies` marks the session cookie `Secure`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_response_has_the_security_headers() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let b = d.sign_in("olivia", "correct horse").await;
+    let page = d.get("/queues", &[Dashboard::cookie(&b)]).await;
+    let csp = page.header("content-security-policy").expect("a CSP").to_string();
+    let nonce = csp.split("'nonce-").nth(1).and_then(|s| s.split('\'').next()).expect("a nonce");
+    assert!(csp.contains("'wasm-unsafe-eval'") && csp.contains("frame-ancestors 'none'") && !csp.contains("unsafe-inline"), "{csp}");
+    assert!(page.text.contains(&format!("nonce=\"{nonce}\"")), "the inline scripts carry the nonce");
+    let scripts = page.text.matches("<script").count();
+    assert_eq!(page.text.matches(&format!("<script nonce=\"{nonce}\"")).count() + page.text.matches(&format!("<script type=\"module\" nonce=\"{nonce}\"")).count(), scripts, "every inline script is allowed by nonce");
+    let other = d.get("/queues", &[Dashboard::cookie(&b)]).await;
+    assert_ne!(other.header("content-security-policy"), Some(csp.as_str()), "a fresh nonce per response");
+
+    let replies = [
+        page,
+        d.get("/login", &[]).await,
+        d.get("/jobs", &[]).await,
+        d.get("/healthz", &[]).await,
+        d.get("/ojs/v1/jobs/nope", &[]).await,
+        d.get("/no/such/page", &[Dashboard::cookie(&b)]).await,
+        d.post("/api/whoami", Some(&b), String::new(), false, &[]).await,
+        d.post("/api/set_queue_paused", None, String::new(), false, &[]).await,
+    ];
+    for r in &replies {
+        assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
+        assert_eq!(r.header("x-frame-options"), Some("DENY"));
+        assert_eq!(r.header("referrer-policy"), Some("same-origin"));
+        assert!(r.header("content-security-policy").is_some_and(|c| c.contains("frame-ancestors 'none'")));
+        assert!(r.status.as_u16() < 500, "{}", r.status);
+    }
+
+    let secure = Dashboard::with_config(ServerConfig { api_auth: ApiAuth::None, secure_cookies: true, ..ServerConfig::default() }).await;
+    secure.user("olivia", "correct horse", Role::Operator).await;
+    let r = secure.login("olivia", "correct horse", "/", &[]).await;
+    let cookie = r.header("set-cookie").expect("cookie");
+    assert!(cookie.contains("; Secure") && cookie.contains("; HttpOnly") && cookie.contains("SameSite=Lax"), "{cookie}");
+}
+
+/// Item 9: a page shows a server-function error from its URL only when this browser's own
+/// form post just produced it; a link with `__err` is sent to the page without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_errors_the_server_produced_for_this_browser_are_shown() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let b = d.sign_in("olivia", "correct horse").await;
+    let session = Dashboard::cookie(&b);
+
+    let forged = "eyJGb3JiaWRkZW4iOiJZb3VyIHNlc3Npb24gZXhwaXJlZDogc2lnbiBpbiBhZ2FpbiBhdCBodHRwczovL2V2aWwuZXhhbXBsZS9sb2dpbiJ9";
+    let r = d.get(&format!("/queues?x=1&__path=%2Fapi%2Fset_queue_paused&__err={forged}"), std::slice::from_ref(&session)).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+    assert_eq!(r.header("location"), Some("/queues?x=1"));
+
+    // A no-JS form post that fails: the redirect carries the error and a cookie for it.
+    let r = d.post("/api/set_queue_paused", Some(&b), form(&[("csrf", &b.csrf), ("queue", "two words"), ("paused", "true")]), true, &[]).await;
+    assert_eq!(r.status, StatusCode::FOUND, "{}", r.text);
+    let location = r.header("location").expect("back to the page").to_string();
+    assert!(location.contains("__err="), "{location}");
+    let flash = r.header("set-cookie").and_then(|c| c.split(';').next()).expect("the flash cookie").to_string();
+    assert!(flash.starts_with("rebound_flash="), "{flash}");
+    let path = location.trim_start_matches("http://localhost");
+    let shown = d.get(path, &[session.clone(), flash.clone()]).await;
+    assert_eq!(shown.status, StatusCode::OK);
+    assert!(shown.text.contains("is not a valid queue name"), "the genuine error shows");
+    assert!(shown.header("set-cookie").is_some_and(|c| c.starts_with("rebound_flash=;") && c.contains("Max-Age=0")));
+    // Someone else (no cookie) following the same link sees the page without it.
+    assert_eq!(d.get(path, std::slice::from_ref(&session)).await.status, StatusCode::SEE_OTHER);
+    // The cookie does not vouch for a different error.
+    let other = path.replace("__err=", "__err=AAAA");
+    assert_eq!(d.get(&other, &[session, flash]).await.status, StatusCode::SEE_OTHER);
+}
