@@ -10,7 +10,8 @@
 //!   full (`1.7976931348623157e308` comes back as 309 digits). serde_json reads such a long
 //!   integer by scaling its leading digits, which can round past `f64::MAX` and fail
 //!   ("number out of range"), so the row could be written but never read again. Such numbers
-//!   are refused on input; in handler output they are stored as strings.
+//!   are refused on input; in handler output they are stored as strings; in rows stored before
+//!   these checks they read back as strings ([`parse_lenient`], used by the store's decoder).
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
