@@ -35,7 +35,6 @@ use axum::middleware::map_response;
 use axum::routing::get;
 use rebound_queue::Store;
 use tokio::sync::Semaphore;
-use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 use uuid::Uuid;
@@ -86,10 +85,10 @@ impl MakeRequestId for RequestIdV7 {
 
 /// The whole server: the OJS API under `/ojs`, the probes, `/metrics`, then the dashboard.
 /// Every response carries `X-Request-Id` (the client's, if it sent one) and the
-/// [`security_headers`]; no request body may exceed `max_body_bytes` (the dashboard's own limit
-/// is lower, [`dashboard_guard::MAX_FORM_BYTES`]).
+/// [`security_headers`]. Bodies are limited where they are read: the OJS API to
+/// `max_body_bytes` (with its own error body), the dashboard to
+/// [`dashboard_guard::MAX_FORM_BYTES`]; the probes, metrics and static files never read one.
 pub fn router(state: AppState) -> Router {
-    let max_body = state.config.max_body_bytes;
     let app = Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
@@ -97,7 +96,6 @@ pub fn router(state: AppState) -> Router {
         .with_state(state.clone())
         .nest("/ojs", ojs::router(state.clone()));
     dashboard::mount(app, state)
-        .layer(RequestBodyLimitLayer::new(max_body))
         .layer(map_response(security_headers::add))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(TraceLayer::new_for_http())
