@@ -143,16 +143,18 @@ pub async fn login(
     let next = safe_next(form.next.as_deref());
     let username = form.username.trim().to_string();
     let address = login_throttle::client_address(&headers, peer.as_ref().map(|p| &p.0), state.config.behind_proxy);
-    let keys = [login_throttle::account_key(&username), login_throttle::address_key(address)];
-    let wait = match state.store.login_failures(&keys, login_throttle::FORGET_AFTER).await {
-        Ok(failures) => login_throttle::remaining_wait(&failures),
+    let (account, address_key) = (login_throttle::account_key(&username), login_throttle::address_key(address));
+    let keys = [account.clone(), address_key.clone()];
+    let wait = match state.store.start_login_attempt(&keys, login_throttle::FORGET_AFTER, login_throttle::remaining_wait).await {
+        Ok(wait) => wait,
         Err(e) => {
             tracing::error!(error = %e, "login: reading recent failures failed");
             return unavailable("the database is unavailable; try again shortly", 5);
         }
     };
     if !wait.is_zero() {
-        let secs = wait.as_secs().max(1);
+        // Rounded up: a client that waits what it is told is not refused again.
+        let secs = wait.as_millis().div_ceil(1000).max(1) as u64;
         tracing::warn!(username = %username, address = ?address, wait_secs = secs, "dashboard login throttled after repeated failures");
         let mut res = guard::refusal_page(
             StatusCode::TOO_MANY_REQUESTS,
@@ -183,14 +185,12 @@ pub async fn login(
     .await
     .unwrap_or(false);
     let Some(operator) = operator.filter(|_| matches) else {
+        // Already counted as a failure when the attempt started.
         tracing::info!(username = %username, address = ?address, "dashboard login refused");
-        if let Err(e) = state.store.record_login_failure(&keys, login_throttle::FORGET_AFTER).await {
-            tracing::error!(error = %e, "login: recording the failure failed");
-        }
         return see_other(&format!("/login?error=1&next={}", percent_encode(&next)));
     };
-    if let Err(e) = state.store.clear_login_failures(&keys[0]).await {
-        tracing::warn!(error = %e, "login: clearing the account's failures failed");
+    if let Err(e) = state.store.login_succeeded(&account, &address_key).await {
+        tracing::warn!(error = %e, "login: forgetting the account's failures failed");
     }
     let (Ok(token), Ok(csrf)) = (random_secret(), random_secret()) else {
         tracing::error!("login: the OS gave no randomness for the session token");

@@ -334,6 +334,34 @@ async fn password_guessing_is_slowed_but_the_operator_is_not_locked_out() {
     assert_eq!(d.count("SELECT count(*) FROM login_failures WHERE key = 'account:olivia'").await, 0, "a success forgets the account's failures");
 }
 
+/// Item 5: guesses sent in parallel do not slip past the count (each attempt is counted
+/// before its password is checked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_guesses_are_counted_before_they_are_checked() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    for i in 0..3 {
+        assert_eq!(d.login("olivia", &format!("guess {i}"), "/", &[]).await.status, StatusCode::SEE_OTHER);
+    }
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        let app = d.app.clone();
+        handles.push(tokio::spawn(async move {
+            let body = form(&[("username", "olivia"), ("password", &format!("parallel guess {i}"))]);
+            let req = Request::post("/auth/login").header("content-type", "application/x-www-form-urlencoded").body(Body::from(body)).expect("request");
+            app.oneshot(req).await.expect("infallible").status()
+        }));
+    }
+    let mut statuses = Vec::new();
+    for h in handles {
+        statuses.push(h.await.expect("task"));
+    }
+    let checked = statuses.iter().filter(|s| **s == StatusCode::SEE_OTHER).count();
+    let throttled = statuses.iter().filter(|s| **s == StatusCode::TOO_MANY_REQUESTS).count();
+    assert_eq!((checked, throttled), (1, 7), "{statuses:?}");
+    assert_eq!(d.count("SELECT failures::bigint FROM login_failures WHERE key = 'account:olivia'").await, 4);
+}
+
 /// Item 8: many wrong logins at once are all answered (a bounded number hash at a time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_logins_are_queued_not_failed() {

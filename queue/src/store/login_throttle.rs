@@ -1,36 +1,55 @@
 //! Failed dashboard sign-ins, counted per key (an account, a client address) so that the
 //! server can make guessers wait longer after each failure. Kept in Postgres rather than in
 //! one process's memory: several server processes may answer the same login form.
+//!
+//! An attempt is counted *before* its password is checked ([`Store::start_login_attempt`]) and
+//! taken back when it succeeds ([`Store::login_succeeded`]): otherwise guesses sent in parallel
+//! would all pass the check before any of them was counted.
 
 use std::time::Duration;
 
 use sqlx::Row;
 
-use super::{Store, StoreError};
+use super::{Store, StoreError, millis};
 
 /// How a key has failed lately.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoginFailures {
     pub key: String,
-    /// Failures since the key last went quiet for the caller's forget period.
+    /// Attempts not taken back by a success, since the key last went quiet for the caller's
+    /// forget period.
     pub failures: u32,
-    /// How long ago the latest failure was.
+    /// How long ago the latest one was.
     pub since_last: Duration,
 }
 
 impl Store {
-    /// The recent failures of each of `keys` that has any within `forget_after`.
-    pub async fn login_failures(&self, keys: &[String], forget_after: Duration) -> Result<Vec<LoginFailures>, StoreError> {
+    /// Starts a sign-in attempt for `keys`: reads their recent failures (locking the rows, so
+    /// concurrent attempts take turns), asks `remaining_wait` how much longer the attempt must
+    /// wait, and if nothing, counts it as a failure of every key until [`Store::login_succeeded`]
+    /// says otherwise. Returns the wait (zero: go ahead). A refused attempt changes nothing, so
+    /// hammering a throttled account does not push its wait further out. Keys quiet for
+    /// `forget_after` start again from zero; keys quiet for a day are deleted.
+    pub async fn start_login_attempt(
+        &self,
+        keys: &[String],
+        forget_after: Duration,
+        remaining_wait: impl FnOnce(&[LoginFailures]) -> Duration,
+    ) -> Result<Duration, StoreError> {
+        let mut tx = self.begin().await?;
         let rows = sqlx::query(
             "SELECT key, failures, (extract(epoch FROM now() - last_failed_at) * 1000)::bigint AS since_ms
              FROM login_failures
-             WHERE key = ANY($1) AND last_failed_at > now() - $2 * interval '1 millisecond'",
+             WHERE key = ANY($1) AND last_failed_at > now() - $2 * interval '1 millisecond'
+             ORDER BY key
+             FOR UPDATE",
         )
         .bind(keys)
-        .bind(super::millis(forget_after))
-        .fetch_all(&self.pool)
+        .bind(millis(forget_after))
+        .fetch_all(&mut *tx)
         .await?;
-        rows.iter()
+        let failures = rows
+            .iter()
             .map(|r| {
                 let failures: i32 = r.try_get("failures")?;
                 let since_ms: i64 = r.try_get("since_ms")?;
@@ -40,13 +59,12 @@ impl Store {
                     since_last: Duration::from_millis(u64::try_from(since_ms).unwrap_or(0)),
                 })
             })
-            .collect()
-    }
-
-    /// Counts one more failure for each of `keys` (starting again from one for a key quiet
-    /// for `forget_after`) and forgets keys quiet for a day.
-    pub async fn record_login_failure(&self, keys: &[String], forget_after: Duration) -> Result<(), StoreError> {
-        let mut tx = self.begin().await?;
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let wait = remaining_wait(&failures);
+        if !wait.is_zero() {
+            tx.rollback().await?;
+            return Ok(wait);
+        }
         sqlx::query(
             "INSERT INTO login_failures (key, failures, last_failed_at)
              SELECT k, 1, now() FROM unnest($1::text[]) AS k
@@ -56,17 +74,21 @@ impl Store {
                  last_failed_at = now()",
         )
         .bind(keys)
-        .bind(super::millis(forget_after))
+        .bind(millis(forget_after))
         .execute(&mut *tx)
         .await?;
         sqlx::query("DELETE FROM login_failures WHERE last_failed_at < now() - interval '1 day'").execute(&mut *tx).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(Duration::ZERO)
     }
 
-    /// Forgets the failures of `key` (an account that just signed in).
-    pub async fn clear_login_failures(&self, key: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM login_failures WHERE key = $1").bind(key).execute(&self.pool).await?;
+    /// The attempt started for `account_key` and `address_key` succeeded: the account's
+    /// failures are forgotten, and the address's count no longer includes this attempt.
+    pub async fn login_succeeded(&self, account_key: &str, address_key: &str) -> Result<(), StoreError> {
+        let mut tx = self.begin().await?;
+        sqlx::query("DELETE FROM login_failures WHERE key = $1").bind(account_key).execute(&mut *tx).await?;
+        sqlx::query("UPDATE login_failures SET failures = greatest(failures - 1, 0) WHERE key = $1").bind(address_key).execute(&mut *tx).await?;
+        tx.commit().await?;
         Ok(())
     }
 }
