@@ -326,6 +326,13 @@ async fn oversized_bodies_get_413_with_the_ojs_body() {
     assert_eq!(r.body["error"]["type"], "payload_too_large");
     assert_eq!(server.job_count().await, 0);
 
+    // A declared length over the limit is refused before the body is read, in the same shape.
+    let declared = (limit + 1).to_string();
+    let big = json!({"type": "a", "args": ["x".repeat(limit)]}).to_string().into_bytes();
+    let r = server.raw("POST", "/ojs/v1/jobs", &[("content-type", JSON), ("content-length", &declared)], big).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text);
+    r.assert_ojs_error("oversized body with a Content-Length");
+
     // Anything up to the limit is accepted (OJS requires envelopes of at least 1 MiB).
     let near_limit = json!({"type": "a", "args": ["x".repeat(limit - 64)]}).to_string().into_bytes();
     assert!(near_limit.len() <= limit && near_limit.len() > 2 * 1024 * 1024);
