@@ -144,6 +144,12 @@ async fn users(url: &str, cmd: UserCommand) -> anyhow::Result<()> {
             }
             println!("operator {username} disabled; their sessions are ended");
         }
+        UserCommand::Remove { username } => {
+            if !store.remove_operator(&username, &cli_actor()).await.context("removing the operator")? {
+                bail!("no operator named {username:?}");
+            }
+            println!("operator {username} removed; their sessions are ended");
+        }
     }
     Ok(())
 }

@@ -120,6 +120,8 @@ pub enum UserCommand {
     List,
     /// Disable an operator and end their sessions.
     Disable { username: String },
+    /// Remove an operator for good and end their sessions (the audit log keeps their name).
+    Remove { username: String },
 }
 
 #[derive(Debug, Subcommand)]

@@ -318,20 +318,38 @@ async fn password_guessing_is_slowed_but_the_operator_is_not_locked_out() {
         let r = d.login("olivia", &format!("guess {i}"), "/", &[]).await;
         assert_eq!(r.header("location"), Some("/login?error=1&next=%2F"), "guess {i}");
     }
+    let failures = "SELECT failures::bigint FROM login_failures WHERE key = 'account:olivia'";
+    assert_eq!(d.count(failures).await, 4);
+    // Four more guesses just now (set directly: argon2 in a debug build is too slow to time).
+    sqlx::query("UPDATE login_failures SET failures = 8, last_failed_at = now() WHERE key = 'account:olivia'")
+        .execute(d.db.store.pool())
+        .await
+        .expect("update");
     let r = d.login("olivia", "correct horse", "/", &[]).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
-    assert_eq!(r.header("retry-after"), Some("1"));
+    let retry: u64 = r.header("retry-after").and_then(|s| s.parse().ok()).expect("Retry-After");
+    assert!((15..=16).contains(&retry), "{retry}: 16 s after the 8th failure");
     assert!(r.header("set-cookie").is_none());
     assert!(r.text.contains("Too many failed sign-ins"), "{}", r.text);
-    // Case and spaces do not make a new account to guess at.
+    // Case and spaces do not make a new account to guess at; refused attempts are not counted.
     assert_eq!(d.login(" OLIVIA ", "guess", "/", &[]).await.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(d.count("SELECT failures::bigint FROM login_failures WHERE key = 'account:olivia'").await, 4);
+    assert_eq!(d.count(failures).await, 8);
 
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Sixteen seconds later the operator signs in: waits are capped, nobody is locked out.
+    sqlx::query("UPDATE login_failures SET last_failed_at = now() - interval '17 seconds' WHERE key = 'account:olivia'")
+        .execute(d.db.store.pool())
+        .await
+        .expect("update");
     let r = d.login("olivia", "correct horse", "/", &[]).await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
     assert!(r.header("set-cookie").is_some_and(|c| c.starts_with(SESSION_COOKIE)));
     assert_eq!(d.count("SELECT count(*) FROM login_failures WHERE key = 'account:olivia'").await, 0, "a success forgets the account's failures");
+    // The cap: however many failures, an account waits at most 30 s.
+    sqlx::query("INSERT INTO login_failures (key, failures, last_failed_at) VALUES ('account:olivia', 1000000, now() - interval '31 seconds')")
+        .execute(d.db.store.pool())
+        .await
+        .expect("insert");
+    assert_eq!(d.login("olivia", "correct horse", "/", &[]).await.status, StatusCode::SEE_OTHER);
 }
 
 /// Item 5: guesses sent in parallel do not slip past the count (each attempt is counted
@@ -340,9 +358,12 @@ async fn password_guessing_is_slowed_but_the_operator_is_not_locked_out() {
 async fn parallel_guesses_are_counted_before_they_are_checked() {
     let d = Dashboard::new().await;
     d.user("olivia", "correct horse", Role::Operator).await;
-    for i in 0..3 {
-        assert_eq!(d.login("olivia", &format!("guess {i}"), "/", &[]).await.status, StatusCode::SEE_OTHER);
-    }
+    // Eight failures, the last one long enough ago that one more attempt may go ahead; after
+    // it the wait is 30 s, so the timing of the parallel requests cannot matter.
+    sqlx::query("INSERT INTO login_failures (key, failures, last_failed_at) VALUES ('account:olivia', 8, now() - interval '17 seconds')")
+        .execute(d.db.store.pool())
+        .await
+        .expect("insert");
     let mut handles = Vec::new();
     for i in 0..8 {
         let app = d.app.clone();
@@ -359,7 +380,7 @@ async fn parallel_guesses_are_counted_before_they_are_checked() {
     let checked = statuses.iter().filter(|s| **s == StatusCode::SEE_OTHER).count();
     let throttled = statuses.iter().filter(|s| **s == StatusCode::TOO_MANY_REQUESTS).count();
     assert_eq!((checked, throttled), (1, 7), "{statuses:?}");
-    assert_eq!(d.count("SELECT failures::bigint FROM login_failures WHERE key = 'account:olivia'").await, 4);
+    assert_eq!(d.count("SELECT failures::bigint FROM login_failures WHERE key = 'account:olivia'").await, 9);
 }
 
 /// Item 8: many wrong logins at once are all answered (a bounded number hash at a time).
@@ -385,15 +406,17 @@ async fn concurrent_logins_are_queued_not_failed() {
     }
 }
 
-/// Item 6: a new password (`rebound-server user add` on an existing name) or disabling the
-/// user ends their live sessions.
+/// Item 6: a new password (`rebound-server user add` on an existing name), disabling or
+/// removing the user ends their live sessions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credential_changes_end_live_sessions() {
     let d = Dashboard::new().await;
     d.user("olivia", "correct horse", Role::Operator).await;
     d.user("victor", "viewer password", Role::Viewer).await;
+    d.user("rita", "reader password", Role::Viewer).await;
     let olivia = d.sign_in("olivia", "correct horse").await;
     let victor = d.sign_in("victor", "viewer password").await;
+    let rita = d.sign_in("rita", "reader password").await;
     assert_eq!(d.get("/jobs", &[Dashboard::cookie(&olivia)]).await.status, StatusCode::OK);
 
     // What `rebound-server user add olivia` runs, through the command itself.
@@ -417,10 +440,16 @@ async fn credential_changes_end_live_sessions() {
     let r = d.post("/api/set_queue_paused", Some(&olivia), form(&[("csrf", &olivia.csrf), ("queue", "emails"), ("paused", "true")]), false, &[]).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
 
-    assert_eq!(d.get("/jobs", &[Dashboard::cookie(&victor)]).await.status, StatusCode::OK);
-    d.db.store.disable_operator("victor", &rebound_queue::store::Actor::system("test")).await.expect("disable");
-    assert_eq!(d.get("/jobs", &[Dashboard::cookie(&victor)]).await.status, StatusCode::SEE_OTHER);
+    // `user disable` and `user remove`.
+    for (name, session, command) in [("victor", &victor, "disable"), ("rita", &rita, "remove")] {
+        assert_eq!(d.get("/jobs", &[Dashboard::cookie(session)]).await.status, StatusCode::OK);
+        let cli = <rebound_server::config::Cli as clap::Parser>::try_parse_from(["rebound-server", "--database-url", d.db.url.as_str(), "user", command, name])
+            .expect("cli");
+        rebound_server::commands::run(cli).await.expect(command);
+        assert_eq!(d.get("/jobs", &[Dashboard::cookie(session)]).await.status, StatusCode::SEE_OTHER, "{command}");
+    }
     assert_eq!(d.count("SELECT count(*) FROM sessions").await, 0);
+    assert!(d.db.store.operator("rita").await.expect("db").is_none());
 }
 
 /// Item 7: a database failure inside a server function reaches the browser as a request id

@@ -9,7 +9,13 @@ use crate::auth::use_me;
 #[component]
 pub fn LoginPage() -> impl IntoView {
     let q = use_query_map();
-    let next = move || q.with(|q| q.get("next")).filter(|n| n.starts_with('/') && !n.starts_with("//")).unwrap_or_else(|| "/".into());
+    // The server decides where a sign-in goes (it parses and rebuilds `next`); this only keeps
+    // obvious junk out of the form.
+    let next = move || {
+        q.with(|q| q.get("next"))
+            .filter(|n| n.starts_with('/') && !n.starts_with("//") && !n.chars().any(|c| c.is_control() || c == '\\'))
+            .unwrap_or_else(|| "/".into())
+    };
     let failed = move || q.with(|q| q.get("error").is_some());
     let logged_out = move || q.with(|q| q.get("logged_out").is_some());
     let me = use_me();

@@ -146,6 +146,18 @@ impl Store {
         Ok(id.is_some())
     }
 
+    /// Removes an operator; their sessions go with them. Returns whether they existed. Their
+    /// audit entries stay (they name the operator, not the row).
+    pub async fn remove_operator(&self, username: &str, actor: &Actor) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await?;
+        let removed = sqlx::query("DELETE FROM operators WHERE username = $1").bind(username).execute(&mut *tx).await?.rows_affected() > 0;
+        if removed {
+            record(&mut tx, actor, "operator.remove", Some(username), json!({})).await?;
+        }
+        tx.commit().await?;
+        Ok(removed)
+    }
+
     /// Starts a session for an operator.
     pub async fn create_session(&self, operator_id: i64, token_hash: &str, csrf_token: &str, ttl: std::time::Duration) -> Result<(), StoreError> {
         let mut tx = self.begin().await?;
