@@ -76,6 +76,10 @@ async fn counters_stay_exact_through_every_kind_of_write() {
         s.fail(&Failure { id: job.id, attempt: Some(1), worker_id: Some("w".into()), outcome, error_code: None }).await.unwrap();
     }
     assert_counts_exact(s, "after completions and failures").await;
+    let completed_lately = async || s.throughput(5).await.unwrap().iter().map(|(_, done, _)| done).sum::<i64>();
+    assert_eq!(completed_lately().await, 6, "completions per minute, before a fold");
+    s.fold_job_counts().await.unwrap();
+    assert_eq!(completed_lately().await, 6, "and after it");
     let groups = s.dead_letter_groups(&JobFilter::dead_letters(), 10).await.unwrap();
     assert_eq!(groups.len(), 1);
     assert_eq!((groups[0].signature.as_str(), groups[0].count), ("count.broken: no", 3));
@@ -97,6 +101,7 @@ async fn counters_stay_exact_through_every_kind_of_write() {
     let report = s.prune(&PruneConfig::default()).await.unwrap();
     assert_eq!(report.completed, 6);
     assert_counts_exact(s, "after pruning").await;
+    assert_eq!(completed_lately().await, 6, "pruning does not rewrite what was done");
     s.fold_job_counts().await.unwrap();
     assert_counts_exact(s, "after the second fold").await;
     let zero_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM job_counts WHERE n = 0").fetch_one(s.pool()).await.unwrap();
@@ -151,8 +156,11 @@ async fn searches_read_a_bounded_window_and_page_on_to_older_matches() {
 
     let counted = s.count_jobs_bounded(&filter, 10_000).await.unwrap();
     assert_eq!((counted.n, counted.capped, counted.windowed), (0, false, true));
-    let hay = JobFilter { text: Some("hay 3".into()), ..Default::default() };
+    // The newest hay is inside the first window.
+    let hay = JobFilter { text: Some(format!("hay {}", others - 10)), ..Default::default() };
     let counted = s.count_jobs_bounded(&hay, 100).await.unwrap();
+    assert_eq!((counted.n, counted.capped, counted.windowed), (1, false, true));
+    let counted = s.count_jobs_bounded(&JobFilter { text: Some("hay".into()), ..Default::default() }, 100).await.unwrap();
     assert_eq!((counted.n, counted.capped, counted.windowed), (100, true, true));
 
     // Without a row-by-row condition there is no window: counts and pages are whole.

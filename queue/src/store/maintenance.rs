@@ -286,6 +286,8 @@ impl Store {
         .execute(&self.pool)
         .await?
         .rows_affected();
+        // The charts show a day; two are kept.
+        sqlx::query("DELETE FROM job_throughput WHERE minute < now() - interval '2 days'").execute(&self.pool).await?;
         let cron_runs = sqlx::query(
             // Each cron keeps its latest run (the Cron page's last outcome) and any run still
             // waiting to enqueue, however old.
@@ -329,7 +331,11 @@ impl Store {
         let mut tx = self.begin().await?;
         let n: i64 = sqlx::query_scalar(
             "WITH taken AS (
-                 DELETE FROM job_count_deltas RETURNING queue, type, state, dead_letter, signature, n
+                 DELETE FROM job_count_deltas RETURNING queue, type, state, dead_letter, signature, n, at
+             ), per_minute AS (
+                 INSERT INTO job_throughput AS t (minute, completed)
+                 SELECT date_trunc('minute', at), sum(n)::bigint FROM taken WHERE state = 'completed' AND n > 0 GROUP BY 1
+                 ON CONFLICT (minute) DO UPDATE SET completed = t.completed + EXCLUDED.completed
              ), folded AS (
                  INSERT INTO job_counts AS c (queue, type, state, dead_letter, signature, n)
                  SELECT queue, type, state, dead_letter, signature, sum(n)::bigint FROM taken GROUP BY 1, 2, 3, 4, 5
