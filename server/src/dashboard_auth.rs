@@ -143,6 +143,13 @@ pub async fn login(
     let next = safe_next(form.next.as_deref());
     let username = form.username.trim().to_string();
     let address = login_throttle::client_address(&headers, peer.as_ref().map(|p| &p.0), state.config.behind_proxy);
+    // argon2 takes ~19 MiB and tens of milliseconds per check: a bounded number run at once,
+    // off the async workers; the rest wait their turn for a while, then are told to retry.
+    // Taken before the attempt is counted: one told to retry was never checked.
+    let Ok(Ok(permit)) = tokio::time::timeout(PASSWORD_CHECK_QUEUE_WAIT, state.password_checks.clone().acquire_owned()).await else {
+        tracing::warn!(username = %username, "login: too many password checks waiting");
+        return unavailable("Too many sign-ins at once: try again in a few seconds.", 5);
+    };
     let (account, address_key) = (login_throttle::account_key(&username), login_throttle::address_key(address));
     let keys = [account.clone(), address_key.clone()];
     let wait = match state.store.start_login_attempt(&keys, login_throttle::FORGET_AFTER, login_throttle::remaining_wait).await {
@@ -171,12 +178,6 @@ pub async fn login(
         }
     };
     let hash = operator.as_ref().map(|op| op.password_hash.clone()).unwrap_or_else(|| DUMMY_HASH.to_string());
-    // argon2 takes ~19 MiB and tens of milliseconds per check: a bounded number run at once,
-    // off the async workers; the rest wait their turn for a while, then are told to retry.
-    let Ok(Ok(permit)) = tokio::time::timeout(PASSWORD_CHECK_QUEUE_WAIT, state.password_checks.clone().acquire_owned()).await else {
-        tracing::warn!(username = %username, "login: too many password checks waiting");
-        return unavailable("Too many sign-ins at once: try again in a few seconds.", 5);
-    };
     let password = form.password;
     let matches = tokio::task::spawn_blocking(move || {
         let _permit = permit;
