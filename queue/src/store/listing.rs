@@ -108,7 +108,7 @@ impl JobFilter {
 /// reads (text and error-type conditions are checked row by row, so an unlimited search for a
 /// rare string would read all ten million jobs). A page that ran out of window before it
 /// filled continues from where the window ended: paging on searches older jobs.
-pub const SEARCH_WINDOW: i64 = 10_000;
+pub const SEARCH_WINDOW: i64 = 5_000;
 
 /// The smallest UUIDv7 of Unix millisecond `ms` (all random bits zero): ids at or above it were
 /// created in that millisecond or later.
