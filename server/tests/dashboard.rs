@@ -4,68 +4,19 @@
 
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
-use axum::http::{HeaderMap, Request, StatusCode};
+use axum::http::{Request, StatusCode};
 use rebound_queue::outcome::{HandlerError, Outcome};
 use rebound_queue::store::{AuditFilter, ClaimRequest, Failure, Role};
-use rebound_queue::testing::TestDb;
 use rebound_queue::{Job, JobState, NewJob, PolicyPatch};
 use rebound_server::auth::hash_token;
-use rebound_server::config::{ApiAuth, ServerConfig};
 use rebound_server::dashboard_auth::SESSION_COOKIE;
-use rebound_server::passwords::hash_password;
-use rebound_server::{AppState, router};
 use serde_json::json;
-use tower::ServiceExt;
 
-struct Dashboard {
-    db: TestDb,
-    app: Router,
-}
-
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    text: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-}
-
-/// A signed-in browser: its session cookie and the session's CSRF token.
-struct Browser {
-    cookie: String,
-    csrf: String,
-}
+mod dashboard_support;
+use dashboard_support::{Browser, Dashboard, Reply};
 
 impl Dashboard {
-    async fn new() -> Dashboard {
-        let db = TestDb::new().await;
-        let state = AppState::new(db.store.clone(), ServerConfig { api_auth: ApiAuth::None, ..ServerConfig::default() });
-        Dashboard { app: router(state), db }
-    }
-
-    async fn user(&self, name: &str, password: &str, role: Role) {
-        let hash = hash_password(password).expect("hash");
-        self.db.store.upsert_operator(name, &hash, role, &rebound_queue::store::Actor::system("test")).await.expect("operator");
-    }
-
-    async fn send(&self, req: Request<Body>) -> Reply {
-        // A hung request fails the test instead of hanging the run.
-        let res = tokio::time::timeout(Duration::from_secs(60), self.app.clone().oneshot(req))
-            .await
-            .expect("the dashboard answered within a minute")
-            .expect("the router is infallible");
-        let status = res.status();
-        let headers = res.headers().clone();
-        let bytes = axum::body::to_bytes(res.into_body(), usize::MAX).await.expect("body");
-        Reply { status, headers, text: String::from_utf8_lossy(&bytes).into_owned() }
-    }
-
     async fn get(&self, path: &str, browser: Option<&Browser>) -> Reply {
         let mut req = Request::get(path);
         if let Some(b) = browser {
@@ -76,7 +27,7 @@ impl Dashboard {
 
     /// A form post; `html` makes it look like a browser without JavaScript.
     async fn post_form(&self, path: &str, browser: Option<&Browser>, form: &[(&str, &str)], html: bool) -> Reply {
-        let body = form.iter().map(|(k, v)| format!("{}={}", app::filters::urlencode(k), app::filters::urlencode(v))).collect::<Vec<_>>().join("&");
+        let body = dashboard_support::form(form);
         let mut req = Request::post(path).header("content-type", "application/x-www-form-urlencoded");
         if let Some(b) = browser {
             req = req.header("cookie", format!("{SESSION_COOKIE}={}", b.cookie));
