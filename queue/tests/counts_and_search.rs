@@ -156,6 +156,8 @@ async fn searches_read_a_bounded_window_and_page_on_to_older_matches() {
 
     let counted = s.count_jobs_bounded(&filter, 10_000).await.unwrap();
     assert_eq!((counted.n, counted.capped, counted.windowed), (0, false, true));
+    let (together, together_count) = s.list_jobs_counted(&filter, None, 50, 10_000).await.unwrap();
+    assert_eq!((together.items.len(), together.next, together_count), (0, first.next, counted), "one window for a page and its count");
     // The newest hay is inside the first window.
     let hay = JobFilter { text: Some(format!("hay {}", others - 10)), ..Default::default() };
     let counted = s.count_jobs_bounded(&hay, 100).await.unwrap();

@@ -86,8 +86,7 @@ pub async fn list_jobs(#[server(default)] query: JobQuery, #[server(default)] af
         filter.dead_letter = Some(true);
     }
     let after = if after.is_empty() { None } else { Some(parse_id(&after)?) };
-    let page = store.list_jobs(&filter, after, PAGE_SIZE).await?;
-    let counted = store.count_jobs_bounded(&filter, COUNT_CAP).await?;
+    let (page, counted) = store.list_jobs_counted(&filter, after, PAGE_SIZE, COUNT_CAP).await?;
     Ok(JobsPageData {
         rows: page.items.iter().map(|j| JobRow::from_job(j, now)).collect(),
         next: page.next.map(|id| id.to_string()),

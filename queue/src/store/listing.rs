@@ -44,6 +44,12 @@ impl JobFilter {
         self.text.as_deref().is_some_and(|t| !t.is_empty()) || self.error_type.is_some()
     }
 
+    /// Whether every condition is a key of the maintained counters (state, queue, type,
+    /// dead-letter flag), so counts need not read jobs.
+    fn counted_by_counters(&self) -> bool {
+        !self.is_search() && self.created_after.is_none() && self.created_before.is_none()
+    }
+
     /// The conditions the listing indexes answer: state, queue, type, dead-letter flag, and
     /// time ranges as id ranges (ids are UUIDv7: their leading bits are the creation time).
     fn push_indexed(&self, qb: &mut QueryBuilder<Postgres>) {
@@ -114,11 +120,7 @@ pub const SEARCH_WINDOW: i64 = 5_000;
 /// created in that millisecond or later.
 fn uuid_floor(ms: i64) -> Uuid {
     let ms = ms.clamp(0, (1i64 << 48) - 1) as u64;
-    let mut b = [0u8; 16];
-    b[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
-    b[6] = 0x70;
-    b[8] = 0x80;
-    Uuid::from_bytes(b)
+    uuid::Builder::from_unix_timestamp_millis(ms, &[0; 10]).into_uuid()
 }
 
 /// A count of matching jobs, as far as it was cheap to count.
@@ -178,8 +180,34 @@ impl Store {
     /// Jobs matching `filter`, newest first, `limit` at a time (1..=500). `after` is the `next`
     /// of the previous page. Never uses OFFSET, so page 1000 costs what page 1 does.
     pub async fn list_jobs(&self, filter: &JobFilter, after: Option<Uuid>, limit: i64) -> Result<Page<Job>, StoreError> {
+        let window_end = self.window_end_for(filter, after).await?;
+        self.list_jobs_in(filter, after, limit, window_end).await
+    }
+
+    /// A page of [`Store::list_jobs`] and the count of [`Store::count_jobs_bounded`], for a
+    /// page that shows both: a search's first page and its count read the same window, which
+    /// is found once.
+    pub async fn list_jobs_counted(
+        &self,
+        filter: &JobFilter,
+        after: Option<Uuid>,
+        limit: i64,
+        cap: i64,
+    ) -> Result<(Page<Job>, JobCount), StoreError> {
+        let first_window = self.window_end_for(filter, None).await?;
+        let window_end = if after.is_none() { first_window } else { self.window_end_for(filter, after).await? };
+        let page = self.list_jobs_in(filter, after, limit, window_end).await?;
+        let count = self.count_jobs_in(filter, cap, first_window).await?;
+        Ok((page, count))
+    }
+
+    /// The end of a search's window after `after`; `None` for filters that are not searches.
+    async fn window_end_for(&self, filter: &JobFilter, after: Option<Uuid>) -> Result<Option<Uuid>, StoreError> {
+        if filter.is_search() { self.search_window_end(filter, after).await } else { Ok(None) }
+    }
+
+    async fn list_jobs_in(&self, filter: &JobFilter, after: Option<Uuid>, limit: i64, window_end: Option<Uuid>) -> Result<Page<Job>, StoreError> {
         let limit = limit.clamp(1, 500);
-        let window_end = if filter.is_search() { self.search_window_end(filter, after).await? } else { None };
         // Ids first, then their rows: picking the page's ids from a listing index is an
         // index-only scan the planner prefers. Asked for whole rows in id order, it may walk
         // the primary key backwards instead, betting that matches are spread evenly, and read
@@ -244,8 +272,13 @@ impl Store {
     /// others count at most `cap`, and a search only within the newest [`SEARCH_WINDOW`] jobs
     /// matching the indexed conditions.
     pub async fn count_jobs_bounded(&self, filter: &JobFilter, cap: i64) -> Result<JobCount, StoreError> {
+        let window_end = self.window_end_for(filter, None).await?;
+        self.count_jobs_in(filter, cap, window_end).await
+    }
+
+    async fn count_jobs_in(&self, filter: &JobFilter, cap: i64, window_end: Option<Uuid>) -> Result<JobCount, StoreError> {
         let cap = cap.max(1);
-        if !filter.is_search() && filter.created_after.is_none() && filter.created_before.is_none() {
+        if filter.counted_by_counters() {
             // Every condition is a key of the maintained counters: an exact count, whatever
             // the size, from a few hundred counter rows.
             let mut qb = QueryBuilder::<Postgres>::new("SELECT COALESCE(sum(c.n), 0)::bigint FROM job_count_totals c WHERE true");
@@ -265,7 +298,6 @@ impl Store {
             let n: i64 = qb.build_query_scalar().fetch_one(&self.pool).await?;
             return Ok(JobCount { n, capped: false, windowed: false });
         }
-        let window_end = if filter.is_search() { self.search_window_end(filter, None).await? } else { None };
         let mut qb = QueryBuilder::<Postgres>::new("SELECT count(*) AS n FROM (SELECT 1 FROM jobs j WHERE true");
         filter.push_conditions(&mut qb);
         if let Some(end) = window_end {
@@ -310,10 +342,8 @@ impl Store {
     pub async fn dead_letter_groups(&self, filter: &JobFilter, limit: i64) -> Result<Vec<ErrorGroup>, StoreError> {
         let mut f = filter.clone();
         f.dead_letter = None;
-        let from_counters = f.states.is_empty()
-            && !f.is_search()
-            && f.created_after.is_none()
-            && f.created_before.is_none();
+        // The group counters have no state in their key.
+        let from_counters = f.states.is_empty() && f.counted_by_counters();
         let mut qb = if from_counters {
             let mut qb = QueryBuilder::<Postgres>::new(
                 "WITH groups AS (
