@@ -97,7 +97,15 @@ async fn counters_stay_exact_through_every_kind_of_write() {
     sqlx::query("UPDATE jobs SET updated_at = now()").execute(s.pool()).await.unwrap();
     let deltas: i64 = sqlx::query_scalar("SELECT count(*) FROM job_count_deltas").fetch_one(s.pool()).await.unwrap();
     assert_eq!(deltas, 0, "an update that moves no job between groups appends no delta");
-    sqlx::query("UPDATE jobs SET completed_at = now() - interval '2 days' WHERE state = 'completed'").execute(s.pool()).await.unwrap();
+    // Made three days ago (the pruner reads the UUIDv7 id's time), finished two days ago.
+    sqlx::query(
+        "UPDATE jobs SET completed_at = now() - interval '2 days',
+             id = (left(replace(rebound_id_floor(now() - interval '3 days')::text, '-', ''), 12) || right(replace(id::text, '-', ''), 20))::uuid
+         WHERE state = 'completed'",
+    )
+    .execute(s.pool())
+    .await
+    .unwrap();
     let report = s.prune(&PruneConfig::default()).await.unwrap();
     assert_eq!(report.completed, 6);
     assert_counts_exact(s, "after pruning").await;

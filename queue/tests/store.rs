@@ -540,7 +540,17 @@ async fn pruning_respects_retention_and_keeps_recent_dead_letters() {
         claim_one(s, "default").await;
         s.complete(&Completion { id, attempt: None, worker_id: None, result: None }).await.unwrap();
     }
-    sqlx::query("UPDATE jobs SET completed_at = now() - interval '2 days'").execute(s.pool()).await.unwrap();
+    // Made three days ago (ids are UUIDv7: the pruner reads their time), finished two days ago.
+    sqlx::query(
+        "UPDATE jobs SET completed_at = now() - interval '2 days',
+             id = (left(replace(rebound_id_floor(now() - interval '3 days')::text, '-', ''), 12) || right(replace(id::text, '-', ''), 20))::uuid",
+    )
+    .execute(s.pool())
+    .await
+    .unwrap();
+    let recent = s.enqueue(NewJob::new("t", json!(["recent"]))).await.unwrap().job.id;
+    claim_one(s, "default").await;
+    s.complete(&Completion { id: recent, attempt: None, worker_id: None, result: None }).await.unwrap();
     for i in 0..3 {
         let id = s.enqueue(NewJob::new("t", json!([i]))).await.unwrap().job.id;
         claim_one(s, "default").await;
@@ -549,6 +559,7 @@ async fn pruning_respects_retention_and_keeps_recent_dead_letters() {
     let cfg = PruneConfig { dead_letters_per_queue: 2, ..Default::default() };
     let report = s.prune(&cfg).await.unwrap();
     assert_eq!(report.completed, 3);
+    assert!(s.get_job(recent).await.unwrap().is_some(), "a job finished within the retention stays");
     assert_eq!(report.dead_letters, 1, "only the oldest beyond the cap");
     assert_eq!(s.count_jobs(&JobFilter::dead_letters(), 100).await.unwrap(), 2);
     let orphans: i64 = sqlx::query_scalar("SELECT count(*) FROM job_attempts a WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = a.job_id)")

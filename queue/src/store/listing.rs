@@ -196,8 +196,9 @@ impl Store {
     ) -> Result<(Page<Job>, JobCount), StoreError> {
         let first_window = self.window_end_for(filter, None).await?;
         let window_end = if after.is_none() { first_window } else { self.window_end_for(filter, after).await? };
-        let page = self.list_jobs_in(filter, after, limit, window_end).await?;
-        let count = self.count_jobs_in(filter, cap, first_window).await?;
+        // Side by side on two connections: a search's count reads its whole window row by
+        // row, as long again as the page, and the two do not depend on each other.
+        let (page, count) = futures::try_join!(self.list_jobs_in(filter, after, limit, window_end), self.count_jobs_in(filter, cap, first_window))?;
         Ok((page, count))
     }
 
@@ -413,8 +414,8 @@ impl Store {
     pub async fn throughput(&self, minutes: i64) -> Result<Vec<(Timestamp, i64, i64)>, StoreError> {
         // The window start is spelled out in each condition (the minute count is a clamped
         // integer, not input text) rather than taken from a CTE or a parameter: only then can
-        // the planner estimate the range and read the last hour's completions from
-        // `jobs_finished` instead of scanning every job.
+        // the planner estimate the range and read the last hour's failures through the attempt
+        // history's time index instead of scanning all of it.
         let minutes = minutes.clamp(1, 24 * 60);
         let since = format!("(date_trunc('minute', now()) - {} * interval '1 minute')", minutes - 1);
         let sql = format!(

@@ -239,8 +239,11 @@ impl Store {
     /// Pruner: one bounded pass of retention. Call again while it keeps deleting.
     pub async fn prune(&self, cfg: &PruneConfig) -> Result<PruneReport, StoreError> {
         let completed = sqlx::query_scalar::<_, i64>(delete_with_history!(
+            // Through `jobs_state_id`, oldest first, no further than the jobs created before
+            // the cutoff (a job cannot finish before it was created).
             "SELECT id FROM jobs WHERE state = 'completed'
-                 AND completed_at < now() - $1 * interval '1 millisecond' LIMIT $2"
+                 AND id < rebound_id_floor(now() - $1 * interval '1 millisecond')
+                 AND completed_at < now() - $1 * interval '1 millisecond' ORDER BY id LIMIT $2"
         ))
         .bind(millis(cfg.completed_after))
         .bind(cfg.batch)
@@ -248,6 +251,7 @@ impl Store {
         .await? as u64;
         let discarded = sqlx::query_scalar::<_, i64>(delete_with_history!(
             "SELECT id FROM jobs WHERE state IN ('cancelled', 'discarded') AND NOT dead_letter
+                 AND id < rebound_id_floor(now() - $1 * interval '1 millisecond')
                  AND updated_at < now() - $1 * interval '1 millisecond' LIMIT $2"
         ))
         .bind(millis(cfg.discarded_after))
