@@ -35,14 +35,19 @@ pub async fn seed(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
         sqlx::query(sqlx::AssertSqlSafe(def.as_str())).execute(pool).await.with_context(|| format!("rebuilding {def}"))?;
     }
     sqlx::query("ALTER TABLE jobs ENABLE TRIGGER USER").execute(pool).await?;
-    sqlx::query("TRUNCATE job_count_deltas").execute(pool).await?;
-    sqlx::query("DELETE FROM job_counts").execute(pool).await?;
+    // In one transaction holding the counters: a server already running folds deltas into
+    // them at any moment, and a fold between the delete and the insert duplicated its keys.
+    let mut tx = pool.begin().await?;
+    sqlx::query("LOCK TABLE job_counts, job_count_deltas IN EXCLUSIVE MODE").execute(&mut *tx).await?;
+    sqlx::query("DELETE FROM job_count_deltas").execute(&mut *tx).await?;
+    sqlx::query("DELETE FROM job_counts").execute(&mut *tx).await?;
     sqlx::query(
-        "INSERT INTO job_counts (queue, type, state, dead_letter, n)
-         SELECT queue, type, state, dead_letter, count(*) FROM jobs GROUP BY 1, 2, 3, 4",
+        "INSERT INTO job_counts (queue, type, state, dead_letter, signature, n)
+         SELECT queue, type, state, dead_letter, COALESCE(error_signature, ''), count(*) FROM jobs GROUP BY 1, 2, 3, 4, 5",
     )
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     sqlx::query("VACUUM ANALYZE jobs").execute(pool).await?;
     sqlx::query("VACUUM ANALYZE job_attempts").execute(pool).await?;
     Ok(())

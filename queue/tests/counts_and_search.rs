@@ -170,8 +170,18 @@ async fn searches_read_a_bounded_window_and_page_on_to_older_matches() {
     let hay = JobFilter { text: Some(format!("hay {}", others - 10)), ..Default::default() };
     let counted = s.count_jobs_bounded(&hay, 100).await.unwrap();
     assert_eq!((counted.n, counted.capped, counted.windowed), (1, false, true));
-    let counted = s.count_jobs_bounded(&JobFilter { text: Some("hay".into()), ..Default::default() }, 100).await.unwrap();
+    let all_hay = JobFilter { text: Some("hay".into()), ..Default::default() };
+    let counted = s.count_jobs_bounded(&all_hay, 100).await.unwrap();
     assert_eq!((counted.n, counted.capped, counted.windowed), (100, true, true));
+    // A first page read together with its count is the page and the count read apart.
+    for cap in [100, 10_000] {
+        let (together, together_count) = s.list_jobs_counted(&all_hay, None, 50, cap).await.unwrap();
+        let apart = s.list_jobs(&all_hay, None, 50).await.unwrap();
+        assert_eq!(together, apart, "the same page (cap {cap})");
+        assert_eq!(together_count, s.count_jobs_bounded(&all_hay, cap).await.unwrap(), "the same count (cap {cap})");
+    }
+    let (_, whole_window) = s.list_jobs_counted(&all_hay, None, 50, 10_000).await.unwrap();
+    assert_eq!((whole_window.n, whole_window.capped, whole_window.windowed), (SEARCH_WINDOW, false, true));
 
     // Without a row-by-row condition there is no window: counts and pages are whole.
     let plain = s.count_jobs_bounded(&JobFilter { states: vec![JobState::Available], ..Default::default() }, 10).await.unwrap();

@@ -195,11 +195,37 @@ impl Store {
         cap: i64,
     ) -> Result<(Page<Job>, JobCount), StoreError> {
         let first_window = self.window_end_for(filter, None).await?;
+        if filter.is_search() && after.is_none() {
+            return self.search_first_page(filter, limit, cap, first_window).await;
+        }
         let window_end = if after.is_none() { first_window } else { self.window_end_for(filter, after).await? };
-        // Side by side on two connections: a search's count reads its whole window row by
-        // row, as long again as the page, and the two do not depend on each other.
+        // Side by side on two connections: the two do not depend on each other.
         let (page, count) = futures::try_join!(self.list_jobs_in(filter, after, limit, window_end), self.count_jobs_in(filter, cap, first_window))?;
         Ok((page, count))
+    }
+
+    /// A search's first page and its count from one read of its window: the ids of every match
+    /// in it (at most [`SEARCH_WINDOW`], or `cap`), then the rows of the page's. Checking the
+    /// text row by row is what a search costs, and a separate count would check it all again.
+    async fn search_first_page(&self, filter: &JobFilter, limit: i64, cap: i64, window_end: Option<Uuid>) -> Result<(Page<Job>, JobCount), StoreError> {
+        let limit = limit.clamp(1, 500);
+        let cap = cap.max(1);
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT j.id FROM jobs j WHERE true");
+        filter.push_conditions(&mut qb);
+        if let Some(end) = window_end {
+            qb.push(" AND j.id >= ").push_bind(end);
+        }
+        qb.push(" ORDER BY j.id DESC LIMIT ").push_bind(cap.max(limit + 1).min(SEARCH_WINDOW));
+        let ids: Vec<Uuid> = qb.build_query_scalar().fetch_all(&self.pool).await?;
+        let n = (ids.len() as i64).min(cap);
+        let count = JobCount { n, capped: n >= cap, windowed: window_end.is_some() };
+        let shown = &ids[..ids.len().min(limit as usize)];
+        let rows = sqlx::query("SELECT * FROM jobs WHERE id = ANY($1) ORDER BY id DESC").bind(shown).fetch_all(&self.pool).await?;
+        let items = jobs_from_rows(&rows)?;
+        // As in `list_jobs_in`: more matches continue after the page's last; a window that ran
+        // out first continues with the window after it.
+        let next = if ids.len() as i64 > limit { items.last().map(|j| j.id) } else { window_end };
+        Ok((Page { items, next }, count))
     }
 
     /// The end of a search's window after `after`; `None` for filters that are not searches.
