@@ -261,6 +261,45 @@ impl NewJob {
         }
     }
 
+    /// The job this becomes once stored in `state` at `created_at`: nothing has run, and every
+    /// time but its creation (and its schedule, when it had none) is unset. `max_attempts`
+    /// is the effective policy's, which only the store knows.
+    pub fn into_job(self, id: Uuid, state: JobState, max_attempts: i32, created_at: Timestamp) -> Job {
+        Job {
+            id,
+            job_type: self.job_type,
+            queue: self.queue,
+            args: self.args,
+            meta: self.meta,
+            extra: self.extra,
+            priority: self.priority,
+            tags: self.tags,
+            state,
+            attempt: 0,
+            max_attempts,
+            retry: self.retry.as_ref().map(PolicyPatch::to_json),
+            timeout_ms: self.timeout_ms,
+            visibility_timeout_ms: self.visibility_timeout_ms,
+            unique_key: self.unique.map(|u| u.key),
+            scheduled_at: self.scheduled_at.unwrap_or(created_at),
+            expires_at: self.expires_at,
+            created_at,
+            enqueued_at: (state == JobState::Available).then_some(created_at),
+            started_at: None,
+            completed_at: None,
+            cancelled_at: None,
+            discarded_at: None,
+            locked_by: None,
+            lock_expires_at: None,
+            dead_letter: false,
+            dead_lettered_at: None,
+            result: None,
+            last_error: None,
+            retry_delay_ms: None,
+            updated_at: created_at,
+        }
+    }
+
     /// Sets the queue.
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = queue.into();

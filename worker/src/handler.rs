@@ -131,39 +131,7 @@ pub fn non_retryable(error_type: impl Into<String>, message: impl Into<String>) 
 /// A job context for handler unit tests: an active job of `job_type` at `attempt`.
 #[cfg(test)]
 pub(crate) fn test_context(job_type: &str, args: Value, attempt: i32) -> JobContext {
-    let now = jiff::Timestamp::now();
-    let job = Job {
-        id: Uuid::now_v7(),
-        job_type: job_type.into(),
-        queue: "default".into(),
-        args,
-        meta: serde_json::json!({}),
-        extra: serde_json::json!({}),
-        priority: 0,
-        tags: vec![],
-        state: rebound_queue::JobState::Active,
-        attempt,
-        max_attempts: 3,
-        retry: None,
-        timeout_ms: None,
-        visibility_timeout_ms: None,
-        unique_key: None,
-        scheduled_at: now,
-        expires_at: None,
-        created_at: now,
-        enqueued_at: None,
-        started_at: None,
-        completed_at: None,
-        cancelled_at: None,
-        discarded_at: None,
-        locked_by: None,
-        lock_expires_at: None,
-        dead_letter: false,
-        dead_lettered_at: None,
-        result: None,
-        last_error: None,
-        retry_delay_ms: None,
-        updated_at: now,
-    };
+    let mut job = rebound_queue::NewJob::new(job_type, args).into_job(Uuid::now_v7(), rebound_queue::JobState::Active, 3, jiff::Timestamp::now());
+    job.attempt = attempt;
     JobContext::new(Arc::new(job), Arc::from("test-worker"), CancellationToken::new())
 }

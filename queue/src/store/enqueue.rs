@@ -7,7 +7,7 @@ use uuid::Uuid;
 use sqlx::Row;
 
 use super::{Store, StoreError, job_from_row, millis, ts, ts_opt};
-use crate::job::{Job, JobState, NewJob, OnConflict, UniqueSpec};
+use crate::job::{Job, NewJob, OnConflict, UniqueSpec};
 use crate::policy::{self, RetryPolicy};
 
 /// What an enqueue did.
@@ -91,11 +91,7 @@ pub(super) async fn insert_one(conn: &mut PgConnection, job: &NewJob, max_attemp
     match row {
         // Built from what was sent, not decoded back: nothing about the stored args can fail
         // the answer of an enqueue that has already happened.
-        Some(row) => {
-            let mut stored = stored_job(job.clone(), id, job.retry.as_ref().map(|p| p.to_json()), &row)?;
-            stored.unique_key = unique.map(|u| u.key.clone());
-            Ok(stored)
-        }
+        Some(row) => stored_job(job.clone(), id, &row),
         None => Err(StoreError::Duplicate { reason: format!("a job with id {id} already exists"), existing: Some(id) }),
     }
 }
@@ -103,43 +99,12 @@ pub(super) async fn insert_one(conn: &mut PgConnection, job: &NewJob, max_attemp
 /// The stored job of an insert: what Postgres decided (state, max attempts, times at its
 /// precision, from the `RETURNING` columns `state, max_attempts, scheduled_at, expires_at,
 /// created_at`) and the rest moved over from the [`NewJob`], which is exactly what was stored.
-fn stored_job(job: NewJob, id: Uuid, retry: Option<Value>, row: &sqlx::postgres::PgRow) -> Result<Job, StoreError> {
-    let state: JobState = row.try_get("state")?;
-    let created_at = ts(row, "created_at")?;
-    Ok(Job {
-        id,
-        job_type: job.job_type,
-        queue: job.queue,
-        args: job.args,
-        meta: job.meta,
-        extra: job.extra,
-        priority: job.priority,
-        tags: job.tags,
-        state,
-        attempt: 0,
-        max_attempts: row.try_get("max_attempts")?,
-        retry,
-        timeout_ms: job.timeout_ms,
-        visibility_timeout_ms: job.visibility_timeout_ms,
-        unique_key: None,
-        scheduled_at: ts(row, "scheduled_at")?,
-        expires_at: ts_opt(row, "expires_at")?,
-        created_at,
-        // `enqueued_at` and `updated_at` are the statement's `now()`, as `created_at` is.
-        enqueued_at: (state == JobState::Available).then_some(created_at),
-        started_at: None,
-        completed_at: None,
-        cancelled_at: None,
-        discarded_at: None,
-        locked_by: None,
-        lock_expires_at: None,
-        dead_letter: false,
-        dead_lettered_at: None,
-        result: None,
-        last_error: None,
-        retry_delay_ms: None,
-        updated_at: created_at,
-    })
+/// (`enqueued_at` and `updated_at` are the statement's `now()`, as `created_at` is.)
+fn stored_job(job: NewJob, id: Uuid, row: &sqlx::postgres::PgRow) -> Result<Job, StoreError> {
+    let mut stored = job.into_job(id, row.try_get("state")?, row.try_get("max_attempts")?, ts(row, "created_at")?);
+    stored.scheduled_at = ts(row, "scheduled_at")?;
+    stored.expires_at = ts_opt(row, "expires_at")?;
+    Ok(stored)
 }
 
 /// Enqueue with a unique key, inside the caller's transaction.
@@ -364,9 +329,9 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
         stored.insert(row.try_get("id")?, row);
     }
     let mut out = Vec::with_capacity(n);
-    for ((job, id), retry) in jobs.into_iter().zip(ids).zip(retries) {
+    for (job, id) in jobs.into_iter().zip(ids) {
         let row = stored.get(&id).ok_or_else(|| StoreError::Missing { what: format!("inserted job {id}") })?;
-        out.push(Enqueued { job: stored_job(job, id, retry, row)?, outcome: EnqueueOutcome::Created });
+        out.push(Enqueued { job: stored_job(job, id, row)?, outcome: EnqueueOutcome::Created });
     }
     Ok(out)
 }

@@ -420,39 +420,7 @@ mod tests {
     #[test]
     fn response_omits_unset_fields_and_keeps_extras() {
         let job = parse(json!({"type": "a.b", "args": [1], "x_custom_field": "v"})).expect("valid");
-        let stored = Job {
-            id: Uuid::now_v7(),
-            job_type: job.job_type,
-            queue: job.queue,
-            args: job.args,
-            meta: job.meta,
-            extra: job.extra,
-            priority: 0,
-            tags: vec![],
-            state: JobState::Available,
-            attempt: 0,
-            max_attempts: 3,
-            retry: None,
-            timeout_ms: None,
-            visibility_timeout_ms: None,
-            unique_key: None,
-            scheduled_at: now(),
-            expires_at: None,
-            created_at: now(),
-            enqueued_at: Some(now()),
-            started_at: None,
-            completed_at: None,
-            cancelled_at: None,
-            discarded_at: None,
-            locked_by: None,
-            lock_expires_at: None,
-            dead_letter: false,
-            dead_lettered_at: None,
-            result: None,
-            last_error: None,
-            retry_delay_ms: None,
-            updated_at: now(),
-        };
+        let stored = job.into_job(Uuid::now_v7(), JobState::Available, 3, now());
         let v = job_json(&stored);
         assert_eq!(v["x_custom_field"], "v");
         assert_eq!(v["enqueued_at"], "2026-01-01T00:00:00Z");
