@@ -6,13 +6,16 @@
 //! the nicknames `@yearly`, `@annually`, `@monthly`, `@weekly`, `@daily`, `@midnight`,
 //! `@hourly`. Times are evaluated in the schedule's zone with jiff, so a daylight-saving change
 //! moves the UTC instant, not the wall-clock time.
+//!
+//! `@every <duration>` (§4.1: Go-style `30m`, `1h30m`, `45s`, parsed by jiff) is not a
+//! calendar: it fires every interval from its anchor, the registration or the tick before.
 
 use std::str::FromStr;
 
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
-use jiff::Timestamp;
 use jiff::tz::TimeZone;
+use jiff::{SignedDuration, Timestamp};
 
 /// A schedule that cannot be used, with the field at fault (`expression` or `timezone`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -25,19 +28,32 @@ pub struct ScheduleError {
 /// A cron expression in a time zone.
 #[derive(Clone, Debug)]
 pub struct CronSchedule {
-    cron: Cron,
+    kind: Kind,
     zone: TimeZone,
     expression: String,
     timezone: String,
 }
+
+#[derive(Clone, Debug)]
+enum Kind {
+    Calendar(Box<Cron>),
+    Every(SignedDuration),
+}
+
+/// The shortest `@every` interval: due ticks are looked for once a second, so a shorter one
+/// would silently fire at most once a second.
+pub const MIN_EVERY: SignedDuration = SignedDuration::from_secs(1);
 
 impl CronSchedule {
     /// Validates `expression` and `timezone` (an IANA name such as `"Europe/Berlin"`, or
     /// `"UTC"`; fixed offsets and abbreviations like `"EST"` are refused, as OJS requires).
     pub fn new(expression: &str, timezone: &str) -> Result<CronSchedule, ScheduleError> {
         let zone = parse_zone(timezone)?;
-        let cron = parse_expression(expression)?;
-        Ok(CronSchedule { cron, zone, expression: expression.trim().to_owned(), timezone: timezone.to_owned() })
+        let kind = match every_interval(expression)? {
+            Some(interval) => Kind::Every(interval),
+            None => Kind::Calendar(Box::new(parse_expression(expression)?)),
+        };
+        Ok(CronSchedule { kind, zone, expression: expression.trim().to_owned(), timezone: timezone.to_owned() })
     }
 
     pub fn expression(&self) -> &str {
@@ -54,18 +70,59 @@ impl CronSchedule {
     /// A wall-clock time that a daylight-saving jump skips does not fire that day (OJS): croner
     /// would run it at the first time after the gap, whose wall clock does not match the
     /// expression, so such a time is passed over.
+    ///
+    /// An `@every` schedule fires one interval after `after`, its anchor.
     pub fn next_after(&self, after: Timestamp) -> Option<Timestamp> {
+        let cron = match &self.kind {
+            Kind::Every(interval) => return after.checked_add(*interval).ok(),
+            Kind::Calendar(cron) => cron,
+        };
         let mut from = after.to_zoned(self.zone.clone());
         // A gap is passed over in one step; a few more guard against a zone with odd rules.
         for _ in 0..4 {
-            let next = self.cron.find_next_occurrence(&from, false).ok()?;
-            if self.cron.is_time_matching(&next).unwrap_or(false) {
+            let next = cron.find_next_occurrence(&from, false).ok()?;
+            if cron.is_time_matching(&next).unwrap_or(false) {
                 return Some(next.timestamp());
             }
             from = next;
         }
         None
     }
+
+    /// The tick after `tick`, fired at `now`: the first one strictly after `now`, so missed
+    /// ticks fire once, not once each. An `@every` schedule stays on its anchor's cadence
+    /// (a tick fired late does not push the next ones later).
+    pub fn tick_after(&self, tick: Timestamp, now: Timestamp) -> Option<Timestamp> {
+        match &self.kind {
+            Kind::Every(interval) => {
+                let behind = now.duration_since(tick).max(SignedDuration::ZERO).as_nanos();
+                let step = interval.as_nanos().max(1);
+                let steps = i32::try_from(behind / step + 1).ok()?;
+                tick.checked_add(interval.checked_mul(steps)?).ok()
+            }
+            Kind::Calendar(_) => self.next_after(if tick > now { tick } else { now }),
+        }
+    }
+}
+
+/// The interval of an `@every <duration>` expression; `None` for anything else.
+fn every_interval(expression: &str) -> Result<Option<SignedDuration>, ScheduleError> {
+    let err = |reason: String| ScheduleError { field: "expression", reason };
+    let trimmed = expression.trim();
+    let Some(rest) = trimmed.get(..6).filter(|p| p.eq_ignore_ascii_case("@every")).map(|_| &trimmed[6..]) else {
+        return Ok(None);
+    };
+    let text = rest.trim();
+    if text.is_empty() || !rest.starts_with(char::is_whitespace) {
+        return Err(err(format!("{trimmed:?} needs a duration after \"@every \", such as \"@every 30m\" or \"@every 1h30m\"")));
+    }
+    let interval: SignedDuration = text
+        .parse()
+        .map_err(|e| err(format!("{text:?} is not a duration such as \"30m\", \"1h30m\" or \"45s\": {e}")))?;
+    if interval < MIN_EVERY {
+        return Err(err(format!("@every {text} is shorter than 1s; due ticks are looked for once a second")));
+    }
+    Ok(Some(interval))
 }
 
 fn parse_expression(expression: &str) -> Result<Cron, ScheduleError> {
@@ -139,6 +196,22 @@ mod tests {
     }
 
     #[test]
+    fn every_fires_by_interval_from_its_anchor() {
+        for (expression, secs) in [("@every 30m", 1800), ("@every 2h", 7200), ("@every 1h30m", 5400), ("@every 45s", 45), ("@EVERY  2h45m30s", 9930)] {
+            let s = CronSchedule::new(expression, "UTC").expect(expression);
+            let anchor = ts("2026-01-01T10:00:07Z");
+            assert_eq!(s.next_after(anchor), Some(anchor + SignedDuration::from_secs(secs)), "{expression}");
+        }
+        let s = CronSchedule::new("@every 30m", "Europe/Berlin").unwrap();
+        let tick = ts("2026-01-01T10:00:00Z");
+        assert_eq!(s.tick_after(tick, ts("2026-01-01T10:00:01Z")), Some(ts("2026-01-01T10:30:00Z")), "fired late: the cadence holds");
+        assert_eq!(s.tick_after(tick, ts("2026-01-01T11:40:00Z")), Some(ts("2026-01-01T12:00:00Z")), "missed ticks fire once");
+        assert_eq!(s.tick_after(tick, ts("2026-01-01T10:30:00Z")), Some(ts("2026-01-01T11:00:00Z")), "strictly after now");
+        let calendar = CronSchedule::new("*/5 * * * *", "UTC").unwrap();
+        assert_eq!(calendar.tick_after(ts("2026-01-01T10:00:00Z"), ts("2026-01-01T10:17:00Z")), Some(ts("2026-01-01T10:20:00Z")));
+    }
+
+    #[test]
     fn time_zones_move_the_instant_with_daylight_saving() {
         let nine = CronSchedule::new("0 9 * * *", "America/New_York").unwrap();
         assert_eq!(nine.next_after(ts("2026-01-10T00:00:00Z")), Some(ts("2026-01-10T14:00:00Z")), "EST");
@@ -147,7 +220,22 @@ mod tests {
 
     #[test]
     fn invalid_expressions_and_zones_name_the_field() {
-        for bad in ["", "not a valid cron", "0 0 0 0 0 0 0", "99 25 32 13 8", "*/0 * * * *", "60 * * * *", "0 0 30 2 *", "@sometimes"] {
+        for bad in [
+            "",
+            "not a valid cron",
+            "0 0 0 0 0 0 0",
+            "99 25 32 13 8",
+            "*/0 * * * *",
+            "60 * * * *",
+            "0 0 30 2 *",
+            "@sometimes",
+            "@every",
+            "@every30m",
+            "@every banana",
+            "@every 500ms",
+            "@every 0s",
+            "@every -5m",
+        ] {
             let e = CronSchedule::new(bad, "UTC").expect_err(bad);
             assert_eq!(e.field, "expression", "{bad}: {e}");
         }

@@ -150,3 +150,22 @@ async fn pause_resume_trigger_delete() {
         assert!(actions.iter().any(|x| x == a), "{a} audited: {actions:?}");
     }
 }
+
+#[tokio::test]
+async fn every_keeps_its_cadence_from_the_anchor() {
+    let db = TestDb::new().await;
+    let (cron, created) = db.store.register_cron(&spec("beat", "@every 7m", OverlapPolicy::Allow), &Actor::new("t")).await.unwrap();
+    assert!(created);
+    let first = cron.next_run_at.expect("scheduled");
+    let from_now = first.duration_since(Timestamp::now()).as_secs_f64();
+    assert!((418.0..=421.0).contains(&from_now), "first tick one interval after registration, got {from_now}s");
+    // Twenty minutes behind: the tick fires once, and the next is on the same 7-minute
+    // cadence from the missed tick (not seven minutes from whenever it happened to fire).
+    let tick = make_due(&db.store, "beat", 20).await;
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().fired, 1);
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().fired, 0, "missed ticks fire once");
+    let next = db.store.cron_job("beat").await.unwrap().unwrap().next_run_at.expect("next");
+    assert_eq!(next.duration_since(tick).as_secs() % 420, 0, "on the cadence: {tick} then {next}");
+    assert!(next > Timestamp::now() && next.duration_since(Timestamp::now()).as_secs() <= 420, "the first tick after now: {next}");
+    assert_eq!(cron_jobs_of(&db.store, "beat").await.len(), 1);
+}

@@ -438,7 +438,7 @@ impl Store {
         let Some(tick) = cron.next_run_at else { return Ok(None) };
         let schedule = CronSchedule::new(&cron.expression, &cron.timezone).map_err(|e| StoreError::invalid(e.field, e.reason))?;
         // Catch-up fires once: the next tick is the first one after now, not after the missed one.
-        let next = schedule.next_after(if tick > now { tick } else { now });
+        let next = schedule.tick_after(tick, now);
         let mut tx = self.begin().await?;
         let taken = sqlx::query(
             "UPDATE cron_jobs SET next_run_at = $3::timestamptz, last_run_at = now(), run_count = run_count + 1, updated_at = now()

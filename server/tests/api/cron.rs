@@ -27,6 +27,12 @@ async fn register_in_both_shapes_list_get_toggle_delete() {
     // The suites' shape; registering the same name again is an update (200).
     let r = s.post("/ojs/v1/cron", json!({"name": "cleanup", "expression": "@hourly", "overlap_policy": "allow", "job_template": {"type": "cache.clean", "args": [], "options": {"queue": "maint"}}})).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let r = s.post("/ojs/v1/cron", json!({"name": "beat", "expression": "@every 1h30m", "job_template": {"type": "cache.warm"}})).await;
+    assert_eq!((r.status, r.body["cron"]["expression"].as_str()), (StatusCode::CREATED, Some("@every 1h30m")), "{}", r.text);
+    let next: jiff::Timestamp = r.body["cron"]["next_run_at"].as_str().and_then(|t| t.parse().ok()).expect("next_run_at");
+    let ahead = next.duration_since(jiff::Timestamp::now()).as_secs();
+    assert!((5390..=5400).contains(&ahead), "an interval from registration: {ahead}s");
+    assert_eq!(s.call("DELETE", "/ojs/v1/cron/beat", None).await.status, StatusCode::OK);
     let r = s.post("/ojs/v1/cron", json!({"name": "cleanup", "expression": "*/5 * * * *", "job_template": {"type": "cache.clean"}})).await;
     assert_eq!((r.status, r.body["cron"]["expression"].as_str()), (StatusCode::OK, Some("*/5 * * * *")), "{}", r.text);
 
@@ -65,6 +71,8 @@ async fn invalid_registrations_name_the_field_and_save_nothing() {
         (with("cron", json!("0 0 0 0 0 0 0")), "cron"),
         (with("cron", json!("*/0 * * * *")), "cron"),
         (with("cron", json!("")), "cron"),
+        (with("cron", json!("@every 500ms")), "cron"),
+        (with("cron", json!("@every soon")), "cron"),
         (suite_shaped.take(), "expression"),
         (with("timezone", json!("EST")), "timezone"),
         (with("timezone", json!("+05:00")), "timezone"),
