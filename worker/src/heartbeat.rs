@@ -8,6 +8,10 @@
 //! reports as ours (cancelled by an operator, rescued after a long stall) is marked lost,
 //! which stops its handler; whatever it would have written would be refused anyway. A worker
 //! whose row is gone (pruned while the worker was cut off, or deleted by hand) registers again.
+//!
+//! The answer also carries what an operator asked of the worker from the dashboard or the OJS
+//! admin API: `quiet` stops its claims (running jobs finish; the worker stays up, holding no
+//! work, until it is stopped), `terminate` shuts it down as SIGTERM does.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +43,10 @@ pub struct Heartbeat {
     pub health: Arc<Health>,
     pub backlog: Arc<ResultBacklog>,
     pub orphans: Arc<Orphans>,
+    /// Cancelled to stop the claim loops (an operator's `quiet`).
+    pub quiet: CancellationToken,
+    /// The worker's shutdown (an operator's `terminate`).
+    pub terminate: CancellationToken,
 }
 
 impl Heartbeat {
@@ -92,6 +100,18 @@ impl Heartbeat {
             // A job written back between the snapshot and the update also shows up here; its
             // entry is already gone, so marking it lost does nothing.
             self.running.lose(&lost);
+        }
+        match report.directive.as_deref() {
+            Some("terminate") if !self.terminate.is_cancelled() => {
+                tracing::warn!(worker_id = %self.registration.id, "an operator asked this worker to terminate: shutting down as on SIGTERM");
+                self.terminate.cancel();
+            }
+            Some("quiet") if !self.quiet.is_cancelled() => {
+                tracing::warn!(worker_id = %self.registration.id, running = self.running.len(),
+                    "an operator asked this worker to go quiet: it claims nothing more; running jobs finish; stop it when they have");
+                self.quiet.cancel();
+            }
+            _ => {}
         }
         if !report.registered {
             tracing::warn!(worker_id = %self.registration.id, "this worker's row is gone from the registry; registering again");

@@ -188,6 +188,8 @@ impl Worker {
         let backlog = results.backlog();
 
         let background_stop = CancellationToken::new();
+        // The claim loops stop on shutdown, or earlier when an operator asks for quiet.
+        let claims_stop = shutdown.child_token();
         let stopping = Arc::new(AtomicBool::new(false));
         let heartbeat = Heartbeat {
             store: self.store.clone(),
@@ -199,6 +201,8 @@ impl Worker {
             health: health.clone(),
             backlog: backlog.clone(),
             orphans: orphans.clone(),
+            quiet: claims_stop.clone(),
+            terminate: shutdown.clone(),
         };
         let heartbeat_task = tokio::spawn(heartbeat.run(background_stop.clone()));
 
@@ -246,7 +250,7 @@ impl Worker {
                     orphans: orphans.clone(),
                     health: health.clone(),
                 };
-                claimers.spawn(claimer.run(shutdown.clone()));
+                claimers.spawn(claimer.run(claims_stop.clone()));
             }
         }
         drop(dispatcher);

@@ -151,6 +151,40 @@ async fn sigterm_lets_the_running_job_finish_and_exits_zero() {
 }
 
 #[tokio::test]
+async fn an_operator_quiets_the_worker_then_terminates_it() {
+    let db = TestDb::new().await;
+    let config = format!(
+        "{}\n[handlers.\"demo.slow\"]\nkind = \"demo\"\n",
+        fast_config("heartbeat_interval = \"100ms\"\nshutdown_grace = \"20s\"", "default = 2", "")
+    );
+    let mut worker = WorkerProcess::start(&db.url, &config, &[]);
+    wait_registered(&db.store, &worker).await;
+    let pid = worker.pid() as i32;
+    let id = db.store.workers().await.unwrap().into_iter().find(|w| w.pid == pid).expect("registered").id;
+    let running = db.store.enqueue(NewJob::new("demo.slow", json!([{"ms": 1500}]))).await.unwrap().job;
+    wait_state(&db.store, running.id, JobState::Active).await;
+
+    // As the dashboard's and the OJS admin API's "quiet" do.
+    assert!(db.store.request_worker_state(&id, "quiet", &Actor::new("ops")).await.unwrap());
+    eventually("the worker to hear quiet", LONG, || async { worker.log_text().contains("go quiet").then_some(()) }).await;
+    let later = db.store.enqueue(NewJob::new("demo.slow", json!([{"ms": 10}]))).await.unwrap().job;
+    let finished = wait_state(&db.store, running.id, JobState::Completed).await;
+    assert_eq!(finished.result, Some(json!({"slept_ms": 1500})), "the running job finished");
+    // Five poll intervals and a notification later, a claiming worker would have taken it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let untouched = db.store.job(later.id).await.unwrap();
+    assert_eq!((untouched.state, untouched.attempt), (JobState::Available, 0), "a quiet worker claims nothing");
+    assert!(worker.running(), "quiet is not a shutdown");
+
+    assert!(db.store.request_worker_state(&id, "terminate", &Actor::new("ops")).await.unwrap());
+    let status = worker.exit_within(Duration::from_secs(20)).await.expect("terminate exits");
+    assert_eq!(status.code(), Some(0));
+    assert!(worker.log_text().contains("asked this worker to terminate"));
+    assert!(db.store.workers().await.unwrap().iter().all(|w| w.pid != pid), "deregistered on the way out");
+    assert_eq!(db.store.job(later.id).await.unwrap().state, JobState::Available);
+}
+
+#[tokio::test]
 async fn sigterm_releases_a_job_that_outlives_the_grace_period() {
     let db = TestDb::new().await;
     let config = format!("{}\n[handlers.\"demo.slow\"]\nkind = \"demo\"\n", fast_config("shutdown_grace = \"500ms\"", "default = 2", ""));

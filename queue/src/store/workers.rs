@@ -61,6 +61,9 @@ pub struct BeatReport {
     pub released: Vec<Uuid>,
     /// False if the worker has no row (pruned, or deleted by hand): register again.
     pub registered: bool,
+    /// What an operator asked of this worker ([`Store::request_worker_state`]): `quiet` (claim
+    /// nothing more) or `terminate` (shut down gracefully).
+    pub directive: Option<String>,
 }
 
 // One statement, so a worker's row is never fresher than its jobs' locks, and a lost claim's
@@ -83,11 +86,11 @@ const BEAT: &str = concat!(
     SET last_heartbeat_at = now(), running = $4, stopping = ($5 = 'stopping'), status = $5, status_detail = $6,
         status_since = CASE WHEN status = $5 THEN status_since ELSE now() END
     WHERE id = $2
-    RETURNING id
+    RETURNING requested_state
 )
-SELECT 'extended' AS what, id FROM extended
-UNION ALL SELECT 'released', id FROM released WHERE (SELECT count(*) FROM woken) >= 0
-UNION ALL SELECT 'registered', NULL::uuid FROM beat"
+SELECT 'extended' AS what, id, NULL::text AS directive FROM extended
+UNION ALL SELECT 'released', id, NULL FROM released WHERE (SELECT count(*) FROM woken) >= 0
+UNION ALL SELECT 'registered', NULL::uuid, requested_state FROM beat"
 );
 
 /// What a worker says about itself when it starts.
@@ -162,7 +165,10 @@ impl Store {
             match (what, row.try_get::<Option<Uuid>, _>("id")?) {
                 ("extended", Some(id)) => report.extended.push(id),
                 ("released", Some(id)) => report.released.push(id),
-                ("registered", _) => report.registered = true,
+                ("registered", _) => {
+                    report.registered = true;
+                    report.directive = row.try_get("directive")?;
+                }
                 _ => {}
             }
         }
