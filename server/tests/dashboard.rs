@@ -201,6 +201,52 @@ async fn the_workers_page_shows_what_a_degraded_worker_reports() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_quiets_and_stops_a_worker_from_its_page() {
+    use rebound_queue::store::WorkerRegistration;
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    d.user("victor", "viewer password", Role::Viewer).await;
+    let registration = WorkerRegistration {
+        id: "busy-worker".into(),
+        host: "h".into(),
+        pid: 7,
+        queues: vec!["default".into()],
+        concurrency: 4,
+        version: "t".into(),
+    };
+    d.db.store.register_worker(&registration).await.expect("register");
+    let row = |page: &str| {
+        let row = page.split("<tr").find(|r| r.contains("busy-worker")).unwrap_or_default();
+        row.split("</tr>").next().unwrap_or_default().to_string()
+    };
+
+    let viewer = d.sign_in("victor", "viewer password").await;
+    let r = d.post_form("/api/request_worker_state", Some(&viewer), &[("csrf", &viewer.csrf), ("worker", "busy-worker"), ("state", "quiet")], false).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text);
+    assert_eq!(d.db.store.requested_worker_state("busy-worker").await.expect("db"), None);
+
+    let b = d.sign_in("olivia", "correct horse").await;
+    let before = row(&d.get("/workers", Some(&b)).await.text);
+    assert!(before.contains(">Quiet<") && before.contains(">Stop<"), "{before}");
+    // Without JavaScript: a plain form post, answered with a page.
+    let r = d.post_form("/api/request_worker_state", Some(&b), &[("csrf", &b.csrf), ("worker", "busy-worker"), ("state", "quiet")], false).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.text.contains("will claim nothing more"), "{}", r.text);
+    assert_eq!(d.db.store.requested_worker_state("busy-worker").await.expect("db").as_deref(), Some("quiet"));
+    let quiet = row(&d.get("/workers", Some(&b)).await.text);
+    assert!(quiet.contains("quiet") && !quiet.contains(">Quiet<") && quiet.contains(">Stop<"), "{quiet}");
+
+    let r = d.post_form("/api/request_worker_state", Some(&b), &[("csrf", &b.csrf), ("worker", "busy-worker"), ("state", "terminate")], false).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(d.db.store.requested_worker_state("busy-worker").await.expect("db").as_deref(), Some("terminate"));
+    assert!(row(&d.get("/workers", Some(&b)).await.text).contains("terminating"));
+    let audit = d.audit_actions().await;
+    for action in ["worker.quiet", "worker.terminate"] {
+        assert!(audit.iter().any(|(_, a, target)| a == action && target.as_deref() == Some("busy-worker")), "{action} in {audit:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_viewer_cannot_act_and_nothing_changes() {
     let d = Dashboard::new().await;
     d.user("victor", "viewer password", Role::Viewer).await;

@@ -139,6 +139,12 @@ async fn bad_server_function_input_is_a_4xx_that_writes_nothing() {
         ("/api/set_queue_rate_limit", vec![("csrf", csrf), ("queue", "Emails!"), ("limit[concurrency]", "2"), ("limit[rate_limit]", ""), ("limit[rate_period]", ""), ("limit[throttle_limit]", ""), ("limit[throttle_period]", "")], 422),
         ("/api/bulk_jobs", vec![("csrf", csrf), ("action", "cancel"), ("scope", "everything"), ("confirm", "yes")], 422),
         ("/api/act_on_cron", vec![("csrf", csrf), ("name", "nightly"), ("action", "pause")], 404),
+        ("/api/request_worker_state", vec![("worker", "w"), ("state", "quiet")], 403),
+        ("/api/request_worker_state", vec![("csrf", csrf), ("worker", "nobody"), ("state", "quiet")], 404),
+        ("/api/request_worker_state", vec![("csrf", csrf), ("worker", "nobody"), ("state", "explode")], 422),
+        ("/api/request_worker_state", vec![("csrf", csrf), ("worker", ""), ("state", "terminate")], 422),
+        ("/api/request_worker_state", vec![("csrf", csrf), ("worker", "bell\u{7}"), ("state", "quiet")], 422),
+        ("/api/request_worker_state", vec![("csrf", csrf), ("state", "quiet")], 400),
         // Reads.
         ("/api/audit_log", vec![("query[before]", "yesterday")], 422),
         ("/api/audit_log", vec![], 400),

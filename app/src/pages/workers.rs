@@ -3,8 +3,9 @@
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{CsrfField, ReadOnlyNote, use_can_act};
 use crate::error::AppError;
-use crate::feedback::ErrorBox;
+use crate::feedback::{ActionResult, ErrorBox};
 use crate::refresh::use_refresh;
 use crate::time_text::When;
 
@@ -28,6 +29,8 @@ pub struct WorkerRow {
     pub stopping: bool,
     /// What the worker last said is failing (claims, result writes), if anything.
     pub degraded: Option<String>,
+    /// What an operator asked of it: `quiet` or `terminate`.
+    pub requested: Option<String>,
 }
 
 #[server(endpoint = "workers")]
@@ -54,16 +57,43 @@ pub async fn workers() -> Result<Vec<WorkerRow>, AppError> {
             stopping: w.stopping,
             degraded: (w.status == rebound_queue::store::WorkerStatus::Degraded)
                 .then(|| w.status_detail.unwrap_or_else(|| "degraded".to_string())),
+            requested: w.requested_state,
         })
         .collect())
+}
+
+/// Asks a worker to go quiet (claim nothing more; running jobs finish) or to terminate (shut
+/// down gracefully, as on SIGTERM). It hears it at its next heartbeat. Audited.
+#[server(endpoint = "request_worker_state")]
+pub async fn request_worker_state(csrf: String, worker: String, state: String) -> Result<String, AppError> {
+    let actor = crate::auth::authorize_mutation(&csrf)?;
+    if !matches!(state.as_str(), "quiet" | "terminate") {
+        return Err(AppError::Invalid { field: "state".into(), reason: format!("{state:?} is not \"quiet\" or \"terminate\"") });
+    }
+    if worker.is_empty() || worker.len() > 200 || worker.chars().any(char::is_control) {
+        return Err(AppError::Invalid { field: "worker".into(), reason: "must be a worker id from this page".into() });
+    }
+    let store = crate::state::store()?;
+    if !store.request_worker_state(&worker, &state, &actor).await? {
+        return Err(AppError::NotFound(format!("worker {worker}")));
+    }
+    Ok(if state == "quiet" {
+        format!("Worker {worker} will claim nothing more from its next heartbeat; its running jobs finish. Stop it when they have.")
+    } else {
+        format!("Worker {worker} will shut down at its next heartbeat, letting its running jobs finish first.")
+    })
 }
 
 #[component]
 pub fn WorkersPage() -> impl IntoView {
     let tick = use_refresh();
-    let data = Resource::new(move || tick.get(), |_| workers());
+    let ask = ServerAction::<RequestWorkerState>::new();
+    let data = Resource::new(move || (tick.get(), ask.version().get()), |_| workers());
+    let can_act = use_can_act();
     view! {
         <h1>"Workers"</h1>
+        <ReadOnlyNote/>
+        <ActionResult action=ask/>
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             {move || Suspend::new(async move {
                 match data.await {
@@ -73,7 +103,7 @@ pub fn WorkersPage() -> impl IntoView {
                             <thead>
                                 <tr>
                                     <th>"Worker"</th><th>"Host"</th><th class="num">"PID"</th><th>"Queues"</th>
-                                    <th class="num">"Running / slots"</th><th>"Started"</th><th>"Last heartbeat"</th><th>"Status"</th>
+                                    <th class="num">"Running / slots"</th><th>"Started"</th><th>"Last heartbeat"</th><th>"Status"</th><th></th>
                                 </tr>
                             </thead>
                             <tbody>
@@ -84,6 +114,13 @@ pub fn WorkersPage() -> impl IntoView {
                                             view! { <span class="tag stale" title="no heartbeat for over a minute">"stale"</span> }.into_any()
                                         } else if w.stopping {
                                             view! { <span class="tag stopping">"stopping"</span> }.into_any()
+                                        } else if let Some(asked) = w.requested.clone() {
+                                            let (tag, title) = if asked == "quiet" {
+                                                ("quiet", "an operator asked it to claim nothing more")
+                                            } else {
+                                                ("terminating", "an operator asked it to shut down")
+                                            };
+                                            view! { <span class="tag stopping" title=title>{tag}</span> }.into_any()
                                         } else if let Some(why) = w.degraded.clone() {
                                             view! { <span class="tag degraded" title=why.clone()>"degraded"</span> " " <small class="muted">{why}</small> }.into_any()
                                         } else {
@@ -99,6 +136,24 @@ pub fn WorkersPage() -> impl IntoView {
                                                 <td title=w.started.at.clone()>{w.started.relative.clone()}</td>
                                                 <td title=w.last_heartbeat.at.clone()>{w.silent_for.clone()} " ago"</td>
                                                 <td>{status}</td>
+                                                <td class="actions">
+                                                    {(!w.stale && !w.stopping).then(|| {
+                                                        let asked = w.requested.clone().unwrap_or_default();
+                                                        let ask_for = move |worker: String, state: &'static str, label: &'static str, title: &'static str| {
+                                                            view! {
+                                                                <ActionForm action=ask>
+                                                                    <CsrfField/>
+                                                                    <input type="hidden" name="worker" value=worker/>
+                                                                    <input type="hidden" name="state" value=state/>
+                                                                    <button type="submit" title=title disabled=move || !can_act.get()>{label}</button>
+                                                                </ActionForm>
+                                                            }
+                                                        };
+                                                        let quiet = asked.is_empty().then(|| ask_for(w.id.clone(), "quiet", "Quiet", "Claim nothing more; running jobs finish"));
+                                                        let stop = (asked != "terminate").then(|| ask_for(w.id.clone(), "terminate", "Stop", "Shut down gracefully, as on SIGTERM"));
+                                                        view! { {quiet} {stop} }
+                                                    })}
+                                                </td>
                                             </tr>
                                         }
                                     })

@@ -122,6 +122,8 @@ pub struct WorkerInfo {
     pub status_since: Timestamp,
     /// Seconds since the last heartbeat, by the database's clock.
     pub silent_for_secs: f64,
+    /// What an operator asked of it (`quiet`, `terminate`), heard at its next heartbeat.
+    pub requested_state: Option<String>,
 }
 
 impl Store {
@@ -217,6 +219,7 @@ impl Store {
                     status_detail: r.try_get("status_detail")?,
                     status_since: ts(r, "status_since")?,
                     silent_for_secs: r.try_get("silent_for_secs")?,
+                    requested_state: r.try_get("requested_state")?,
                 })
             })
             .collect()
