@@ -192,6 +192,7 @@ async fn run(cli: Cli, config: WorkerConfig, url: String) -> anyhow::Result<()> 
         builder = builder.handler_arc(&mapping.pattern, mapping.handler.build(&http_client), mapping.timeout);
     }
     let worker = builder.on_ready(systemd::notify_ready).build().context("configuring the worker")?;
+    spawn_quiet_handler(worker.quiet_token(), shutdown.clone())?;
     let report = worker.run(shutdown).await;
     watchdog_stop.cancel();
     if report.results.unwritten > 0 {
@@ -219,6 +220,23 @@ where
             }
         }
     }
+}
+
+/// SIGTSTP: go quiet (claim nothing more; running jobs finish), as Sidekiq's TSTP does, so a
+/// deploy can drain a worker before stopping it.
+fn spawn_quiet_handler(quiet: CancellationToken, shutdown: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut tstp = signal(SignalKind::from_raw(libc::SIGTSTP)).context("installing the SIGTSTP handler")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tstp.recv() => {
+                tracing::warn!(signal = "SIGTSTP", "going quiet: no more claims; running jobs finish; stop the worker when they have");
+                quiet.cancel();
+            }
+            _ = shutdown.cancelled() => {}
+        }
+    });
+    Ok(())
 }
 
 /// SIGTERM / SIGINT: tell systemd we are stopping and begin the graceful shutdown. A second

@@ -120,6 +120,7 @@ impl WorkerBuilder {
             registry: Arc::new(self.registry),
             settings: self.settings,
             on_ready: self.on_ready,
+            quiet: CancellationToken::new(),
         })
     }
 }
@@ -132,6 +133,7 @@ pub struct Worker {
     registry: Arc<HandlerRegistry>,
     settings: RuntimeSettings,
     on_ready: Option<Box<dyn FnOnce() + Send + Sync>>,
+    quiet: CancellationToken,
 }
 
 /// What a run did.
@@ -164,6 +166,13 @@ impl Worker {
         &self.settings
     }
 
+    /// Cancel it to make the worker quiet: it claims nothing more, its running jobs finish,
+    /// and it stays up until shut down (SIGTSTP in the binary; an operator's `quiet` from the
+    /// dashboard or the OJS admin API does the same through the heartbeat).
+    pub fn quiet_token(&self) -> CancellationToken {
+        self.quiet.clone()
+    }
+
     /// Runs until `shutdown` fires, then shuts down gracefully (see the module docs). Database
     /// outages never end the run: every part waits them out.
     pub async fn run(mut self, shutdown: CancellationToken) -> RunReport {
@@ -188,8 +197,17 @@ impl Worker {
         let backlog = results.backlog();
 
         let background_stop = CancellationToken::new();
-        // The claim loops stop on shutdown, or earlier when an operator asks for quiet.
+        // The claim loops stop on shutdown, or earlier when the worker is made quiet.
         let claims_stop = shutdown.child_token();
+        {
+            let (quiet, claims_stop) = (self.quiet.clone(), claims_stop.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = quiet.cancelled() => claims_stop.cancel(),
+                    _ = claims_stop.cancelled() => {}
+                }
+            });
+        }
         let stopping = Arc::new(AtomicBool::new(false));
         let heartbeat = Heartbeat {
             store: self.store.clone(),
@@ -201,7 +219,7 @@ impl Worker {
             health: health.clone(),
             backlog: backlog.clone(),
             orphans: orphans.clone(),
-            quiet: claims_stop.clone(),
+            quiet: self.quiet.clone(),
             terminate: shutdown.clone(),
         };
         let heartbeat_task = tokio::spawn(heartbeat.run(background_stop.clone()));

@@ -185,6 +185,28 @@ async fn an_operator_quiets_the_worker_then_terminates_it() {
 }
 
 #[tokio::test]
+async fn sigtstp_makes_the_worker_quiet_and_sigterm_still_stops_it() {
+    let db = TestDb::new().await;
+    let config = format!("{}\n[handlers.\"demo.slow\"]\nkind = \"demo\"\n", fast_config("", "default = 2", ""));
+    let mut worker = WorkerProcess::start(&db.url, &config, &[]);
+    wait_registered(&db.store, &worker).await;
+    let first = db.store.enqueue(NewJob::new("demo.slow", json!([{"ms": 10}]))).await.unwrap().job;
+    wait_state(&db.store, first.id, JobState::Completed).await;
+
+    worker.signal("TSTP");
+    eventually("the worker to go quiet", LONG, || async { worker.log_text().contains("going quiet").then_some(()) }).await;
+    let later = db.store.enqueue(NewJob::new("demo.slow", json!([{"ms": 10}]))).await.unwrap().job;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let untouched = db.store.job(later.id).await.unwrap();
+    assert_eq!((untouched.state, untouched.attempt), (JobState::Available, 0), "a quiet worker claims nothing");
+    assert!(worker.running(), "quiet, not stopped");
+
+    worker.signal("TERM");
+    let status = worker.exit_within(Duration::from_secs(20)).await.expect("exit");
+    assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test]
 async fn sigterm_releases_a_job_that_outlives_the_grace_period() {
     let db = TestDb::new().await;
     let config = format!("{}\n[handlers.\"demo.slow\"]\nkind = \"demo\"\n", fast_config("shutdown_grace = \"500ms\"", "default = 2", ""));

@@ -68,8 +68,9 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             },
             "graceful-shutdown": {
                 "implemented": ["worker SIGTERM/SIGINT: stop claiming, drain within shutdown_grace, heartbeats during drain",
-                                "heartbeat state quiet/terminate: no new jobs for that worker", "admin quiet directive", "ShutdownError nacks are retried"],
-                "not_implemented": ["SIGTSTP quiet", "failing unfinished jobs with ShutdownError (Rebound's worker hands them back unfailed)"],
+                                "heartbeat state quiet/terminate: no new jobs for that worker", "admin quiet directive",
+                                "Rebound's worker: SIGTSTP and an operator's quiet stop its claims, an operator's terminate stops it", "ShutdownError nacks are retried"],
+                "not_implemented": ["failing unfinished jobs with ShutdownError (Rebound's worker hands them back unfailed)"],
                 "notes": "the worker's default shutdown_grace is 25s (the extension's default is 30s)",
             },
             "rate-limiting": {
