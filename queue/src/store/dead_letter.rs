@@ -3,13 +3,16 @@
 
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::audit::{Actor, record};
 use super::cancel::{BULK_LIMIT, JobSelection};
 use super::notify::notify_queues;
 use super::{Store, StoreError, millis};
+use crate::job::validate_queue;
+use crate::policy::{self, PolicyPatch, RetryPolicy};
 
 /// How much retry budget a re-driven job gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +36,53 @@ pub struct RedriveOptions {
 /// Re-drive targets: the same selections as other bulk actions, restricted to dead letters.
 pub type RedriveTarget = JobSelection;
 
+/// Changes made to a dead letter as it is re-driven (OJS dead-letter §6.3, "retry with
+/// modifications"): route it elsewhere, tag it, give it a stricter policy, fix its input.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RedriveOverride {
+    pub queue: Option<String>,
+    /// Merged over the job's meta, key by key.
+    pub meta: Option<Value>,
+    /// Merged over the job's own retry override, key by key (so `{"max_attempts": 1}` keeps
+    /// the rest of it).
+    pub retry: Option<PolicyPatch>,
+    /// Replaces the args (a JSON array).
+    pub args: Option<Value>,
+    pub priority: Option<i16>,
+}
+
+impl RedriveOverride {
+    /// Checks every field as an enqueue would, naming it under `override.`.
+    fn check(&self) -> Result<(), StoreError> {
+        if let Some(q) = &self.queue {
+            validate_queue(q).map_err(|e| StoreError::invalid("override.queue", e.reason))?;
+        }
+        if self.meta.as_ref().is_some_and(|m| !m.is_object()) {
+            return Err(StoreError::invalid("override.meta", "must be a JSON object"));
+        }
+        if self.args.as_ref().is_some_and(|a| !a.is_array()) {
+            return Err(StoreError::invalid("override.args", "must be a JSON array"));
+        }
+        if let Some(p) = self.priority.filter(|p| !(-100..=100).contains(p)) {
+            return Err(StoreError::invalid("override.priority", format!("must be between -100 and 100, got {p}")));
+        }
+        if let Some(patch) = &self.retry {
+            policy::resolve(&RetryPolicy::default(), None, Some(patch)).map_err(|e| StoreError::invalid(format!("override.retry.{}", e.field), e.reason))?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> Value {
+        json!({
+            "queue": self.queue,
+            "meta": self.meta,
+            "retry": self.retry.as_ref().map(PolicyPatch::to_json),
+            "args": self.args.is_some(),
+            "priority": self.priority,
+        })
+    }
+}
+
 impl Store {
     /// Re-drives dead letters in the selection (at most 50 000 per call). Returns how many.
     ///
@@ -43,52 +93,40 @@ impl Store {
             crate::bounds::check_interval(stagger).map_err(|reason| StoreError::invalid("stagger", reason))?;
         }
         let mut tx = self.begin().await?;
-        let ids: Vec<Uuid> = sel.select_ids("j.dead_letter", BULK_LIMIT).build_query_scalar().fetch_all(&mut *tx).await?;
-        let queues: Vec<String> = sqlx::query_scalar(
-            "WITH picked AS (
-                 SELECT id, (row_number() OVER (ORDER BY id) - 1)::float8 / GREATEST(count(*) OVER (), 1) AS frac
-                 FROM unnest($1::uuid[]) AS id
-             ), moved AS (
-                 UPDATE jobs j
-                 SET state = CASE WHEN $3::bigint IS NULL OR p.frac = 0 THEN 'available'::job_state ELSE 'scheduled'::job_state END,
-                     scheduled_at = now() + COALESCE($3::bigint, 0) * p.frac * interval '1 millisecond',
-                     enqueued_at = CASE WHEN $3::bigint IS NULL OR p.frac = 0 THEN now() END,
-                     attempt = CASE WHEN $2 THEN 0 ELSE j.attempt END,
-                     max_attempts = CASE WHEN $2 THEN j.max_attempts ELSE j.attempt + 1 END,
-                     -- One more means one more, whatever the live policy says: pin it on the job.
-                     retry = CASE WHEN $2 THEN j.retry
-                                  ELSE COALESCE(j.retry, '{}'::jsonb) || jsonb_build_object('max_attempts', j.attempt + 1) END,
-                     dead_letter = false, dead_lettered_at = NULL, discarded_at = NULL, completed_at = NULL,
-                     updated_at = now()
-                 FROM picked p
-                 WHERE j.id = p.id
-                 RETURNING j.queue, j.state
-             )
-             SELECT DISTINCT queue FROM moved WHERE state = 'available'",
-        )
-        .bind(&ids)
-        .bind(opts.budget == RedriveBudget::Fresh)
-        .bind(opts.stagger.map(millis))
-        .fetch_all(&mut *tx)
-        .await?;
-        notify_queues(&mut *tx, &queues).await?;
-        let mut details = sel.describe();
-        if let Some(o) = details.as_object_mut() {
-            o.insert("affected".into(), json!(ids.len()));
-            o.insert("budget".into(), json!(if opts.budget == RedriveBudget::Fresh { "fresh" } else { "one_more" }));
-            o.insert("stagger_ms".into(), json!(opts.stagger.map(millis)));
-            o.insert("reason".into(), json!(opts.reason));
-        }
-        let target = match sel {
-            JobSelection::Ids(ids) if ids.len() == 1 => Some(ids[0].to_string()),
-            _ => None,
-        };
-        // A re-drive that matched nothing did nothing: the caller reports it, the log stays clean.
-        if !ids.is_empty() {
-            record(&mut tx, &opts.actor, "dead_letter.redrive", target.as_deref(), details).await?;
-        }
+        let n = redrive_in(&mut tx, sel, opts, None).await?;
         tx.commit().await?;
-        Ok(ids.len() as u64)
+        Ok(n)
+    }
+
+    /// Re-drives one dead letter with `changes` applied first, in one transaction: a change
+    /// that is refused (named under `override.`) leaves the dead letter as it was. False if
+    /// `id` is not a dead letter.
+    pub async fn redrive_with_override(&self, id: Uuid, changes: &RedriveOverride, opts: &RedriveOptions) -> Result<bool, StoreError> {
+        changes.check()?;
+        let mut tx = self.begin().await?;
+        let changed = sqlx::query(
+            "UPDATE jobs SET queue = COALESCE($2, queue), meta = meta || COALESCE($3, '{}'::jsonb), args = COALESCE($4, args),
+                 priority = COALESCE($5, priority),
+                 retry = CASE WHEN $6::jsonb IS NULL THEN retry ELSE COALESCE(retry, '{}'::jsonb) || $6 END,
+                 max_attempts = COALESCE(($6::jsonb->>'max_attempts')::int, max_attempts), updated_at = now()
+             WHERE id = $1 AND dead_letter",
+        )
+        .bind(id)
+        .bind(&changes.queue)
+        .bind(&changes.meta)
+        .bind(&changes.args)
+        .bind(changes.priority)
+        .bind(changes.retry.as_ref().map(PolicyPatch::to_json))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if changed == 0 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        let n = redrive_in(&mut tx, &JobSelection::Ids(vec![id]), opts, Some(changes)).await?;
+        tx.commit().await?;
+        Ok(n == 1)
     }
 
     /// Deletes dead letters in the selection for good, with their attempts. Returns how many.
@@ -108,4 +146,56 @@ impl Store {
         tx.commit().await?;
         Ok(deleted)
     }
+}
+
+/// The re-drive itself, inside the caller's transaction.
+async fn redrive_in(conn: &mut PgConnection, sel: &JobSelection, opts: &RedriveOptions, changes: Option<&RedriveOverride>) -> Result<u64, StoreError> {
+    let ids: Vec<Uuid> = sel.select_ids("j.dead_letter", BULK_LIMIT).build_query_scalar().fetch_all(&mut *conn).await?;
+    let queues: Vec<String> = sqlx::query_scalar(
+        "WITH picked AS (
+             SELECT id, (row_number() OVER (ORDER BY id) - 1)::float8 / GREATEST(count(*) OVER (), 1) AS frac
+             FROM unnest($1::uuid[]) AS id
+         ), moved AS (
+             UPDATE jobs j
+             SET state = CASE WHEN $3::bigint IS NULL OR p.frac = 0 THEN 'available'::job_state ELSE 'scheduled'::job_state END,
+                 scheduled_at = now() + COALESCE($3::bigint, 0) * p.frac * interval '1 millisecond',
+                 enqueued_at = CASE WHEN $3::bigint IS NULL OR p.frac = 0 THEN now() END,
+                 attempt = CASE WHEN $2 THEN 0 ELSE j.attempt END,
+                 max_attempts = CASE WHEN $2 THEN j.max_attempts ELSE j.attempt + 1 END,
+                 -- One more means one more, whatever the live policy says: pin it on the job.
+                 retry = CASE WHEN $2 THEN j.retry
+                              ELSE COALESCE(j.retry, '{}'::jsonb) || jsonb_build_object('max_attempts', j.attempt + 1) END,
+                 dead_letter = false, dead_lettered_at = NULL, discarded_at = NULL, completed_at = NULL,
+                 updated_at = now()
+             FROM picked p
+             WHERE j.id = p.id
+             RETURNING j.queue, j.state
+         )
+         SELECT DISTINCT queue FROM moved WHERE state = 'available'",
+    )
+    .bind(&ids)
+    .bind(opts.budget == RedriveBudget::Fresh)
+    .bind(opts.stagger.map(millis))
+    .fetch_all(&mut *conn)
+    .await?;
+    notify_queues(&mut *conn, &queues).await?;
+    let mut details = sel.describe();
+    if let Some(o) = details.as_object_mut() {
+        o.insert("affected".into(), json!(ids.len()));
+        o.insert("budget".into(), json!(if opts.budget == RedriveBudget::Fresh { "fresh" } else { "one_more" }));
+        o.insert("stagger_ms".into(), json!(opts.stagger.map(millis)));
+        o.insert("reason".into(), json!(opts.reason));
+        if let Some(changes) = changes {
+            o.insert("override".into(), changes.describe());
+        }
+    }
+    let target = match sel {
+        JobSelection::Ids(ids) if ids.len() == 1 => Some(ids[0].to_string()),
+        _ => None,
+    };
+    // A re-drive that matched nothing did nothing: the caller reports it, the log stays clean.
+    if !ids.is_empty() {
+        record(conn, &opts.actor, "dead_letter.redrive", target.as_deref(), details).await?;
+    }
+    Ok(ids.len() as u64)
 }

@@ -83,7 +83,7 @@ pub use claim::ClaimRequest;
 pub use complete::{Completion, ORPHAN_REASON};
 pub use cron::{CRON_EVENT_TYPES, CronEvent, CronJob, CronPass, CronSpec, CronTemplate, OverlapPolicy, validate_cron_name};
 pub use cancel::{BULK_LIMIT, JobSelection};
-pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveTarget};
+pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveOverride, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};
 pub use events::{EVENT_TYPES, EventFilter, JobEvent};
 pub use fail::{Failure, FailureResult, KnownRun};

@@ -11,7 +11,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use jiff::Timestamp;
 use rebound_queue::job::{validate_queue, validate_type};
-use rebound_queue::store::{BulkReport, JobFilter, JobSelection, QueueInfo, RedriveBudget, RedriveOptions, WorkerInfo};
+use rebound_queue::store::{BulkReport, JobFilter, JobSelection, QueueInfo, WorkerInfo};
 use rebound_queue::{Job, JobState};
 use serde_json::{Map, Value, json};
 
@@ -492,13 +492,8 @@ pub async fn dead_letters(State(state): State<AppState>, q: QueryParams) -> Resu
 }
 
 /// `POST /admin/dead-letter/{id}/retry`.
-pub async fn retry_dead_letter(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let id = path_uuid(&id)?;
-    let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: caller.actor(), reason: Some("OJS admin dead-letter retry".into()) };
-    if state.store.redrive(&JobSelection::Ids(vec![id]), &opts).await? == 0 {
-        return Err(ApiError::not_found("dead-letter job", id));
-    }
-    Ok(Json(json!({ "job": job_json(&state.store.job(id).await?) })))
+pub async fn retry_dead_letter(State(state): State<AppState>, caller: Caller, Path(id): Path<String>, body: Option<JsonObject>) -> Result<Json<Value>, ApiError> {
+    super::dead_letter::retry_one(&state, &caller, &id, body.as_ref(), "OJS admin dead-letter retry").await
 }
 
 /// `DELETE /admin/dead-letter` with `{"older_than"?, "queue"?, "type"?, "confirm": true}`.

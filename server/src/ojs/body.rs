@@ -5,7 +5,7 @@
 //! a wrong field is a 400 naming that field, and serde's messages name a line and column.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, OptionalFromRequest, Request};
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use rebound_queue::storable;
@@ -83,6 +83,29 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             Ok(other) => Err(ApiError::invalid_field("body", format!("must be a JSON object, got {}", json_kind(&other)))),
             Err(e) => Err(ApiError::invalid_payload(e)),
         }
+    }
+}
+
+/// A body that may be left out (`Option<JsonObject>`): no body, or only whitespace, is `None`;
+/// anything else must be a JSON object, checked as [`JsonObject`] checks it. For endpoints
+/// whose body is optional, such as a dead-letter retry with or without an `override`.
+impl<S: Send + Sync> OptionalFromRequest<S> for JsonObject {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Option<Self>, Self::Rejection> {
+        let (parts, body) = req.into_parts();
+        let (method, path) = (parts.method.to_string(), parts.uri.path().to_owned());
+        let bytes = match Bytes::from_request(Request::from_parts(parts.clone(), body), state).await {
+            Ok(b) => b,
+            Err(rejection) => {
+                let status = rejection.status();
+                return Err(ApiError::from_status(status, &method, &path, "the body could not be read"));
+            }
+        };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        <JsonObject as FromRequest<S>>::from_request(Request::from_parts(parts, axum::body::Body::from(bytes)), state).await.map(Some)
     }
 }
 

@@ -7,7 +7,8 @@ use axum::extract::{Path, State};
 use rebound_queue::job::validate_queue;
 use jiff::Timestamp;
 use rebound_queue::policy::iso8601;
-use rebound_queue::store::{JobFilter, JobSelection, PruneConfig, RedriveBudget, RedriveOptions};
+use rebound_queue::PolicyPatch;
+use rebound_queue::store::{JobFilter, JobSelection, PruneConfig, RedriveBudget, RedriveOptions, RedriveOverride};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -72,14 +73,49 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
 }
 
 /// `POST /ojs/v1/dead-letter/{id}/retry`: back to `available` with a fresh attempt budget.
-pub async fn retry(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let id = path_uuid(&id)?;
-    let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: caller.actor(), reason: Some("OJS dead-letter retry".into()) };
-    if state.store.redrive(&JobSelection::Ids(vec![id]), &opts).await? == 0 {
+pub async fn retry(State(state): State<AppState>, caller: Caller, Path(id): Path<String>, body: Option<JsonObject>) -> Result<Json<Value>, ApiError> {
+    retry_one(&state, &caller, &id, body.as_ref(), "OJS dead-letter retry").await
+}
+
+/// Re-drives one dead letter with a fresh budget, applying the body's `override` first if it
+/// has one (§6.3: `queue`, `meta` merged, `retry` merged over the job's own, `args`,
+/// `priority`). Shared by the dead-letter and admin endpoints.
+pub async fn retry_one(state: &AppState, caller: &Caller, id: &str, body: Option<&JsonObject>, reason: &str) -> Result<Json<Value>, ApiError> {
+    let id = path_uuid(id)?;
+    let changes = retry_override(body)?;
+    let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: caller.actor(), reason: Some(reason.into()) };
+    let redriven = match &changes {
+        Some(changes) => state.store.redrive_with_override(id, changes, &opts).await?,
+        None => state.store.redrive(&JobSelection::Ids(vec![id]), &opts).await? == 1,
+    };
+    if !redriven {
         return Err(ApiError::not_found("dead-letter job", id));
     }
     let job = state.store.job(id).await?;
     Ok(Json(json!({ "job": job_json(&job) })))
+}
+
+/// The `override` of a retry body, if any. Other top-level fields are left alone (clients
+/// send `{}` or their own bookkeeping); inside `override` an unknown field is refused, so a
+/// typo never re-drives a job unchanged.
+fn retry_override(body: Option<&JsonObject>) -> Result<Option<RedriveOverride>, ApiError> {
+    let Some(body) = body else { return Ok(None) };
+    let Some(o) = body.fields().object("override")? else { return Ok(None) };
+    o.only(&["queue", "meta", "retry", "args", "priority"])?;
+    let retry = match o.get("retry") {
+        Some(v) => Some(PolicyPatch::from_json(v).map_err(|e| {
+            let field = if e.field == "retry" { "retry".to_string() } else { format!("retry.{}", e.field) };
+            o.error(&field, e.reason)
+        })?),
+        None => None,
+    };
+    Ok(Some(RedriveOverride {
+        queue: o.str("queue")?.map(str::to_owned),
+        meta: o.get("meta").cloned(),
+        retry,
+        args: o.get("args").cloned(),
+        priority: o.i64_in("priority", -100, 100)?.map(|p| p as i16),
+    }))
 }
 
 /// `DELETE /ojs/v1/dead-letter/{id}`: removes a dead letter for good.

@@ -63,8 +63,8 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
                 "not_implemented": ["maintenance mode", "queue concurrency/retention over the API", "job sort other than created_at desc", "type prefix filter"],
             },
             "dead-letter": {
-                "implemented": ["list (offset or cursor)", "get", "retry", "bulk retry", "delete", "purge", "stats", "retention (worker pruner)"],
-                "not_implemented": ["retry with override", "automatic replay rules", "dead_letter.* events"],
+                "implemented": ["list (offset or cursor)", "get", "retry", "retry with override (queue, meta, retry, args, priority)", "bulk retry", "delete", "purge", "stats", "retention (worker pruner)"],
+                "not_implemented": ["automatic replay rules", "dead_letter.* events"],
             },
             "graceful-shutdown": {
                 "implemented": ["worker SIGTERM/SIGINT: stop claiming, drain within shutdown_grace, heartbeats during drain",

@@ -154,6 +154,56 @@ async fn dead_letter_extension_get_bulk_retry_purge_and_stats() {
 }
 
 #[tokio::test]
+async fn a_dead_letter_is_retried_with_an_override() {
+    let s = TestServer::new().await;
+    let a = s.dead_letter("billing", "DatabaseConnectionError").await;
+    // A refused change names its field and leaves the dead letter as it was.
+    for (changes, field) in [
+        (json!({"queue": "Bad Queue"}), "override.queue"),
+        (json!({"meta": [1]}), "override.meta"),
+        (json!({"args": {"a": 1}}), "override.args"),
+        (json!({"priority": 500}), "override.priority"),
+        (json!({"retry": {"max_attempts": -1}}), "override.retry.max_attempts"),
+        (json!({"retry": "often"}), "override.retry"),
+        (json!({"queues": "billing-retry"}), "override.queues"),
+    ] {
+        let r = s.post(&format!("/ojs/v1/dead-letter/{a}/retry"), json!({"override": changes})).await;
+        assert!(r.status == StatusCode::BAD_REQUEST || r.status == StatusCode::UNPROCESSABLE_ENTITY, "{changes}: {}", r.text);
+        assert_eq!(r.error_field(), Some(field), "{changes}: {}", r.text);
+    }
+    let unchanged = s.get(&format!("/ojs/v1/dead-letter/{a}")).await;
+    assert_eq!((unchanged.status, unchanged.body["job"]["queue"].as_str()), (StatusCode::OK, Some("billing")), "{}", unchanged.text);
+
+    // The spec's example, plus new args and a priority.
+    let changes = json!({"queue": "billing-retry", "meta": {"retry_source": "manual_dlq_retry"}, "retry": {"max_attempts": 2},
+                         "args": [{"fixed": true}], "priority": 5});
+    let r = s.post(&format!("/ojs/v1/dead-letter/{a}/retry"), json!({"override": changes})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let job = &r.body["job"];
+    assert_eq!((job["state"].as_str(), job["queue"].as_str(), job["priority"].as_i64(), job["max_attempts"].as_i64()), (Some("available"), Some("billing-retry"), Some(5), Some(2)), "{job}");
+    assert_eq!((job["meta"]["retry_source"].as_str(), job["args"].clone()), (Some("manual_dlq_retry"), json!([{"fixed": true}])), "{job}");
+    let stored = s.db.store.job(a.parse().expect("id")).await.expect("job");
+    assert_eq!(stored.retry, Some(json!({"max_attempts": 2, "on_exhaustion": "dead_letter"})), "merged over the job's own override");
+    let audit = s.db.store.audit_log(&Default::default()).await.expect("audit");
+    let entry = audit.iter().find(|e| e.action == "dead_letter.redrive").expect("audited");
+    assert_eq!(entry.details["override"]["queue"], "billing-retry", "{}", entry.details);
+
+    // It runs from its new queue, under the merged policy: two failures dead-letter it again.
+    for round in 0..2 {
+        assert_eq!(s.fetch("billing-retry").await["id"].as_str(), Some(a.as_str()), "round {round}");
+        let r = s.post("/ojs/v1/workers/nack", json!({"job_id": a, "error": {"code": "e", "type": "DatabaseConnectionError", "message": "still down"}})).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        if round == 0 {
+            sqlx::query("UPDATE jobs SET state = 'available', scheduled_at = now() WHERE id = $1::uuid AND state = 'retryable'").bind(&a).execute(s.db.store.pool()).await.expect("due now");
+        }
+    }
+    assert_eq!(s.get(&format!("/ojs/v1/dead-letter/{a}")).await.status, StatusCode::OK, "a dead letter again after two attempts");
+    // No body at all: a plain retry, on either path.
+    let r = s.call("POST", &format!("/ojs/v1/admin/dead-letter/{a}/retry"), None).await;
+    assert_eq!((r.status, r.body["job"]["state"].as_str()), (StatusCode::OK, Some("available")), "{}", r.text);
+}
+
+#[tokio::test]
 async fn workers_quiet_and_stale_deregistration() {
     let s = TestServer::new().await;
     let job = s.enqueue(json!({"type": "gs.job", "args": [], "options": {"queue": "gs"}})).await;
