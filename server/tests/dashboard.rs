@@ -459,6 +459,29 @@ async fn staggered_redrive_of_a_selection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_mode_is_switched_from_the_queues_page() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    let b = d.sign_in("olivia", "correct horse").await;
+    assert!(d.get("/queues", Some(&b)).await.text.contains("Turn maintenance on"));
+
+    // Without JavaScript: plain form posts.
+    let r = d.post_form("/api/set_maintenance", Some(&b), &[("csrf", &b.csrf), ("enabled", "true"), ("reason", "disk swap")], false).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.text.contains("Maintenance mode is on"), "{}", r.text);
+    let on = d.db.store.maintenance().await.expect("db").expect("on");
+    assert_eq!((on.reason.as_deref(), on.enabled_by.as_str()), (Some("disk swap"), "olivia"));
+    let page = d.get("/queues", Some(&b)).await.text;
+    assert!(page.contains("Maintenance mode is on") && page.contains("disk swap") && page.contains("Turn maintenance off"), "{page}");
+
+    let r = d.post_form("/api/set_maintenance", Some(&b), &[("csrf", &b.csrf), ("enabled", "false")], false).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(d.db.store.maintenance().await.expect("db"), None);
+    let actions: Vec<String> = d.audit_actions().await.into_iter().map(|(_, a, _)| a).collect();
+    assert!(actions.contains(&"system.maintenance_on".to_string()) && actions.contains(&"system.maintenance_off".to_string()), "{actions:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queues_pause_and_resume_and_policies_restore() {
     let d = Dashboard::new().await;
     d.user("olivia", "correct horse", Role::Operator).await;

@@ -153,6 +153,97 @@ pub async fn set_queue_rate_limit(csrf: String, queue: String, limit: RateLimitF
     })
 }
 
+/// Maintenance mode as the Queues page shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MaintenanceNote {
+    pub reason: Option<String>,
+    pub since: crate::time_text::When,
+    pub by: String,
+    pub estimated_end: Option<crate::time_text::When>,
+}
+
+#[server(endpoint = "maintenance_state")]
+pub async fn maintenance_state() -> Result<Option<MaintenanceNote>, AppError> {
+    crate::auth::signed_in()?;
+    let store = crate::state::store()?;
+    let now = store.now().await?;
+    Ok(store.maintenance().await?.map(|m| MaintenanceNote {
+        reason: m.reason,
+        since: crate::time_text::When::of(m.enabled_at, now),
+        by: m.enabled_by,
+        estimated_end: m.estimated_end.map(|t| crate::time_text::When::of(t, now)),
+    }))
+}
+
+/// Turns maintenance mode on (`enabled = "true"`, with an optional reason) or off. While it is
+/// on no queue hands out jobs, due jobs wait and cron ticks wait; enqueues are kept.
+#[server(endpoint = "set_maintenance")]
+pub async fn set_maintenance(csrf: String, enabled: String, reason: Option<String>) -> Result<String, AppError> {
+    let actor = crate::auth::authorize_mutation(&csrf)?;
+    let store = crate::state::store()?;
+    match enabled.as_str() {
+        "true" => {
+            let reason = reason.map(|r| r.trim().to_string()).filter(|r| !r.is_empty());
+            if reason.as_ref().is_some_and(|r| r.chars().count() > 1_000 || r.chars().any(|c| c.is_control() && c != '\n')) {
+                return Err(AppError::Invalid { field: "reason".into(), reason: "must be at most 1000 characters of text".into() });
+            }
+            store.enable_maintenance(reason.as_deref(), None, &actor).await?;
+            Ok("Maintenance mode is on: no queue hands out jobs, and due jobs and cron ticks wait. New jobs are still accepted.".into())
+        }
+        "false" => {
+            store.disable_maintenance(&actor).await?;
+            Ok("Maintenance mode is off: the queues run again.".into())
+        }
+        other => Err(AppError::Invalid { field: "enabled".into(), reason: format!("{other:?} is not \"true\" or \"false\"") }),
+    }
+}
+
+/// The maintenance switch: on with a reason, or off.
+#[component]
+fn MaintenanceSwitch(action: ServerAction<SetMaintenance>, can_act: Signal<bool>) -> impl IntoView {
+    let tick = use_refresh();
+    let state = Resource::new(move || (tick.get(), action.version().get()), |_| maintenance_state());
+    view! {
+        <ActionResult action=action/>
+        <Transition fallback=|| ()>
+            {move || Suspend::new(async move {
+                match state.await {
+                    Ok(Some(m)) => view! {
+                        <div class="banner maintenance" role="status">
+                            <strong>"Maintenance mode is on"</strong>
+                            " since " <span title=m.since.at.clone()>{m.since.relative.clone()}</span> " by " {m.by.clone()}
+                            {m.reason.clone().map(|r| view! { ": " <em>{r}</em> })}
+                            {m.estimated_end.clone().map(|e| view! { " (expected to end " <span title=e.at.clone()>{e.relative.clone()}</span> ")" })}
+                            ". No queue hands out jobs; due jobs and cron ticks wait; new jobs are accepted."
+                            <ActionForm action=action>
+                                <CsrfField/>
+                                <input type="hidden" name="enabled" value="false"/>
+                                <button type="submit" disabled=move || !can_act.get()>"Turn maintenance off"</button>
+                            </ActionForm>
+                        </div>
+                    }
+                    .into_any(),
+                    Ok(None) => view! {
+                        <details class="maintenance">
+                            <summary>"Maintenance mode"</summary>
+                            <p class="muted">"Holds every queue at once (for a database migration, say): running jobs finish, nothing new starts, due jobs and cron ticks wait, new jobs are accepted."</p>
+                            <ActionForm action=action>
+                                <CsrfField/>
+                                <input type="hidden" name="enabled" value="true"/>
+                                <label>"Reason " <input type="text" name="reason" maxlength="1000" placeholder="Database migration"/></label>
+                                " "
+                                <button type="submit" disabled=move || !can_act.get()>"Turn maintenance on"</button>
+                            </ActionForm>
+                        </details>
+                    }
+                    .into_any(),
+                    Err(e) => view! { <ErrorBox error=e/> }.into_any(),
+                }
+            })}
+        </Transition>
+    }
+}
+
 #[component]
 pub fn QueuesPage() -> impl IntoView {
     let tick = use_refresh();
@@ -160,9 +251,11 @@ pub fn QueuesPage() -> impl IntoView {
     let set_limit = ServerAction::<SetQueueRateLimit>::new();
     let data = Resource::new(move || (tick.get(), toggle.version().get(), set_limit.version().get()), |_| queues());
     let can_act = use_can_act();
+    let maintenance = ServerAction::<SetMaintenance>::new();
     view! {
         <h1>"Queues"</h1>
         <ReadOnlyNote/>
+        <MaintenanceSwitch action=maintenance can_act=can_act/>
         <ActionResult action=toggle/>
         <ActionResult action=set_limit/>
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>

@@ -32,7 +32,8 @@ pub struct ClaimRequest {
 // claimers queue up on its row: `room` is what its limits still admit (a fixed window of
 // `rate_max` starts, one of `throttle_max`, and `concurrency_limit` active jobs counted after
 // the lock, see `rebound_active_jobs`), and the windows are advanced by what was claimed, all
-// in this one statement. See migrations/…_queue_rate_limits.sql.
+// in this one statement. See migrations/…_queue_rate_limits.sql. In maintenance mode (one
+// row in `maintenance`) every claim gets nothing.
 const CLAIM: &str = "
 WITH q AS MATERIALIZED (
     SELECT name, paused, concurrency_limit, rate_max, throttle_max,
@@ -65,7 +66,7 @@ WITH q AS MATERIALIZED (
         WHERE state = 'available' AND queue = $1
           AND (expires_at IS NULL OR expires_at > now())
         ORDER BY priority DESC, scheduled_at, id
-        LIMIT COALESCE((SELECT n FROM room), $2::bigint)
+        LIMIT CASE WHEN EXISTS (SELECT 1 FROM maintenance) THEN 0 ELSE COALESCE((SELECT n FROM room), $2::bigint) END
         FOR UPDATE SKIP LOCKED
     ))
     RETURNING j.*

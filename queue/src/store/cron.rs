@@ -406,7 +406,11 @@ impl Store {
     /// processes at once: each tick is taken by exactly one.
     pub async fn fire_due_crons(&self, limit: i64) -> Result<CronPass, StoreError> {
         let mut pass = CronPass { released: self.release_waiting_cron_jobs().await?, ..CronPass::default() };
-        let due = sqlx::query("SELECT *, now() AS db_now FROM cron_jobs WHERE enabled AND next_run_at <= now() ORDER BY next_run_at LIMIT $1")
+        // In maintenance mode ticks wait; when it ends, a missed tick fires once, as after downtime.
+        let due = sqlx::query(
+            "SELECT *, now() AS db_now FROM cron_jobs WHERE enabled AND next_run_at <= now() AND NOT EXISTS (SELECT 1 FROM maintenance)
+             ORDER BY next_run_at LIMIT $1",
+        )
             .bind(limit.max(1))
             .fetch_all(&self.pool)
             .await?;

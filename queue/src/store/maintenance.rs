@@ -111,12 +111,15 @@ impl Store {
         Ok(got.then(|| Leadership { conn }))
     }
 
-    /// Scheduler: moves due `scheduled` and `retryable` jobs to `available`, at most `limit`.
+    /// Scheduler: moves due `scheduled` and `retryable` jobs to `available`, at most `limit`;
+    /// none in maintenance mode.
     pub async fn promote_due(&self, limit: i64) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
         let queues: Vec<String> = sqlx::query_scalar(
             "WITH due AS (
                  SELECT id FROM jobs WHERE state IN ('scheduled', 'retryable') AND scheduled_at <= now()
+                   -- Held in maintenance mode: nothing is handed out, so nothing is made ready.
+                   AND NOT EXISTS (SELECT 1 FROM maintenance)
                  ORDER BY scheduled_at LIMIT $1 FOR UPDATE SKIP LOCKED
              ), moved AS (
                  UPDATE jobs j SET state = 'available', enqueued_at = now(), updated_at = now()

@@ -56,6 +56,7 @@ mod lenient;
 mod listing;
 mod login_throttle;
 mod maintenance;
+mod maintenance_mode;
 mod next_due;
 mod notify;
 mod policies;
@@ -92,6 +93,7 @@ pub use maintenance::{Leadership, PruneConfig, PruneReport, RescueReport};
 pub use in_place::{InPlaceEnd, InPlaceRun, RetriedInPlace};
 pub use notify::{JobListener, NOTIFY_CHANNEL, Notification, POLICY_CHANNEL};
 pub use policies::{DEFAULT_POLICY_KEY, PolicyLayers, PolicyVersion, StoredPolicy};
+pub use maintenance_mode::Maintenance;
 pub use queues::QueueInfo;
 pub use rate_limits::{QueueRateLimit, RateLimitState, Window};
 pub use workers::{BeatReport, WorkerBeat, WorkerInfo, WorkerRegistration, WorkerStatus};
@@ -247,10 +249,10 @@ impl Store {
         ts(&row, "now")
     }
 
-    /// Wipes every job, attempt, policy, queue setting and audit entry. Used by the OJS
+    /// Wipes every job, attempt, policy, queue setting, maintenance mode and audit entry. Used by the OJS
     /// conformance runner's reset endpoint, which exists only in the server's `--test-mode`.
     pub async fn reset_all(&self) -> Result<(), StoreError> {
-        sqlx::query("TRUNCATE jobs, job_attempts, policy_snapshots, retry_policies, retry_policy_versions, queues, audit_log, workers, cron_jobs, cron_runs")
+        sqlx::query("TRUNCATE jobs, job_attempts, policy_snapshots, retry_policies, retry_policy_versions, queues, audit_log, workers, cron_jobs, cron_runs, maintenance")
             .execute(&self.pool)
             .await?;
         Ok(())

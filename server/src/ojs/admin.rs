@@ -11,7 +11,8 @@ use axum::Json;
 use axum::extract::{Path, State};
 use jiff::Timestamp;
 use rebound_queue::job::{validate_queue, validate_type};
-use rebound_queue::store::{BulkReport, JobFilter, JobSelection, QueueInfo, WorkerInfo};
+use rebound_queue::policy::iso8601;
+use rebound_queue::store::{BulkReport, JobFilter, JobSelection, Maintenance, QueueInfo, WorkerInfo};
 use rebound_queue::{Job, JobState};
 use serde_json::{Map, Value, json};
 
@@ -509,19 +510,54 @@ pub async fn purge_dead_letters(State(state): State<AppState>, caller: Caller, b
 // ---- system ----------------------------------------------------------------------------
 
 /// `GET /admin/system/config`: the server's settings, nothing secret.
-pub async fn system_config(State(state): State<AppState>) -> Json<Value> {
+pub async fn system_config(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let c = &state.config;
-    Json(json!({
+    Ok(Json(json!({
         "implementation": { "name": "rebound", "version": env!("CARGO_PKG_VERSION") },
         "api_auth": format!("{:?}", c.api_auth).to_lowercase(),
         "test_mode": c.test_mode,
         "default_visibility_timeout_ms": u64::try_from(c.visibility_timeout.as_millis()).unwrap_or(u64::MAX),
         "max_body_bytes": c.max_body_bytes,
         "request_timeout_ms": u64::try_from(c.request_timeout.as_millis()).unwrap_or(u64::MAX),
-    }))
+        "maintenance": maintenance_json(state.store.maintenance().await?.as_ref()),
+    })))
 }
 
-/// `POST /admin/system/maintenance`: not offered (pause queues one by one instead).
-pub async fn system_maintenance() -> ApiError {
-    unsupported("maintenance mode (pause the queues instead: POST /ojs/v1/admin/queues/{name}/pause)")
+/// The longest maintenance reason kept.
+const MAX_REASON_CHARS: usize = 1_000;
+
+/// `POST /admin/system/maintenance` with `{"enabled": true|false, "reason"?, "estimated_duration"?: "PT30M"}`
+/// (§12.1): while enabled, fetches and Rebound's workers get no jobs, due jobs are not
+/// promoted and cron ticks wait; enqueues are accepted. Audited.
+pub async fn system_maintenance(State(state): State<AppState>, caller: Caller, body: JsonObject) -> Result<Json<Value>, ApiError> {
+    let f = body.fields();
+    f.only(&["enabled", "reason", "estimated_duration"])?;
+    let enabled = f.bool("enabled")?.ok_or_else(|| f.error("enabled", "is required: true or false"))?;
+    if !enabled {
+        state.store.disable_maintenance(&caller.actor()).await?;
+        return Ok(Json(maintenance_json(None)));
+    }
+    let reason = f.str("reason")?;
+    if reason.is_some_and(|r| r.chars().count() > MAX_REASON_CHARS) {
+        return Err(f.error("reason", format!("is longer than {MAX_REASON_CHARS} characters")));
+    }
+    let estimated = match f.str("estimated_duration")? {
+        Some(d) => Some(iso8601::parse(d).map_err(|r| f.error("estimated_duration", r))?),
+        None => None,
+    };
+    let on = state.store.enable_maintenance(reason, estimated, &caller.actor()).await?;
+    Ok(Json(maintenance_json(Some(&on))))
+}
+
+fn maintenance_json(m: Option<&Maintenance>) -> Value {
+    match m {
+        Some(m) => json!({
+            "maintenance": true,
+            "reason": m.reason,
+            "enabled_at": m.enabled_at.to_string(),
+            "enabled_by": m.enabled_by,
+            "estimated_end": m.estimated_end.map(|t| t.to_string()),
+        }),
+        None => json!({ "maintenance": false }),
+    }
 }

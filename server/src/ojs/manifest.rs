@@ -59,8 +59,8 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "admin-api": {
                 "implemented": ["queues", "queue detail", "pause/resume", "purge", "queue config (rate_limit)", "jobs (page/per_page, newest first)",
                                 "job detail", "cancel", "retry", "bulk retry/cancel/delete", "workers", "quiet", "deregister stale",
-                                "stats", "stats history (1m/5m/1h, all queues)", "dead letters", "system config"],
-                "not_implemented": ["maintenance mode", "queue concurrency/retention over the API", "job sort other than created_at desc", "type prefix filter"],
+                                "stats", "stats history (1m/5m/1h, all queues)", "dead letters", "system config", "maintenance mode"],
+                "not_implemented": ["queue concurrency/retention over the API", "job sort other than created_at desc", "type prefix filter"],
             },
             "dead-letter": {
                 "implemented": ["list (offset or cursor)", "get", "retry", "retry with override (queue, meta, retry, args, priority)", "bulk retry", "delete", "purge", "stats", "retention (worker pruner)"],

@@ -64,8 +64,44 @@ async fn admin_queues_jobs_and_stats() {
     assert_eq!(s.get("/ojs/v1/admin/stats/history?period=2m").await.error_field(), Some("period"));
     let r = s.get("/ojs/v1/admin/system/config").await;
     assert_eq!(r.body["implementation"]["name"], "rebound");
-    let r = s.post("/ojs/v1/admin/system/maintenance", json!({"enabled": true})).await;
-    assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")));
+    assert_eq!(r.body["maintenance"], json!({"maintenance": false}));
+}
+
+#[tokio::test]
+async fn maintenance_mode_holds_fetches_and_keeps_enqueues() {
+    let s = TestServer::new().await;
+    let before = s.enqueue(json!({"type": "m.job", "args": [], "options": {"queue": "mq"}})).await;
+    for (body, field) in [
+        (json!({}), "enabled"),
+        (json!({"enabled": "yes"}), "enabled"),
+        (json!({"enabled": true, "estimated_duration": "half an hour"}), "estimated_duration"),
+        (json!({"enabled": true, "reason": "x".repeat(1001)}), "reason"),
+        (json!({"enabled": true, "until": "later"}), "until"),
+    ] {
+        let r = s.post("/ojs/v1/admin/system/maintenance", body.clone()).await;
+        assert!(r.status == StatusCode::BAD_REQUEST || r.status == StatusCode::UNPROCESSABLE_ENTITY, "{body}: {}", r.text);
+        assert_eq!(r.error_field(), Some(field), "{body}: {}", r.text);
+    }
+    assert_eq!(s.get("/ojs/v1/admin/system/config").await.body["maintenance"]["maintenance"], false, "nothing half-applied");
+
+    let r = s.post("/ojs/v1/admin/system/maintenance", json!({"enabled": true, "reason": "Database migration in progress", "estimated_duration": "PT30M"})).await;
+    assert_eq!((r.status, r.body["maintenance"].as_bool(), r.body["reason"].as_str()), (StatusCode::OK, Some(true), Some("Database migration in progress")), "{}", r.text);
+    let (start, end): (jiff::Timestamp, jiff::Timestamp) = (r.body["enabled_at"].as_str().unwrap().parse().unwrap(), r.body["estimated_end"].as_str().unwrap().parse().unwrap());
+    assert_eq!(end.duration_since(start).as_secs(), 1800);
+    assert_eq!(s.get("/ojs/v1/admin/system/config").await.body["maintenance"]["reason"], "Database migration in progress");
+
+    assert_eq!(s.fetch("mq").await, Value::Null, "nothing handed out");
+    let during = s.enqueue(json!({"type": "m.job", "args": [], "options": {"queue": "mq"}})).await;
+    assert_eq!(during["state"], "available", "enqueues are accepted");
+
+    let r = s.post("/ojs/v1/admin/system/maintenance", json!({"enabled": false})).await;
+    assert_eq!((r.status, r.body["maintenance"].as_bool()), (StatusCode::OK, Some(false)), "{}", r.text);
+    let first = s.fetch("mq").await;
+    let second = s.fetch("mq").await;
+    let fetched = [first["id"].as_str(), second["id"].as_str()];
+    assert_eq!(fetched, [before["id"].as_str(), during["id"].as_str()], "both jobs run once it is off");
+    let audit = s.db.store.audit_log(&Default::default()).await.expect("audit");
+    assert!(audit.iter().any(|e| e.action == "system.maintenance_on") && audit.iter().any(|e| e.action == "system.maintenance_off"));
 }
 
 #[tokio::test]
