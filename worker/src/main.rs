@@ -193,6 +193,15 @@ async fn run(cli: Cli, config: WorkerConfig, url: String) -> anyhow::Result<()> 
     }
     let worker = builder.on_ready(systemd::notify_ready).build().context("configuring the worker")?;
     spawn_quiet_handler(worker.quiet_token(), shutdown.clone())?;
+    {
+        // However shutdown begins (a signal, or an operator's terminate heard by the
+        // heartbeat), systemd hears STOPPING; a second notice is harmless.
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            systemd::notify_stopping();
+        });
+    }
     let report = worker.run(shutdown).await;
     watchdog_stop.cancel();
     if report.results.unwritten > 0 {

@@ -354,6 +354,30 @@ async fn systemd_hears_ready_watchdog_and_stopping() {
 }
 
 #[tokio::test]
+async fn an_operators_terminate_tells_systemd_it_is_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let db = TestDb::new().await;
+    let scratch = Scratch::new("notify-terminate");
+    let socket_path = scratch.file("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let config = format!("{}\n[handlers.\"demo.succeed\"]\nkind = \"demo\"\n", fast_config("heartbeat_interval = \"100ms\"", "default = 1", ""));
+    let socket_env = socket_path.display().to_string();
+    let mut worker = WorkerProcess::start_with_env(&db.url, &config, &[], &[("NOTIFY_SOCKET", &socket_env)]);
+    wait_registered(&db.store, &worker).await;
+    let pid = worker.pid() as i32;
+    let id = db.store.workers().await.unwrap().into_iter().find(|w| w.pid == pid).expect("registered").id;
+    assert!(db.store.request_worker_state(&id, "terminate", &Actor::new("ops")).await.unwrap());
+    let mut heard = String::new();
+    let mut buf = [0u8; 4096];
+    while !heard.contains("STOPPING=1") {
+        let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("no STOPPING=1 from the worker ({e}); heard: {heard}"));
+        heard.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert_eq!(worker.exit_within(Duration::from_secs(20)).await.expect("exits").code(), Some(0));
+}
+
+#[tokio::test]
 async fn a_worker_started_before_its_database_logs_every_wait_and_lives_on() {
     // A "database" that takes connections and hangs up at once: each try fails fast.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
