@@ -606,3 +606,14 @@ async fn history_events_and_chart_read_the_completing_execution_from_the_job_row
     let (completed, failed) = chart.iter().fold((0, 0), |(c, f), (_, dc, df)| (c + dc, f + df));
     assert_eq!((completed, failed), (1, 1));
 }
+
+#[tokio::test]
+async fn pending_migrations_name_what_the_database_lacks() {
+    let db = TestDb::new().await;
+    assert_eq!(db.store.pending_migrations().await.unwrap(), Vec::<String>::new(), "a migrated database is in step");
+    let last: (i64, String) = sqlx::query_as("DELETE FROM _sqlx_migrations WHERE version = (SELECT max(version) FROM _sqlx_migrations) RETURNING version, description")
+        .fetch_one(db.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(db.store.pending_migrations().await.unwrap(), vec![format!("{} {}", last.0, last.1)]);
+}

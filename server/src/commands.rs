@@ -40,6 +40,19 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     if args.migrate {
         store.migrate().await.context("applying migrations (--migrate)")?;
         tracing::info!("migrations applied");
+    } else {
+        // Said once the database answers (it may still be starting): a schema behind this
+        // server fails pages and API calls with bare request ids. /readyz says so too.
+        let store = store.clone();
+        tokio::spawn(async move {
+            loop {
+                match store.pending_migrations().await {
+                    Ok(pending) if pending.is_empty() => return,
+                    Ok(pending) => return tracing::error!("{}", crate::health::schema_behind(&pending)),
+                    Err(_) => tokio::time::sleep(std::time::Duration::from_secs(2)).await,
+                }
+            }
+        });
     }
     if args.api_auth == ApiAuth::None {
         tracing::warn!(

@@ -10,13 +10,24 @@ pub async fn healthz() -> (StatusCode, &'static str) {
     (StatusCode::OK, "ok\n")
 }
 
-/// `GET /readyz`: the database answers, so requests can be served.
-pub async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
-    match state.store.now().await {
-        Ok(_) => (StatusCode::OK, "ready\n"),
+/// `GET /readyz`: the database answers and its schema is not behind this server's, so
+/// requests can be served.
+pub async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
+    match state.store.pending_migrations().await {
+        Ok(pending) if pending.is_empty() => (StatusCode::OK, "ready\n".into()),
+        Ok(pending) => (StatusCode::SERVICE_UNAVAILABLE, schema_behind(&pending) + "\n"),
         Err(e) => {
             tracing::warn!(error = %e, "readiness: database unreachable");
-            (StatusCode::SERVICE_UNAVAILABLE, "database unreachable\n")
+            (StatusCode::SERVICE_UNAVAILABLE, "database unreachable\n".into())
         }
     }
+}
+
+/// What to tell an operator whose database is missing migrations this server has.
+pub fn schema_behind(pending: &[String]) -> String {
+    format!(
+        "the database's schema is {} migration(s) behind this server (next: {}): run `rebound-server migrate`, or start with --migrate",
+        pending.len(),
+        pending.first().map(String::as_str).unwrap_or("?")
+    )
 }

@@ -4,9 +4,10 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::Parser;
 use rebound_queue::Store;
 use rebound_worker::config::{ConfigError, LogFormat, Overrides, WorkerConfig, parse_duration};
@@ -166,6 +167,30 @@ async fn run(cli: Cli, config: WorkerConfig, url: String) -> anyhow::Result<()> 
     if cli.migrate && !until_done("migrate", &config, &shutdown, || store.migrate()).await {
         return Ok(());
     }
+    // A worker newer than its database's schema would fail every claim: once the database
+    // answers, such a worker stops (gracefully, before it has claimed much) and says why.
+    let behind: Arc<OnceLock<String>> = Arc::default();
+    if !cli.migrate {
+        let (store, behind, shutdown) = (store.clone(), behind.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(pending) = store.pending_migrations().await {
+                    if let Some(next) = pending.first() {
+                        let _ = behind.set(format!(
+                            "the database's schema is {} migration(s) behind this worker (next: {next}): run `rebound-server migrate`, or start the worker with --migrate",
+                            pending.len()
+                        ));
+                        shutdown.cancel();
+                    }
+                    return;
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+            }
+        });
+    }
     let demo_types = config.demo_types();
     if !demo_types.is_empty() {
         // In the background, so a database that is still down delays neither startup nor
@@ -204,6 +229,9 @@ async fn run(cli: Cli, config: WorkerConfig, url: String) -> anyhow::Result<()> 
     }
     let report = worker.run(shutdown).await;
     watchdog_stop.cancel();
+    if let Some(why) = behind.get() {
+        bail!("{why}");
+    }
     if report.results.unwritten > 0 {
         tracing::warn!(unwritten = report.results.unwritten, "some results were not written; those jobs will be rescued");
     }

@@ -298,6 +298,18 @@ async fn bad_config_names_the_key_and_exits_2() {
     assert!(unknown.log_text().contains("handlers.\"a.b\".kind"), "{}", unknown.log_text());
 }
 
+#[tokio::test]
+async fn a_worker_newer_than_its_database_says_so_and_stops() {
+    let db = TestDb::new().await;
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = (SELECT max(version) FROM _sqlx_migrations)").execute(db.store.pool()).await.unwrap();
+    let config = fast_config("", "default = 1", "[handlers.\"x.y\"]\nkind = \"demo\"\nbehaviour = \"succeed\"\n");
+    let mut worker = WorkerProcess::start(&db.url, &config, &[]);
+    let status = worker.exit_within(Duration::from_secs(20)).await.expect("stops");
+    assert_eq!(status.code(), Some(1));
+    let log = worker.log_text();
+    assert!(log.contains("1 migration(s) behind this worker") && log.contains("--migrate"), "{log}");
+}
+
 #[test]
 fn check_config_accepts_the_example_and_rejects_a_missing_url() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/worker.example.toml");

@@ -214,6 +214,16 @@ impl Store {
         Ok(())
     }
 
+    /// The migrations this build has that the database has not applied, oldest first, as
+    /// `"<version> <description>"`: a binary newer than its database's schema, whose statements
+    /// would fail. Empty when they are in step (or the database is ahead).
+    pub async fn pending_migrations(&self) -> Result<Vec<String>, StoreError> {
+        let tracked: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(&self.pool).await?;
+        let applied: Vec<i64> =
+            if tracked { sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(&self.pool).await? } else { Vec::new() };
+        Ok(MIGRATOR.iter().filter(|m| !m.migration_type.is_down_migration() && !applied.contains(&m.version)).map(|m| format!("{} {}", m.version, m.description)).collect())
+    }
+
     /// A job by id.
     pub async fn get_job(&self, id: Uuid) -> Result<Option<Job>, StoreError> {
         let row = sqlx::query("SELECT * FROM jobs WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;

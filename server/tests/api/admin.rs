@@ -68,6 +68,17 @@ async fn admin_queues_jobs_and_stats() {
 }
 
 #[tokio::test]
+async fn readiness_fails_while_the_schema_is_behind_the_server() {
+    let s = TestServer::new().await;
+    let r = s.get("/readyz").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = (SELECT max(version) FROM _sqlx_migrations)").execute(s.db.store.pool()).await.expect("forget one");
+    let r = s.get("/readyz").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text);
+    assert!(r.text.contains("1 migration(s) behind") && r.text.contains("rebound-server migrate"), "{}", r.text);
+}
+
+#[tokio::test]
 async fn maintenance_mode_holds_fetches_and_keeps_enqueues() {
     let s = TestServer::new().await;
     let before = s.enqueue(json!({"type": "m.job", "args": [], "options": {"queue": "mq"}})).await;
