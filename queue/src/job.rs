@@ -316,18 +316,9 @@ impl NewJob {
     pub fn validate(&self) -> Result<(), JobValidationError> {
         validate_type(&self.job_type)?;
         validate_queue(&self.queue)?;
-        if !self.args.is_array() {
-            return Err(JobValidationError::new("args", "must be a JSON array"));
-        }
-        if !self.meta.is_object() {
-            return Err(JobValidationError::new("meta", "must be a JSON object"));
-        }
-        if !(-100..=100).contains(&self.priority) {
-            return Err(JobValidationError::new(
-                "options.priority",
-                format!("must be between -100 and 100, got {}", self.priority),
-            ));
-        }
+        check_args(&self.args).map_err(|r| JobValidationError::new("args", r))?;
+        check_meta(&self.meta).map_err(|r| JobValidationError::new("meta", r))?;
+        check_priority(self.priority).map_err(|r| JobValidationError::new("options.priority", r))?;
         if let Some(id) = self.id
             && id.get_version_num() != 7
         {
@@ -387,6 +378,21 @@ pub fn validate_type(t: &str) -> Result<(), JobValidationError> {
 }
 
 /// Queue names are `[a-z0-9][a-z0-9.-]*`, at most 128 characters.
+/// Args are a JSON array. The reason, for the caller to put under its own field name.
+pub fn check_args(args: &Value) -> Result<(), String> {
+    if args.is_array() { Ok(()) } else { Err("must be a JSON array".into()) }
+}
+
+/// Meta is a JSON object.
+pub fn check_meta(meta: &Value) -> Result<(), String> {
+    if meta.is_object() { Ok(()) } else { Err("must be a JSON object".into()) }
+}
+
+/// Priorities run from -100 to 100.
+pub fn check_priority(priority: i16) -> Result<(), String> {
+    if (-100..=100).contains(&priority) { Ok(()) } else { Err(format!("must be between -100 and 100, got {priority}")) }
+}
+
 pub fn validate_queue(q: &str) -> Result<(), JobValidationError> {
     let mut chars = q.chars();
     let ok = q.len() <= 128

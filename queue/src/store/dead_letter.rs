@@ -11,8 +11,10 @@ use super::audit::{Actor, record};
 use super::cancel::{BULK_LIMIT, JobSelection};
 use super::notify::notify_queues;
 use super::{Store, StoreError, millis};
-use crate::job::validate_queue;
-use crate::policy::{self, PolicyPatch, RetryPolicy};
+use super::enqueue::check_retry_patch;
+use crate::job::{check_args, check_meta, check_priority, validate_queue};
+use crate::policy::PolicyPatch;
+use crate::storable;
 
 /// How much retry budget a re-driven job gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,22 +54,23 @@ pub struct RedriveOverride {
 }
 
 impl RedriveOverride {
-    /// Checks every field as an enqueue would, naming it under `override.`.
+    /// Checks every field as an enqueue does, naming it under `override.`.
     fn check(&self) -> Result<(), StoreError> {
+        fn invalid(field: &'static str) -> impl Fn(String) -> StoreError {
+            move |reason| StoreError::invalid(format!("override.{field}"), reason)
+        }
         if let Some(q) = &self.queue {
-            validate_queue(q).map_err(|e| StoreError::invalid("override.queue", e.reason))?;
+            validate_queue(q).map_err(|e| invalid("queue")(e.reason))?;
         }
-        if self.meta.as_ref().is_some_and(|m| !m.is_object()) {
-            return Err(StoreError::invalid("override.meta", "must be a JSON object"));
+        for (field, value, shape) in [("meta", &self.meta, check_meta as fn(&Value) -> Result<(), String>), ("args", &self.args, check_args)] {
+            if let Some(v) = value {
+                shape(v).map_err(invalid(field))?;
+                storable::check(v, &format!("override.{field}")).map_err(|e| StoreError::invalid(e.path, e.reason))?;
+            }
         }
-        if self.args.as_ref().is_some_and(|a| !a.is_array()) {
-            return Err(StoreError::invalid("override.args", "must be a JSON array"));
-        }
-        if let Some(p) = self.priority.filter(|p| !(-100..=100).contains(p)) {
-            return Err(StoreError::invalid("override.priority", format!("must be between -100 and 100, got {p}")));
-        }
+        self.priority.map_or(Ok(()), check_priority).map_err(invalid("priority"))?;
         if let Some(patch) = &self.retry {
-            policy::resolve(&RetryPolicy::default(), None, Some(patch)).map_err(|e| StoreError::invalid(format!("override.retry.{}", e.field), e.reason))?;
+            check_retry_patch(patch, "override.retry").map_err(|e| StoreError::invalid(e.field, e.reason))?;
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use sqlx::Row;
 
 use super::{Store, StoreError, job_from_row, millis, ts, ts_opt};
 use crate::job::{Job, NewJob, OnConflict, UniqueSpec};
-use crate::policy::{self, RetryPolicy};
+use crate::policy::{self, PolicyPatch, RetryPolicy};
 
 /// What an enqueue did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,16 +33,22 @@ pub(super) fn check(job: &NewJob) -> Result<Option<i32>, StoreError> {
     job.validate()?;
     match &job.retry {
         Some(patch) => {
-            // Validate the override over the defaults so a bad override is refused at enqueue,
-            // not discovered at the first failure.
-            let resolved = policy::resolve(&RetryPolicy::default(), None, Some(patch)).map_err(|mut e| {
-                e.field = format!("options.retry.{}", e.field);
-                e
-            })?;
-            Ok(patch.max_attempts.map(|_| resolved.policy.max_attempts as i32))
+            let max_attempts = check_retry_patch(patch, "options.retry")?;
+            Ok(patch.max_attempts.map(|_| max_attempts))
         }
         None => Ok(None),
     }
+}
+
+/// A job's own retry override, checked over the defaults so a bad one is refused when it is
+/// set, not discovered at the first failure. The error names the field under `prefix`.
+/// Returns the max attempts it resolves to.
+pub(super) fn check_retry_patch(patch: &PolicyPatch, prefix: &str) -> Result<i32, crate::policy::PolicyError> {
+    let resolved = policy::resolve(&RetryPolicy::default(), None, Some(patch)).map_err(|mut e| {
+        e.field = format!("{prefix}.{}", e.field);
+        e
+    })?;
+    Ok(resolved.policy.max_attempts as i32)
 }
 
 const INSERT_ONE: &str = "
