@@ -48,7 +48,7 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
             loop {
                 match store.pending_migrations().await {
                     Ok(pending) if pending.is_empty() => return,
-                    Ok(pending) => return tracing::error!("{}", crate::health::schema_behind(&pending)),
+                    Ok(pending) => return tracing::error!("{}", Store::schema_behind(&pending, "server")),
                     Err(_) => tokio::time::sleep(std::time::Duration::from_secs(2)).await,
                 }
             }

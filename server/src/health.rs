@@ -3,6 +3,8 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 
+use rebound_queue::Store;
+
 use crate::AppState;
 
 /// `GET /healthz`: the process is up and serving.
@@ -15,7 +17,7 @@ pub async fn healthz() -> (StatusCode, &'static str) {
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
     match state.store.pending_migrations().await {
         Ok(pending) if pending.is_empty() => (StatusCode::OK, "ready\n".into()),
-        Ok(pending) => (StatusCode::SERVICE_UNAVAILABLE, schema_behind(&pending) + "\n"),
+        Ok(pending) => (StatusCode::SERVICE_UNAVAILABLE, Store::schema_behind(&pending, "server") + "\n"),
         Err(e) => {
             tracing::warn!(error = %e, "readiness: database unreachable");
             (StatusCode::SERVICE_UNAVAILABLE, "database unreachable\n".into())
@@ -23,11 +25,3 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
     }
 }
 
-/// What to tell an operator whose database is missing migrations this server has.
-pub fn schema_behind(pending: &[String]) -> String {
-    format!(
-        "the database's schema is {} migration(s) behind this server (next: {}): run `rebound-server migrate`, or start with --migrate",
-        pending.len(),
-        pending.first().map(String::as_str).unwrap_or("?")
-    )
-}

@@ -175,11 +175,8 @@ async fn run(cli: Cli, config: WorkerConfig, url: String) -> anyhow::Result<()> 
         tokio::spawn(async move {
             loop {
                 if let Ok(pending) = store.pending_migrations().await {
-                    if let Some(next) = pending.first() {
-                        let _ = behind.set(format!(
-                            "the database's schema is {} migration(s) behind this worker (next: {next}): run `rebound-server migrate`, or start the worker with --migrate",
-                            pending.len()
-                        ));
+                    if !pending.is_empty() {
+                        let _ = behind.set(Store::schema_behind(&pending, "worker"));
                         shutdown.cancel();
                     }
                     return;

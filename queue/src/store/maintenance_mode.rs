@@ -13,6 +13,9 @@ use super::audit::{Actor, record};
 use super::notify::notify_queues;
 use super::{Store, StoreError, millis, ts, ts_opt};
 
+/// The longest maintenance reason kept.
+pub const MAX_REASON_CHARS: usize = 1_000;
+
 /// Maintenance mode as it is on.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Maintenance {
@@ -45,6 +48,9 @@ impl Store {
     pub async fn enable_maintenance(&self, reason: Option<&str>, estimated: Option<Duration>, actor: &Actor) -> Result<Maintenance, StoreError> {
         if let Some(d) = estimated {
             crate::bounds::check_interval(d).map_err(|r| StoreError::invalid("estimated_duration", r))?;
+        }
+        if reason.is_some_and(|r| r.chars().count() > MAX_REASON_CHARS || r.chars().any(|c| c.is_control() && c != '\n')) {
+            return Err(StoreError::invalid("reason", format!("must be at most {MAX_REASON_CHARS} characters of text")));
         }
         let mut tx = self.begin().await?;
         let row = sqlx::query(

@@ -224,6 +224,16 @@ impl Store {
         Ok(MIGRATOR.iter().filter(|m| !m.migration_type.is_down_migration() && !applied.contains(&m.version)).map(|m| format!("{} {}", m.version, m.description)).collect())
     }
 
+    /// What to tell an operator when [`Store::pending_migrations`] is not empty, for `binary`
+    /// ("server", "worker").
+    pub fn schema_behind(pending: &[String], binary: &str) -> String {
+        format!(
+            "the database's schema is {} migration(s) behind this {binary} (next: {}): run `rebound-server migrate`, or start the {binary} with --migrate",
+            pending.len(),
+            pending.first().map(String::as_str).unwrap_or("?")
+        )
+    }
+
     /// A job by id.
     pub async fn get_job(&self, id: Uuid) -> Result<Option<Job>, StoreError> {
         let row = sqlx::query("SELECT * FROM jobs WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;

@@ -523,9 +523,6 @@ pub async fn system_config(State(state): State<AppState>) -> Result<Json<Value>,
     })))
 }
 
-/// The longest maintenance reason kept.
-const MAX_REASON_CHARS: usize = 1_000;
-
 /// `POST /admin/system/maintenance` with `{"enabled": true|false, "reason"?, "estimated_duration"?: "PT30M"}`
 /// (§12.1): while enabled, fetches and Rebound's workers get no jobs, due jobs are not
 /// promoted and cron ticks wait; enqueues are accepted. Audited.
@@ -538,9 +535,6 @@ pub async fn system_maintenance(State(state): State<AppState>, caller: Caller, b
         return Ok(Json(maintenance_json(None)));
     }
     let reason = f.str("reason")?;
-    if reason.is_some_and(|r| r.chars().count() > MAX_REASON_CHARS) {
-        return Err(f.error("reason", format!("is longer than {MAX_REASON_CHARS} characters")));
-    }
     let estimated = match f.str("estimated_duration")? {
         Some(d) => Some(iso8601::parse(d).map_err(|r| f.error("estimated_duration", r))?),
         None => None,
