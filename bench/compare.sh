@@ -17,11 +17,14 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 SHARED="${SHARED_BENCH:-$REPO/../shared/bench}"
 [ -f "$SHARED/lib/common.sh" ] || { echo "compare: no peer harness at $SHARED (set SHARED_BENCH)" >&2; exit 2; }
+# The harness defaults RESULTS to its shared results.csv: each comparison gets a file of its
+# own unless RESULTS is set, so the summary reads this run's rounds only.
+WANTED_RESULTS="${RESULTS:-}"
 # shellcheck source=/dev/null
 . "$SHARED/lib/common.sh"
 ROUNDS="${ROUNDS:-3}"
 JOBS="${JOBS:-100000}"
-export RESULTS="${RESULTS:-$QB/compare-$(date +%Y%m%d-%H%M%S).csv}"
+export RESULTS="${WANTED_RESULTS:-$QB/compare-$(date +%Y%m%d-%H%M%S).csv}"
 
 need() { command -v "$1" >/dev/null 2>&1; }
 missing=()
@@ -90,6 +93,11 @@ for round in $(seq 1 "$ROUNDS"); do
   peer reset; checkpoint >/dev/null
   ours "$round" rebound_latency 1 latency 200
 done
+
+if [ "$ROUNDS" -eq 0 ]; then
+  echo "compare: set up (cluster, graphile-worker, release build); no rounds run" >&2
+  exit 0
+fi
 
 python3 - "$RESULTS" <<'EOF'
 import csv, statistics, sys

@@ -210,3 +210,105 @@ async fn time_ranges_select_by_creation_time() {
     let until = s.list_jobs(&JobFilter { created_before: Some(start), ..Default::default() }, None, 10).await.unwrap();
     assert_eq!(until.items.iter().map(|j| j.id).collect::<Vec<_>>(), [before.id]);
 }
+
+/// The ids `filter`'s listing shows, every page of `limit` followed to the end.
+async fn listed(s: &Store, filter: &JobFilter, limit: i64) -> Vec<uuid::Uuid> {
+    let mut ids = Vec::new();
+    let mut after = None;
+    for _ in 0..1000 {
+        let page = s.list_jobs(filter, after, limit).await.unwrap();
+        ids.extend(page.items.iter().map(|j| j.id));
+        after = page.next;
+        if after.is_none() {
+            return ids;
+        }
+    }
+    panic!("paging {filter:?} did not end");
+}
+
+/// Inserts `n` jobs spread over `queues` × `types` × `states` (one after another, so
+/// neighbouring ids are in different lanes), with time-ordered UUIDv7 ids.
+async fn insert_spread(s: &Store, n: i64, queues: &[&str], types: &[&str], states: &[&str]) {
+    sqlx::query(
+        "INSERT INTO jobs (id, type, queue, args, state, completed_at, discarded_at)
+         SELECT (lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint - 100000 + g), 12, '0')
+                 || '7' || substr(md5(g::text), 1, 3) || '8' || substr(md5(g::text), 4, 15))::uuid,
+                ($3::text[])[1 + g % cardinality($3)], ($2::text[])[1 + (g / cardinality($3)) % cardinality($2)],
+                jsonb_build_array(jsonb_build_object('note', 'lane job ' || g)), st::job_state,
+                CASE WHEN st = 'completed' THEN now() END, CASE WHEN st = 'discarded' THEN now() END
+         FROM (SELECT g, ($4::text[])[1 + (g / 7) % cardinality($4)] AS st FROM generate_series(1, $1) AS g) x",
+    )
+    .bind(n)
+    .bind(queues)
+    .bind(types)
+    .bind(states)
+    .execute(s.pool())
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn listings_by_state_read_every_lane_in_id_order() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    insert_spread(s, 400, &["default", "mail", "billing"], &["a.one", "b.two", "c.three"], &["completed", "discarded", "retryable", "available"]).await;
+
+    let states = [vec![JobState::Completed], vec![JobState::Completed, JobState::Discarded], vec![JobState::Retryable], vec![JobState::Available]];
+    let queues = [None, Some("mail"), Some("nowhere")];
+    let types = [None, Some("b.two")];
+    for st in &states {
+        for q in queues {
+            for t in types {
+                let filter = JobFilter { states: st.clone(), queue: q.map(str::to_string), job_type: t.map(str::to_string), ..Default::default() };
+                let names: Vec<&str> = st.iter().map(|s| s.as_str()).collect();
+                let expected: Vec<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM jobs WHERE state::text = ANY($1) AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR type = $3)
+                     ORDER BY id DESC",
+                )
+                .bind(&names)
+                .bind(q)
+                .bind(t)
+                .fetch_all(s.pool())
+                .await
+                .unwrap();
+                assert_eq!(listed(s, &filter, 7).await, expected, "pages of {filter:?}");
+                assert_eq!(s.count_jobs(&filter, 10_000).await.unwrap(), expected.len() as i64, "count of {filter:?}");
+                for offset in [1usize, 5, 20] {
+                    assert_eq!(s.job_id_at_offset(&filter, offset as i64).await.unwrap(), expected.get(offset - 1).copied(), "offset {offset} of {filter:?}");
+                }
+                // A search inside the same lanes: its window, page and count.
+                let search = JobFilter { text: Some("lane job 1".into()), ..filter.clone() };
+                let found: Vec<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM jobs WHERE state::text = ANY($1) AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR type = $3)
+                       AND args::text ILIKE '%lane job 1%' ORDER BY id DESC",
+                )
+                .bind(&names)
+                .bind(q)
+                .bind(t)
+                .fetch_all(s.pool())
+                .await
+                .unwrap();
+                assert_eq!(listed(s, &search, 5).await, found, "pages of {search:?}");
+                let (first, count) = s.list_jobs_counted(&search, None, 5, 10_000).await.unwrap();
+                assert_eq!(count.n, found.len() as i64, "count of {search:?}");
+                assert_eq!(first.items.iter().map(|j| j.id).collect::<Vec<_>>(), found.iter().take(5).copied().collect::<Vec<_>>());
+            }
+        }
+    }
+
+    // More lanes than are worth merging: the listing reads the table instead, with the same answer.
+    let many: Vec<String> = (0..300).map(|i| format!("many.t{i:03}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    insert_spread(s, 600, &["wide"], &many, &["completed"]).await;
+    let filter = JobFilter { states: vec![JobState::Completed], ..Default::default() };
+    let expected: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'completed' ORDER BY id DESC").fetch_all(s.pool()).await.unwrap();
+    assert_eq!(listed(s, &filter, 250).await, expected);
+    let wide = JobFilter { queue: Some("wide".into()), job_type: Some("many.t007".into()), ..filter };
+    let expected: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'completed' AND queue = 'wide' AND type = 'many.t007' ORDER BY id DESC")
+            .fetch_all(s.pool())
+            .await
+            .unwrap();
+    assert_eq!(expected.len(), 2);
+    assert_eq!(listed(s, &wide, 1).await, expected);
+}

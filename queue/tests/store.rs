@@ -535,8 +535,9 @@ async fn leadership_is_exclusive_and_passes_on() {
 async fn pruning_respects_retention_and_keeps_recent_dead_letters() {
     let db = TestDb::new().await;
     let s = &db.store;
-    for i in 0..3 {
-        let id = s.enqueue(NewJob::new("t", json!([i]))).await.unwrap().job.id;
+    // Of three types: the pruner reads each (queue, type) lane of the listing index.
+    for (i, t) in ["t", "u", "v"].into_iter().enumerate() {
+        let id = s.enqueue(NewJob::new(t, json!([i]))).await.unwrap().job.id;
         claim_one(s, "default").await;
         s.complete(&Completion { id, attempt: None, worker_id: None, result: None }).await.unwrap();
     }

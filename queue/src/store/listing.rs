@@ -5,6 +5,7 @@ use serde::Serialize;
 use sqlx::{Postgres, QueryBuilder, Row};
 use uuid::Uuid;
 
+use super::lanes::{Order, Source};
 use super::{Store, StoreError, jobs_from_rows};
 use crate::job::{Job, JobState};
 
@@ -54,7 +55,7 @@ impl JobFilter {
     /// time ranges as id ranges (ids are UUIDv7: their leading bits are the creation time).
     fn push_indexed(&self, qb: &mut QueryBuilder<Postgres>) {
         // States are spelled as literals (they come from the enum, never from input): the
-        // listing indexes leave out `available` and `active`, and only a literal lets the
+        // listing index leaves out `available` and `active`, and only a literal lets the
         // planner prove that a filter stays inside an index's predicate.
         match self.states.as_slice() {
             [] => {}
@@ -180,8 +181,18 @@ impl Store {
     /// Jobs matching `filter`, newest first, `limit` at a time (1..=500). `after` is the `next`
     /// of the previous page. Never uses OFFSET, so page 1000 costs what page 1 does.
     pub async fn list_jobs(&self, filter: &JobFilter, after: Option<Uuid>, limit: i64) -> Result<Page<Job>, StoreError> {
-        let window_end = self.window_end_for(filter, after).await?;
-        self.list_jobs_in(filter, after, limit, window_end).await
+        let source = self.source_of(filter).await?;
+        let window_end = self.window_end_for(filter, &source, after).await?;
+        self.list_jobs_in(filter, &source, after, limit, window_end).await
+    }
+
+    /// Where `filter`'s jobs are read from: the listing index's lanes that can match, or the
+    /// table (see [`super::lanes`]). Dead letters have indexes of their own.
+    async fn source_of(&self, filter: &JobFilter) -> Result<Source, StoreError> {
+        if filter.dead_letter == Some(true) {
+            return Ok(Source::Table);
+        }
+        self.source_for(&filter.states, filter.queue.as_deref(), filter.job_type.as_deref()).await
     }
 
     /// A page of [`Store::list_jobs`] and the count of [`Store::count_jobs_bounded`], for a
@@ -194,28 +205,38 @@ impl Store {
         limit: i64,
         cap: i64,
     ) -> Result<(Page<Job>, JobCount), StoreError> {
-        let first_window = self.window_end_for(filter, None).await?;
+        let source = self.source_of(filter).await?;
+        let first_window = self.window_end_for(filter, &source, None).await?;
         if filter.is_search() && after.is_none() {
-            return self.search_first_page(filter, limit, cap, first_window).await;
+            return self.search_first_page(filter, &source, limit, cap, first_window).await;
         }
-        let window_end = if after.is_none() { first_window } else { self.window_end_for(filter, after).await? };
+        let window_end = if after.is_none() { first_window } else { self.window_end_for(filter, &source, after).await? };
         // Side by side on two connections: the two do not depend on each other.
-        let (page, count) = futures::try_join!(self.list_jobs_in(filter, after, limit, window_end), self.count_jobs_in(filter, cap, first_window))?;
+        let (page, count) =
+            futures::try_join!(self.list_jobs_in(filter, &source, after, limit, window_end), self.count_jobs_in(filter, &source, cap, first_window))?;
         Ok((page, count))
     }
 
     /// A search's first page and its count from one read of its window: the ids of every match
     /// in it (at most [`SEARCH_WINDOW`], or `cap`), then the rows of the page's. Checking the
     /// text row by row is what a search costs, and a separate count would check it all again.
-    async fn search_first_page(&self, filter: &JobFilter, limit: i64, cap: i64, window_end: Option<Uuid>) -> Result<(Page<Job>, JobCount), StoreError> {
+    async fn search_first_page(
+        &self,
+        filter: &JobFilter,
+        source: &Source,
+        limit: i64,
+        cap: i64,
+        window_end: Option<Uuid>,
+    ) -> Result<(Page<Job>, JobCount), StoreError> {
         let limit = limit.clamp(1, 500);
         let cap = cap.max(1);
-        let mut qb = QueryBuilder::<Postgres>::new("SELECT j.id FROM jobs j WHERE true");
-        filter.push_conditions(&mut qb);
-        if let Some(end) = window_end {
-            qb.push(" AND j.id >= ").push_bind(end);
-        }
-        qb.push(" ORDER BY j.id DESC LIMIT ").push_bind(cap.max(limit + 1).min(SEARCH_WINDOW));
+        let mut qb = QueryBuilder::<Postgres>::new("");
+        source.push_ids(&mut qb, Order::NewestFirst, cap.max(limit + 1).min(SEARCH_WINDOW), |qb| {
+            filter.push_conditions(qb);
+            if let Some(end) = window_end {
+                qb.push(" AND j.id >= ").push_bind(end);
+            }
+        });
         let ids: Vec<Uuid> = qb.build_query_scalar().fetch_all(&self.pool).await?;
         let n = (ids.len() as i64).min(cap);
         let count = JobCount { n, capped: n >= cap, windowed: window_end.is_some() };
@@ -229,25 +250,34 @@ impl Store {
     }
 
     /// The end of a search's window after `after`; `None` for filters that are not searches.
-    async fn window_end_for(&self, filter: &JobFilter, after: Option<Uuid>) -> Result<Option<Uuid>, StoreError> {
-        if filter.is_search() { self.search_window_end(filter, after).await } else { Ok(None) }
+    async fn window_end_for(&self, filter: &JobFilter, source: &Source, after: Option<Uuid>) -> Result<Option<Uuid>, StoreError> {
+        if filter.is_search() { self.search_window_end(filter, source, after).await } else { Ok(None) }
     }
 
-    async fn list_jobs_in(&self, filter: &JobFilter, after: Option<Uuid>, limit: i64, window_end: Option<Uuid>) -> Result<Page<Job>, StoreError> {
+    async fn list_jobs_in(
+        &self,
+        filter: &JobFilter,
+        source: &Source,
+        after: Option<Uuid>,
+        limit: i64,
+        window_end: Option<Uuid>,
+    ) -> Result<Page<Job>, StoreError> {
         let limit = limit.clamp(1, 500);
         // Ids first, then their rows: picking the page's ids from a listing index is an
         // index-only scan the planner prefers. Asked for whole rows in id order, it may walk
         // the primary key backwards instead, betting that matches are spread evenly, and read
         // millions of rows when they are all old (every discarded job of a queue, say).
-        let mut qb = QueryBuilder::<Postgres>::new("SELECT j.* FROM jobs j WHERE j.id IN (SELECT j.id FROM jobs j WHERE true");
-        filter.push_conditions(&mut qb);
-        if let Some(after) = after {
-            qb.push(" AND j.id < ").push_bind(after);
-        }
-        if let Some(end) = window_end {
-            qb.push(" AND j.id >= ").push_bind(end);
-        }
-        qb.push(" ORDER BY j.id DESC LIMIT ").push_bind(limit + 1).push(") ORDER BY j.id DESC");
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT j.* FROM jobs j WHERE j.id IN (");
+        source.push_ids(&mut qb, Order::NewestFirst, limit + 1, |qb| {
+            filter.push_conditions(qb);
+            if let Some(after) = after {
+                qb.push(" AND j.id < ").push_bind(after);
+            }
+            if let Some(end) = window_end {
+                qb.push(" AND j.id >= ").push_bind(end);
+            }
+        });
+        qb.push(") ORDER BY j.id DESC");
         let rows = qb.build().fetch_all(&self.pool).await?;
         let mut items = jobs_from_rows(&rows)?;
         let next = if items.len() as i64 > limit {
@@ -263,13 +293,15 @@ impl Store {
 
     /// For a search: the oldest id of the next [`SEARCH_WINDOW`] jobs (after `after`) that
     /// match the filter's indexed conditions, or `None` when fewer remain. Reads ids only.
-    async fn search_window_end(&self, filter: &JobFilter, after: Option<Uuid>) -> Result<Option<Uuid>, StoreError> {
-        let mut qb = QueryBuilder::<Postgres>::new("SELECT j.id FROM jobs j WHERE true");
-        filter.push_indexed(&mut qb);
-        if let Some(after) = after {
-            qb.push(" AND j.id < ").push_bind(after);
-        }
-        qb.push(" ORDER BY j.id DESC OFFSET ").push_bind(SEARCH_WINDOW - 1).push(" LIMIT 1");
+    async fn search_window_end(&self, filter: &JobFilter, source: &Source, after: Option<Uuid>) -> Result<Option<Uuid>, StoreError> {
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT id FROM (");
+        source.push_ids(&mut qb, Order::NewestFirst, SEARCH_WINDOW, |qb| {
+            filter.push_indexed(qb);
+            if let Some(after) = after {
+                qb.push(" AND j.id < ").push_bind(after);
+            }
+        });
+        qb.push(") AS w ORDER BY id DESC OFFSET ").push_bind(SEARCH_WINDOW - 1).push(" LIMIT 1");
         Ok(qb.build_query_scalar().fetch_optional(&self.pool).await?)
     }
 
@@ -281,9 +313,10 @@ impl Store {
         if offset <= 0 {
             return Ok(None);
         }
-        let mut qb = QueryBuilder::<Postgres>::new("SELECT j.id FROM jobs j WHERE true");
-        filter.push_conditions(&mut qb);
-        qb.push(" ORDER BY j.id DESC OFFSET ").push_bind(offset - 1).push(" LIMIT 1");
+        let source = self.source_of(filter).await?;
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT id FROM (");
+        source.push_ids(&mut qb, Order::NewestFirst, offset, |qb| filter.push_conditions(qb));
+        qb.push(") AS skipped ORDER BY id DESC OFFSET ").push_bind(offset - 1).push(" LIMIT 1");
         Ok(qb.build_query_scalar().fetch_optional(&self.pool).await?)
     }
 
@@ -299,11 +332,13 @@ impl Store {
     /// others count at most `cap`, and a search only within the newest [`SEARCH_WINDOW`] jobs
     /// matching the indexed conditions.
     pub async fn count_jobs_bounded(&self, filter: &JobFilter, cap: i64) -> Result<JobCount, StoreError> {
-        let window_end = self.window_end_for(filter, None).await?;
-        self.count_jobs_in(filter, cap, window_end).await
+        // Counted from the counters: no jobs are read, so the lanes are not needed.
+        let source = if filter.counted_by_counters() { Source::Table } else { self.source_of(filter).await? };
+        let window_end = self.window_end_for(filter, &source, None).await?;
+        self.count_jobs_in(filter, &source, cap, window_end).await
     }
 
-    async fn count_jobs_in(&self, filter: &JobFilter, cap: i64, window_end: Option<Uuid>) -> Result<JobCount, StoreError> {
+    async fn count_jobs_in(&self, filter: &JobFilter, source: &Source, cap: i64, window_end: Option<Uuid>) -> Result<JobCount, StoreError> {
         let cap = cap.max(1);
         if filter.counted_by_counters() {
             // Every condition is a key of the maintained counters: an exact count, whatever
@@ -325,12 +360,22 @@ impl Store {
             let n: i64 = qb.build_query_scalar().fetch_one(&self.pool).await?;
             return Ok(JobCount { n, capped: false, windowed: false });
         }
-        let mut qb = QueryBuilder::<Postgres>::new("SELECT count(*) AS n FROM (SELECT 1 FROM jobs j WHERE true");
-        filter.push_conditions(&mut qb);
-        if let Some(end) = window_end {
-            qb.push(" AND j.id >= ").push_bind(end);
+        let conditions = |qb: &mut QueryBuilder<Postgres>| {
+            filter.push_conditions(qb);
+            if let Some(end) = window_end {
+                qb.push(" AND j.id >= ").push_bind(end);
+            }
+        };
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT count(*) AS n FROM (");
+        if *source == Source::Table {
+            // In no particular order: the planner may count along any index.
+            qb.push("SELECT 1 FROM jobs j WHERE true");
+            conditions(&mut qb);
+            qb.push(" LIMIT ").push_bind(cap);
+        } else {
+            source.push_ids(&mut qb, Order::NewestFirst, cap, conditions);
         }
-        qb.push(" LIMIT ").push_bind(cap).push(") AS capped");
+        qb.push(") AS capped");
         let row = qb.build().fetch_one(&self.pool).await?;
         let n: i64 = row.try_get("n")?;
         Ok(JobCount { n, capped: n >= cap, windowed: window_end.is_some() })
@@ -385,7 +430,9 @@ impl Store {
             qb.push(" GROUP BY 1 HAVING sum(c.n) > 0");
             qb
         } else {
-            let window_end = if f.is_search() { self.search_window_end(&JobFilter { dead_letter: Some(true), ..f.clone() }, None).await? } else { None };
+            // Dead letters are read through their own indexes, not the listing lanes.
+            let window_end =
+                if f.is_search() { self.search_window_end(&JobFilter { dead_letter: Some(true), ..f.clone() }, &Source::Table, None).await? } else { None };
             let mut qb = QueryBuilder::<Postgres>::new(
                 "WITH groups AS (
                      SELECT j.error_signature AS signature, count(*) AS n FROM jobs j WHERE j.dead_letter",

@@ -11,7 +11,9 @@ use sqlx::Postgres;
 use super::fail::{FailedRun, apply_failures};
 use super::policies::PolicyLayers;
 use super::notify::notify_queues;
-use super::{Store, StoreError, jobs_from_rows, millis};
+use super::lanes::Order;
+use super::{Store, StoreError, delete_with_history_built, jobs_from_rows, millis};
+use crate::job::JobState;
 use crate::outcome::{HandlerError, Outcome};
 
 /// What a rescue pass did.
@@ -241,24 +243,34 @@ impl Store {
 
     /// Pruner: one bounded pass of retention. Call again while it keeps deleting.
     pub async fn prune(&self, cfg: &PruneConfig) -> Result<PruneReport, StoreError> {
-        let completed = sqlx::query_scalar::<_, i64>(delete_with_history!(
-            // Through `jobs_state_id`, oldest first, no further than the jobs created before
-            // the cutoff (a job cannot finish before it was created).
-            "SELECT id FROM jobs WHERE state = 'completed'
-                 AND id < rebound_id_floor(now() - $1 * interval '1 millisecond')
-                 AND completed_at < now() - $1 * interval '1 millisecond' ORDER BY id LIMIT $2"
-        ))
-        .bind(millis(cfg.completed_after))
-        .bind(cfg.batch)
+        // Oldest first, through the listing index's lanes of completed jobs, no further than
+        // the jobs created before the cutoff (a job cannot finish before it was created).
+        let completed_after = millis(cfg.completed_after);
+        let source = self.source_for(&[JobState::Completed], None, None).await?;
+        let completed = delete_with_history_built(|qb| {
+            source.push_ids(qb, Order::OldestFirst, cfg.batch, |qb| {
+                qb.push(" AND j.state = 'completed' AND j.id < rebound_id_floor(now() - ")
+                    .push_bind(completed_after)
+                    .push(" * interval '1 millisecond') AND j.completed_at < now() - ")
+                    .push_bind(completed_after)
+                    .push(" * interval '1 millisecond'");
+            });
+        })
+        .build_query_scalar::<i64>()
         .fetch_one(&self.pool)
         .await? as u64;
-        let discarded = sqlx::query_scalar::<_, i64>(delete_with_history!(
-            "SELECT id FROM jobs WHERE state IN ('cancelled', 'discarded') AND NOT dead_letter
-                 AND id < rebound_id_floor(now() - $1 * interval '1 millisecond')
-                 AND updated_at < now() - $1 * interval '1 millisecond' LIMIT $2"
-        ))
-        .bind(millis(cfg.discarded_after))
-        .bind(cfg.batch)
+        let discarded_after = millis(cfg.discarded_after);
+        let source = self.source_for(&[JobState::Cancelled, JobState::Discarded], None, None).await?;
+        let discarded = delete_with_history_built(|qb| {
+            source.push_ids(qb, Order::OldestFirst, cfg.batch, |qb| {
+                qb.push(" AND j.state IN ('cancelled', 'discarded') AND NOT j.dead_letter AND j.id < rebound_id_floor(now() - ")
+                    .push_bind(discarded_after)
+                    .push(" * interval '1 millisecond') AND j.updated_at < now() - ")
+                    .push_bind(discarded_after)
+                    .push(" * interval '1 millisecond'");
+            });
+        })
+        .build_query_scalar::<i64>()
         .fetch_one(&self.pool)
         .await? as u64;
         let old_dead = sqlx::query_scalar::<_, i64>(delete_with_history!(

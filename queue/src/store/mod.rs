@@ -9,14 +9,25 @@
 // would cost every execution a lookup), so every deletion of jobs goes through here.
 macro_rules! delete_with_history {
     ($select_ids:literal) => {
-        concat!(
-            "WITH gone AS (DELETE FROM jobs WHERE id IN (",
-            $select_ids,
-            ") RETURNING id),
+        concat!(delete_with_history!(head), $select_ids, delete_with_history!(tail))
+    };
+    (head) => {
+        "WITH gone AS (DELETE FROM jobs WHERE id IN ("
+    };
+    (tail) => {
+        ") RETURNING id),
 history AS (DELETE FROM job_attempts a USING gone WHERE a.job_id = gone.id)
 SELECT count(*) FROM gone"
-        )
     };
+}
+
+/// [`delete_with_history!`] for a selection built at run time: `select_ids` appends the query
+/// of the ids to delete.
+fn delete_with_history_built(select_ids: impl FnOnce(&mut sqlx::QueryBuilder<sqlx::Postgres>)) -> sqlx::QueryBuilder<sqlx::Postgres> {
+    let mut qb = sqlx::QueryBuilder::new(delete_with_history!(head));
+    select_ids(&mut qb);
+    qb.push(delete_with_history!(tail));
+    qb
 }
 
 // The CTEs `policies`, a failure batch's distinct effective policies (sent once each, not once
@@ -52,6 +63,7 @@ mod enqueue;
 mod events;
 mod fail;
 mod in_place;
+mod lanes;
 mod lenient;
 mod listing;
 mod login_throttle;

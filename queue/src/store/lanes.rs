@@ -1,0 +1,126 @@
+//! Reading the listing index `jobs_listed` (queue, type, state, id DESC) lane by lane.
+//!
+//! A finished job is written into one listing index instead of three (see
+//! migrations/…_listing_lanes.sql), so the index that serves a queue filter also has to serve
+//! a type filter and no filter at all. Postgres 15 cannot skip over its leading columns, so a
+//! query reads each (queue, type, state) lane that can match on its own and merges them in id
+//! order: a `UNION ALL` of one sub-select per lane, each one index range read only as far as
+//! the page needs (see [`Source::push_ids`]). Which lanes hold jobs is what the maintained
+//! counters (`job_count_totals`) key their counts by, so finding them reads no jobs.
+
+use sqlx::{Postgres, QueryBuilder};
+
+use super::{Store, StoreError};
+use crate::job::JobState;
+
+/// The states `jobs_listed` holds (its predicate). `available` and `active` jobs, which every
+/// job passes through on the hot path, are listed through indexes of their own.
+pub(crate) const LISTED_STATES: [JobState; 6] =
+    [JobState::Scheduled, JobState::Pending, JobState::Retryable, JobState::Completed, JobState::Cancelled, JobState::Discarded];
+
+/// Above this many lanes a query reads the table as a whole instead: planning a merge of
+/// hundreds of index scans costs more than it saves.
+const MAX_LANES: i64 = 256;
+
+/// Where a listing query reads its jobs from, as the `FROM` item aliased `j`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Source {
+    /// `jobs` itself: the planner picks an index from the query's conditions.
+    Table,
+    /// Only these lanes of `jobs_listed`; none means nothing can match.
+    Lanes(Vec<Lane>),
+}
+
+/// One (queue, type, state) prefix of `jobs_listed`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Lane {
+    queue: String,
+    job_type: String,
+    state: JobState,
+}
+
+/// Which end of the id order a query of ids starts from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Order {
+    NewestFirst,
+    OldestFirst,
+}
+
+impl Order {
+    fn sql(self) -> &'static str {
+        match self {
+            Order::NewestFirst => "DESC",
+            Order::OldestFirst => "ASC",
+        }
+    }
+}
+
+impl Source {
+    /// Appends a query of the ids of at most `limit` jobs in `order`, among those that
+    /// `conditions` (appended after a `WHERE`, as ` AND …` on `jobs j`) select.
+    ///
+    /// Each lane is its own sub-select with the conditions, the order and the limit: Postgres
+    /// does not flatten `UNION ALL` members that have a `WHERE`, so a member's planner never
+    /// hears of an order or limit outside it, and would read its whole lane. With them inside,
+    /// each lane is one index range read as far as the limit, and the lanes' few rows are
+    /// sorted once.
+    pub(crate) fn push_ids(&self, qb: &mut QueryBuilder<Postgres>, order: Order, limit: i64, conditions: impl Fn(&mut QueryBuilder<Postgres>)) {
+        let dir = order.sql();
+        match self {
+            Source::Table => {
+                qb.push("SELECT j.id FROM jobs j WHERE true");
+                conditions(qb);
+                qb.push(format_args!(" ORDER BY j.id {dir} LIMIT ")).push_bind(limit);
+            }
+            Source::Lanes(lanes) if lanes.is_empty() => {
+                qb.push("SELECT NULL::uuid AS id WHERE false");
+            }
+            Source::Lanes(lanes) => {
+                qb.push("SELECT id FROM (");
+                for (i, lane) in lanes.iter().enumerate() {
+                    if i > 0 {
+                        qb.push(" UNION ALL ");
+                    }
+                    // The state as a literal (it comes from the enum): only a literal proves the
+                    // index's predicate.
+                    qb.push("(SELECT j.id FROM jobs j WHERE j.queue = ")
+                        .push_bind(lane.queue.clone())
+                        .push(" AND j.type = ")
+                        .push_bind(lane.job_type.clone())
+                        .push(format_args!(" AND j.state = '{}'", lane.state.as_str()));
+                    conditions(qb);
+                    qb.push(format_args!(" ORDER BY j.id {dir} LIMIT ")).push_bind(limit).push(")");
+                }
+                qb.push(format_args!(") AS lanes ORDER BY id {dir} LIMIT ")).push_bind(limit);
+            }
+        }
+    }
+}
+
+impl Store {
+    /// Where to read jobs in any of `states` (all of them when empty), of `queue` and
+    /// `job_type` when given: the lanes of `jobs_listed` that hold such jobs, when every state
+    /// is one it lists and there are not too many lanes; otherwise the table.
+    pub(crate) async fn source_for(&self, states: &[JobState], queue: Option<&str>, job_type: Option<&str>) -> Result<Source, StoreError> {
+        if states.is_empty() || !states.iter().all(|s| LISTED_STATES.contains(s)) {
+            return Ok(Source::Table);
+        }
+        let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+        let lanes: Vec<(String, String, JobState)> = sqlx::query_as(
+            "SELECT queue, type, state FROM job_count_totals
+             WHERE state::text = ANY($1) AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR type = $3)
+             GROUP BY 1, 2, 3 HAVING sum(n) > 0
+             ORDER BY 1, 2, 3 LIMIT $4",
+        )
+        .bind(&names)
+        .bind(queue)
+        .bind(job_type)
+        .bind(MAX_LANES + 1)
+        .fetch_all(&self.pool)
+        .await?;
+        if lanes.len() as i64 > MAX_LANES {
+            return Ok(Source::Table);
+        }
+        Ok(Source::Lanes(lanes.into_iter().map(|(queue, job_type, state)| Lane { queue, job_type, state }).collect()))
+    }
+}
