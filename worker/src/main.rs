@@ -16,6 +16,12 @@ use rebound_worker::outage::OutageBackoff;
 use rebound_worker::{Worker, systemd};
 use tokio_util::sync::CancellationToken;
 
+// A job's life is a burst of short-lived allocations (its row, its args, its result and the
+// batches they travel in); under glibc's allocator a fifth of the worker's CPU went to malloc
+// and free, chunk consolidation included (perf, a 100 000-job fail-once run).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit code for a configuration the worker cannot run with (what sysexits calls EX_USAGE is
 /// 64; 2 is what clap and most Unix tools use for usage errors, and what the unit file's
 /// `RestartPreventExitStatus` names so systemd does not restart into the same mistake).
