@@ -260,17 +260,23 @@ async fn listings_by_state_read_every_lane_in_id_order() {
         for q in queues {
             for t in types {
                 let filter = JobFilter { states: st.clone(), queue: q.map(str::to_string), job_type: t.map(str::to_string), ..Default::default() };
-                let names: Vec<&str> = st.iter().map(|s| s.as_str()).collect();
-                let expected: Vec<uuid::Uuid> = sqlx::query_scalar(
-                    "SELECT id FROM jobs WHERE state::text = ANY($1) AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR type = $3)
-                     ORDER BY id DESC",
-                )
-                .bind(&names)
-                .bind(q)
-                .bind(t)
-                .fetch_all(s.pool())
-                .await
-                .unwrap();
+                // What the table holds, newest first; `extra` is a literal condition.
+                let matching = |extra: &'static str| {
+                    let names: Vec<String> = st.iter().map(|s| s.as_str().to_string()).collect();
+                    async move {
+                        sqlx::query_scalar::<_, uuid::Uuid>(sqlx::AssertSqlSafe(format!(
+                            "SELECT id FROM jobs WHERE state::text = ANY($1) AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR type = $3) {extra}
+                             ORDER BY id DESC"
+                        )))
+                        .bind(names)
+                        .bind(q)
+                        .bind(t)
+                        .fetch_all(s.pool())
+                        .await
+                        .unwrap()
+                    }
+                };
+                let expected = matching("").await;
                 assert_eq!(listed(s, &filter, 7).await, expected, "pages of {filter:?}");
                 assert_eq!(s.count_jobs(&filter, 10_000).await.unwrap(), expected.len() as i64, "count of {filter:?}");
                 for offset in [1usize, 5, 20] {
@@ -278,16 +284,7 @@ async fn listings_by_state_read_every_lane_in_id_order() {
                 }
                 // A search inside the same lanes: its window, page and count.
                 let search = JobFilter { text: Some("lane job 1".into()), ..filter.clone() };
-                let found: Vec<uuid::Uuid> = sqlx::query_scalar(
-                    "SELECT id FROM jobs WHERE state::text = ANY($1) AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR type = $3)
-                       AND args::text ILIKE '%lane job 1%' ORDER BY id DESC",
-                )
-                .bind(&names)
-                .bind(q)
-                .bind(t)
-                .fetch_all(s.pool())
-                .await
-                .unwrap();
+                let found = matching("AND args::text ILIKE '%lane job 1%'").await;
                 assert_eq!(listed(s, &search, 5).await, found, "pages of {search:?}");
                 let (first, count) = s.list_jobs_counted(&search, None, 5, 10_000).await.unwrap();
                 assert_eq!(count.n, found.len() as i64, "count of {search:?}");

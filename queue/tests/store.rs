@@ -557,9 +557,26 @@ async fn pruning_respects_retention_and_keeps_recent_dead_letters() {
         claim_one(s, "default").await;
         s.fail(&Failure { id, attempt: None, worker_id: None, outcome: Outcome::DeadLetter(HandlerError::new("x", "y")), error_code: None }).await.unwrap();
     }
+    // Cancelled jobs go after a week: one eight days old, one from today.
+    let old_cancelled = s.enqueue(NewJob::new("w", json!(["old"]))).await.unwrap().job.id;
+    let new_cancelled = s.enqueue(NewJob::new("w", json!(["new"]))).await.unwrap().job.id;
+    for id in [old_cancelled, new_cancelled] {
+        s.cancel(id, None).await.unwrap();
+    }
+    sqlx::query(
+        "UPDATE jobs SET updated_at = now() - interval '8 days',
+             id = (left(replace(rebound_id_floor(now() - interval '9 days')::text, '-', ''), 12) || right(replace(id::text, '-', ''), 20))::uuid
+         WHERE id = $1",
+    )
+    .bind(old_cancelled)
+    .execute(s.pool())
+    .await
+    .unwrap();
     let cfg = PruneConfig { dead_letters_per_queue: 2, ..Default::default() };
     let report = s.prune(&cfg).await.unwrap();
     assert_eq!(report.completed, 3);
+    assert_eq!(report.discarded, 1, "the week-old cancelled job");
+    assert!(s.get_job(new_cancelled).await.unwrap().is_some(), "a job cancelled today stays");
     assert!(s.get_job(recent).await.unwrap().is_some(), "a job finished within the retention stays");
     assert_eq!(report.dead_letters, 1, "only the oldest beyond the cap");
     assert_eq!(s.count_jobs(&JobFilter::dead_letters(), 100).await.unwrap(), 2);

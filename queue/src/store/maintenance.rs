@@ -241,38 +241,36 @@ impl Store {
         Ok(n)
     }
 
+    /// Deletes, with their history, up to `batch` jobs in `states` whose `finished` column
+    /// (a column name, never input) is older than `after`, and that `extra` (literal SQL)
+    /// also selects: oldest first, through the listing index's lanes of those states, no
+    /// further than the jobs created before the cutoff (a job cannot finish before it was
+    /// created, and ids are UUIDv7). Returns how many went.
+    async fn prune_finished(&self, states: &[JobState], finished: &str, extra: &str, after: Duration, batch: i64) -> Result<u64, StoreError> {
+        let after = millis(after);
+        let source = self.source_for(states, None, None).await?;
+        let states: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+        let deleted = delete_with_history_built(|qb| {
+            source.push_ids(qb, Order::OldestFirst, batch, |qb| {
+                qb.push(format_args!(" AND j.state IN ({}){extra} AND j.id < rebound_id_floor(now() - ", states.join(", ")))
+                    .push_bind(after)
+                    .push(format_args!(" * interval '1 millisecond') AND j.{finished} < now() - "))
+                    .push_bind(after)
+                    .push(" * interval '1 millisecond'");
+            });
+        })
+        .build_query_scalar::<i64>()
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(deleted as u64)
+    }
+
     /// Pruner: one bounded pass of retention. Call again while it keeps deleting.
     pub async fn prune(&self, cfg: &PruneConfig) -> Result<PruneReport, StoreError> {
-        // Oldest first, through the listing index's lanes of completed jobs, no further than
-        // the jobs created before the cutoff (a job cannot finish before it was created).
-        let completed_after = millis(cfg.completed_after);
-        let source = self.source_for(&[JobState::Completed], None, None).await?;
-        let completed = delete_with_history_built(|qb| {
-            source.push_ids(qb, Order::OldestFirst, cfg.batch, |qb| {
-                qb.push(" AND j.state = 'completed' AND j.id < rebound_id_floor(now() - ")
-                    .push_bind(completed_after)
-                    .push(" * interval '1 millisecond') AND j.completed_at < now() - ")
-                    .push_bind(completed_after)
-                    .push(" * interval '1 millisecond'");
-            });
-        })
-        .build_query_scalar::<i64>()
-        .fetch_one(&self.pool)
-        .await? as u64;
-        let discarded_after = millis(cfg.discarded_after);
-        let source = self.source_for(&[JobState::Cancelled, JobState::Discarded], None, None).await?;
-        let discarded = delete_with_history_built(|qb| {
-            source.push_ids(qb, Order::OldestFirst, cfg.batch, |qb| {
-                qb.push(" AND j.state IN ('cancelled', 'discarded') AND NOT j.dead_letter AND j.id < rebound_id_floor(now() - ")
-                    .push_bind(discarded_after)
-                    .push(" * interval '1 millisecond') AND j.updated_at < now() - ")
-                    .push_bind(discarded_after)
-                    .push(" * interval '1 millisecond'");
-            });
-        })
-        .build_query_scalar::<i64>()
-        .fetch_one(&self.pool)
-        .await? as u64;
+        let completed = self.prune_finished(&[JobState::Completed], "completed_at", "", cfg.completed_after, cfg.batch).await?;
+        // Dead letters have retention rules of their own (below).
+        let discarded =
+            self.prune_finished(&[JobState::Cancelled, JobState::Discarded], "updated_at", " AND NOT j.dead_letter", cfg.discarded_after, cfg.batch).await?;
         let old_dead = sqlx::query_scalar::<_, i64>(delete_with_history!(
             "SELECT id FROM jobs WHERE dead_letter
                  AND dead_lettered_at < now() - $1 * interval '1 millisecond' LIMIT $2"
