@@ -33,6 +33,11 @@ pub trait MaintenanceService: Send + Sync + 'static {
     /// One bounded pass. `Ok(true)` when it hit its batch limit, so more may be waiting and
     /// the next pass should start at once.
     fn run_once(&self, store: &Store) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// How long to wait after a pass that left no backlog: the interval, unless the service
+    /// knows its next work is due sooner.
+    fn next_wait(&self, _store: &Store) -> impl Future<Output = Duration> + Send {
+        std::future::ready(self.interval())
+    }
 }
 
 /// How long a pass under way when `stop` fires may still take. Passes hold transactions, and
@@ -76,9 +81,14 @@ pub async fn run_service<S: MaintenanceService>(service: S, store: Store, stop: 
             tokio::task::yield_now().await;
             continue;
         }
+        // A read, so abandoning it on stop leaves nothing half done.
+        let wait = tokio::select! {
+            _ = stop.cancelled() => return,
+            wait = service.next_wait(&store) => wait,
+        };
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(service.interval()) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
     }
 }

@@ -1,11 +1,19 @@
 //! The scheduler: moves due `scheduled` and `retryable` jobs to `available` (and notifies
-//! their queues), so retries and scheduled jobs start within one interval of being due.
+//! their queues). Between passes it sleeps until the next waiting job is due, if that comes
+//! before the interval: a retry due in 1 s becomes available at about 1 s, not up to an
+//! interval later (the interval still bounds how late a job scheduled by another process is
+//! noticed).
 
 use std::time::Duration;
 
 use rebound_queue::{Store, StoreError};
 
 use super::MaintenanceService;
+
+/// The shortest wait between passes that found no backlog. A little after a due time, so the
+/// promotion's `now()` is past it; and long enough that a steady stream of retries falling
+/// due is promoted in batches of many, not in a transaction (and a commit) each.
+const MIN_WAIT: Duration = Duration::from_millis(20);
 
 pub struct Scheduler {
     pub interval: Duration,
@@ -28,6 +36,17 @@ impl MaintenanceService for Scheduler {
             tracing::debug!(promoted, "scheduler promoted due jobs");
         }
         Ok(promoted as i64 >= self.batch)
+    }
+
+    async fn next_wait(&self, store: &Store) -> Duration {
+        match store.time_until_next_due().await {
+            Ok(Some(until)) => self.interval.min(until.max(MIN_WAIT)),
+            Ok(None) => self.interval,
+            Err(e) => {
+                tracing::warn!(error = %e, "scheduler: cannot read when the next job is due; waiting one interval");
+                self.interval
+            }
+        }
     }
 }
 
@@ -61,5 +80,36 @@ mod tests {
         assert_eq!(db.store.job(due.id).await.unwrap().state, JobState::Available);
         assert_eq!(db.store.job(not_due.id).await.unwrap().state, JobState::Scheduled);
         assert!(!scheduler.run_once(&db.store).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn sleeps_until_the_next_job_is_due_not_a_whole_interval() {
+        let db = TestDb::new().await;
+        let scheduler = Scheduler { interval: Duration::from_secs(60), batch: 100 };
+        assert_eq!(scheduler.next_wait(&db.store).await, Duration::from_secs(60), "nothing waiting: one interval");
+        let mut soon = NewJob::new("sched.test", json!([1]));
+        soon.scheduled_at = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(2));
+        let soon = db.store.enqueue(soon).await.unwrap().job;
+        let wait = scheduler.next_wait(&db.store).await;
+        assert!(wait > Duration::from_millis(500) && wait <= Duration::from_secs(2), "until the job is due: {wait:?}");
+
+        // Run as the leader runs it: the job is available soon after it is due, long before
+        // the minute's interval.
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(crate::maintenance::run_service(scheduler, db.store.clone(), stop.clone()));
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while db.store.job(soon.id).await.unwrap().state != JobState::Available {
+            assert!(std::time::Instant::now() < deadline, "not promoted within 20 s of a 60 s interval");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
+        // An overdue job: the shortest wait, not zero (the pass that finds it comes next).
+        let mut overdue = NewJob::new("sched.test", json!([2]));
+        overdue.scheduled_at = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600));
+        let overdue = db.store.enqueue(overdue).await.unwrap().job;
+        sqlx::query("UPDATE jobs SET scheduled_at = now() - interval '1 minute' WHERE id = $1").bind(overdue.id).execute(db.store.pool()).await.unwrap();
+        let scheduler = Scheduler { interval: Duration::from_secs(60), batch: 100 };
+        assert_eq!(scheduler.next_wait(&db.store).await, MIN_WAIT);
     }
 }
