@@ -635,3 +635,34 @@ async fn pending_migrations_name_what_the_database_lacks() {
         .unwrap();
     assert_eq!(db.store.pending_migrations().await.unwrap(), vec![format!("{} {}", last.0, last.1)]);
 }
+
+#[tokio::test]
+async fn pruning_steps_over_jobs_created_long_ago_but_finished_recently() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let id = s.enqueue(NewJob::new("t", json!([i]))).await.unwrap().job.id;
+        claim_one(s, "default").await;
+        s.complete(&Completion { id, attempt: None, worker_id: None, result: None }).await.unwrap();
+        ids.push(id);
+    }
+    // Three made five days ago but finished just now (a job scheduled far ahead, say), then one
+    // made four days ago and finished two days ago: the oldest candidates are not old enough.
+    let backdate = "UPDATE jobs SET completed_at = now() - $2 * interval '1 day',
+             id = (left(replace(rebound_id_floor(now() - $3 * interval '1 day')::text, '-', ''), 12) || right(replace(id::text, '-', ''), 20))::uuid
+         WHERE id = $1 RETURNING id";
+    let mut recent = Vec::new();
+    for id in &ids[..3] {
+        let moved: uuid::Uuid = sqlx::query_scalar(backdate).bind(id).bind(0i32).bind(5i32).fetch_one(s.pool()).await.unwrap();
+        recent.push(moved);
+    }
+    let old: uuid::Uuid = sqlx::query_scalar(backdate).bind(ids[3]).bind(2i32).bind(4i32).fetch_one(s.pool()).await.unwrap();
+    let cfg = PruneConfig { batch: 2, ..Default::default() };
+    let report = s.prune(&cfg).await.unwrap();
+    assert_eq!(report.completed, 1, "the old one behind a window of recent ones");
+    assert!(s.get_job(old).await.unwrap().is_none());
+    for id in recent {
+        assert!(s.get_job(id).await.unwrap().is_some(), "finished within the retention: kept");
+    }
+}

@@ -1,12 +1,17 @@
-//! Reading the listing index `jobs_listed` (queue, type, state, id DESC) lane by lane.
+//! Reading the listing index `jobs_listed` (queue, type, state, dead_letter, id DESC) lane by
+//! lane.
 //!
 //! A finished job is written into one listing index instead of three (see
 //! migrations/…_listing_lanes.sql), so the index that serves a queue filter also has to serve
 //! a type filter and no filter at all. Postgres 15 cannot skip over its leading columns, so a
 //! query reads each (queue, type, state) lane that can match on its own and merges them in id
 //! order: a `UNION ALL` of one sub-select per lane, each one index range read only as far as
-//! the page needs (see [`Source::push_ids`]). Which lanes hold jobs is what the maintained
-//! counters (`job_count_totals`) key their counts by, so finding them reads no jobs.
+//! the page needs (see [`Source::push_ids`]). A lane is a key of the maintained counters
+//! (`job_count_totals`), so finding the lanes that hold jobs reads no jobs.
+//!
+//! Lanes and jobs are read by two statements: a job moved into a lane no job was in between
+//! the two is missing from that one answer (the counters are written in the job's own
+//! transaction, so it is there for the next).
 
 use sqlx::{Postgres, QueryBuilder};
 
@@ -18,8 +23,9 @@ use crate::job::JobState;
 pub(crate) const LISTED_STATES: [JobState; 6] =
     [JobState::Scheduled, JobState::Pending, JobState::Retryable, JobState::Completed, JobState::Cancelled, JobState::Discarded];
 
-/// Above this many lanes a query reads the table as a whole instead: planning a merge of
-/// hundreds of index scans costs more than it saves.
+/// Above this many lanes a query reads the table as a whole instead, through `jobs_state_id`
+/// (every listed state but `completed`, which is most of the table and found at once along
+/// the primary key): planning 256 lanes took 24 ms.
 const MAX_LANES: i64 = 256;
 
 /// Where a listing query reads its jobs from, as the `FROM` item aliased `j`.
@@ -31,12 +37,22 @@ pub(crate) enum Source {
     Lanes(Vec<Lane>),
 }
 
-/// One (queue, type, state) prefix of `jobs_listed`.
+/// One (queue, type, state, dead_letter) prefix of `jobs_listed`.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Lane {
     queue: String,
     job_type: String,
     state: JobState,
+    dead_letter: bool,
+}
+
+/// Which lanes a query reads: the keys a filter fixes. Empty `states` means every state.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct LaneKeys<'a> {
+    pub states: &'a [JobState],
+    pub queue: Option<&'a str>,
+    pub job_type: Option<&'a str>,
+    pub dead_letter: Option<bool>,
 }
 
 /// Which end of the id order a query of ids starts from.
@@ -57,19 +73,22 @@ impl Order {
 
 impl Source {
     /// Appends a query of the ids of at most `limit` jobs in `order`, among those that
-    /// `conditions` (appended after a `WHERE`, as ` AND …` on `jobs j`) select.
+    /// `conditions` (appended after a `WHERE`, as ` AND …` on `jobs j`) select. `conditions`
+    /// is told whether it is inside a lane, whose own keys then say the state, queue, type and
+    /// dead-letter flag: repeating them would make Postgres count their selectivity twice, and
+    /// a state list can turn the lane's ordered read into a sorted one.
     ///
     /// Each lane is its own sub-select with the conditions, the order and the limit: Postgres
     /// does not flatten `UNION ALL` members that have a `WHERE`, so a member's planner never
     /// hears of an order or limit outside it, and would read its whole lane. With them inside,
     /// each lane is one index range read as far as the limit, and the lanes' few rows are
     /// sorted once.
-    pub(crate) fn push_ids(&self, qb: &mut QueryBuilder<Postgres>, order: Order, limit: i64, conditions: impl Fn(&mut QueryBuilder<Postgres>)) {
+    pub(crate) fn push_ids(&self, qb: &mut QueryBuilder<Postgres>, order: Order, limit: i64, conditions: impl Fn(&mut QueryBuilder<Postgres>, bool)) {
         let dir = order.sql();
         match self {
             Source::Table => {
                 qb.push("SELECT j.id FROM jobs j WHERE true");
-                conditions(qb);
+                conditions(qb, false);
                 qb.push(format_args!(" ORDER BY j.id {dir} LIMIT ")).push_bind(limit);
             }
             Source::Lanes(lanes) if lanes.is_empty() => {
@@ -87,8 +106,8 @@ impl Source {
                         .push_bind(lane.queue.clone())
                         .push(" AND j.type = ")
                         .push_bind(lane.job_type.clone())
-                        .push(format_args!(" AND j.state = '{}'", lane.state.as_str()));
-                    conditions(qb);
+                        .push(format_args!(" AND j.state = '{}' AND j.dead_letter = {}", lane.state.as_str(), lane.dead_letter));
+                    conditions(qb, true);
                     qb.push(format_args!(" ORDER BY j.id {dir} LIMIT ")).push_bind(limit).push(")");
                 }
                 qb.push(format_args!(") AS lanes ORDER BY id {dir} LIMIT ")).push_bind(limit);
@@ -98,29 +117,30 @@ impl Source {
 }
 
 impl Store {
-    /// Where to read jobs in any of `states` (all of them when empty), of `queue` and
-    /// `job_type` when given: the lanes of `jobs_listed` that hold such jobs, when every state
-    /// is one it lists and there are not too many lanes; otherwise the table.
-    pub(crate) async fn source_for(&self, states: &[JobState], queue: Option<&str>, job_type: Option<&str>) -> Result<Source, StoreError> {
-        if states.is_empty() || !states.iter().all(|s| LISTED_STATES.contains(s)) {
+    /// Where to read the jobs `keys` select: the lanes of `jobs_listed` that hold such jobs,
+    /// when every state is one it lists and there are not too many lanes; otherwise the table.
+    pub(crate) async fn source_for(&self, keys: LaneKeys<'_>) -> Result<Source, StoreError> {
+        if keys.states.is_empty() || !keys.states.iter().all(|s| LISTED_STATES.contains(s)) {
             return Ok(Source::Table);
         }
-        let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
-        let lanes: Vec<(String, String, JobState)> = sqlx::query_as(
-            "SELECT queue, type, state FROM job_count_totals
+        let names: Vec<&str> = keys.states.iter().map(|s| s.as_str()).collect();
+        let lanes: Vec<(String, String, JobState, bool)> = sqlx::query_as(
+            "SELECT queue, type, state, dead_letter FROM job_count_totals
              WHERE state::text = ANY($1) AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR type = $3)
-             GROUP BY 1, 2, 3 HAVING sum(n) > 0
-             ORDER BY 1, 2, 3 LIMIT $4",
+               AND ($4::bool IS NULL OR dead_letter = $4)
+             GROUP BY 1, 2, 3, 4 HAVING sum(n) > 0
+             ORDER BY 1, 2, 3, 4 LIMIT $5",
         )
         .bind(&names)
-        .bind(queue)
-        .bind(job_type)
+        .bind(keys.queue)
+        .bind(keys.job_type)
+        .bind(keys.dead_letter)
         .bind(MAX_LANES + 1)
         .fetch_all(&self.pool)
         .await?;
         if lanes.len() as i64 > MAX_LANES {
             return Ok(Source::Table);
         }
-        Ok(Source::Lanes(lanes.into_iter().map(|(queue, job_type, state)| Lane { queue, job_type, state }).collect()))
+        Ok(Source::Lanes(lanes.into_iter().map(|(queue, job_type, state, dead_letter)| Lane { queue, job_type, state, dead_letter }).collect()))
     }
 }

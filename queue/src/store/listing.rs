@@ -5,7 +5,7 @@ use serde::Serialize;
 use sqlx::{Postgres, QueryBuilder, Row};
 use uuid::Uuid;
 
-use super::lanes::{Order, Source};
+use super::lanes::{LaneKeys, Order, Source};
 use super::{Store, StoreError, jobs_from_rows};
 use crate::job::{Job, JobState};
 
@@ -34,8 +34,20 @@ impl JobFilter {
 
     /// Appends ` AND …` conditions for this filter to a query whose `jobs` rows are aliased `j`.
     pub(crate) fn push_conditions(&self, qb: &mut QueryBuilder<Postgres>) {
-        self.push_indexed(qb);
+        self.push_conditions_in(qb, false);
+    }
+
+    /// [`JobFilter::push_conditions`], or inside a lane of the listing index (`in_lane`),
+    /// whose keys already fix the state, queue, type and dead-letter flag (the lanes read are
+    /// the ones these conditions select; see [`super::lanes`]).
+    pub(crate) fn push_conditions_in(&self, qb: &mut QueryBuilder<Postgres>, in_lane: bool) {
+        self.push_indexed(qb, in_lane);
         self.push_residual(qb);
+    }
+
+    /// The keys of the listing index's lanes this filter reads.
+    pub(crate) fn lane_keys(&self) -> LaneKeys<'_> {
+        LaneKeys { states: &self.states, queue: self.queue.as_deref(), job_type: self.job_type.as_deref(), dead_letter: self.dead_letter }
     }
 
     /// Whether some condition can only be checked row by row (text, error type): a listing
@@ -53,7 +65,23 @@ impl JobFilter {
 
     /// The conditions the listing indexes answer: state, queue, type, dead-letter flag, and
     /// time ranges as id ranges (ids are UUIDv7: their leading bits are the creation time).
-    fn push_indexed(&self, qb: &mut QueryBuilder<Postgres>) {
+    fn push_indexed(&self, qb: &mut QueryBuilder<Postgres>, in_lane: bool) {
+        if !in_lane {
+            self.push_keys(qb);
+        }
+        // By the id's timestamp alone (an id is made when its job is created; a client may
+        // choose one, but only a UUIDv7), so a range is an index range and counting it reads
+        // no rows. Millisecond precision: the bound's own millisecond is inside the range.
+        if let Some(t) = self.created_after {
+            qb.push(" AND j.id >= ").push_bind(uuid_floor(t.as_millisecond()));
+        }
+        if let Some(t) = self.created_before {
+            qb.push(" AND j.id < ").push_bind(uuid_floor(t.as_millisecond().saturating_add(1)));
+        }
+    }
+
+    /// The conditions on the keys of the listing lanes and the counters.
+    fn push_keys(&self, qb: &mut QueryBuilder<Postgres>) {
         // States are spelled as literals (they come from the enum, never from input): the
         // listing index leaves out `available` and `active`, and only a literal lets the
         // planner prove that a filter stays inside an index's predicate.
@@ -79,15 +107,6 @@ impl JobFilter {
             // A literal, like the states: a bound parameter cannot prove the predicate of the
             // dead-letter indexes, and a generic plan would then scan every job.
             qb.push(if d { " AND j.dead_letter" } else { " AND NOT j.dead_letter" });
-        }
-        // By the id's timestamp alone (an id is made when its job is created; a client may
-        // choose one, but only a UUIDv7), so a range is an index range and counting it reads
-        // no rows. Millisecond precision: the bound's own millisecond is inside the range.
-        if let Some(t) = self.created_after {
-            qb.push(" AND j.id >= ").push_bind(uuid_floor(t.as_millisecond()));
-        }
-        if let Some(t) = self.created_before {
-            qb.push(" AND j.id < ").push_bind(uuid_floor(t.as_millisecond().saturating_add(1)));
         }
     }
 
@@ -192,7 +211,7 @@ impl Store {
         if filter.dead_letter == Some(true) {
             return Ok(Source::Table);
         }
-        self.source_for(&filter.states, filter.queue.as_deref(), filter.job_type.as_deref()).await
+        self.source_for(filter.lane_keys()).await
     }
 
     /// A page of [`Store::list_jobs`] and the count of [`Store::count_jobs_bounded`], for a
@@ -231,8 +250,8 @@ impl Store {
         let limit = limit.clamp(1, 500);
         let cap = cap.max(1);
         let mut qb = QueryBuilder::<Postgres>::new("");
-        source.push_ids(&mut qb, Order::NewestFirst, cap.max(limit + 1).min(SEARCH_WINDOW), |qb| {
-            filter.push_conditions(qb);
+        source.push_ids(&mut qb, Order::NewestFirst, cap.max(limit + 1).min(SEARCH_WINDOW), |qb, in_lane| {
+            filter.push_conditions_in(qb, in_lane);
             if let Some(end) = window_end {
                 qb.push(" AND j.id >= ").push_bind(end);
             }
@@ -268,8 +287,8 @@ impl Store {
         // the primary key backwards instead, betting that matches are spread evenly, and read
         // millions of rows when they are all old (every discarded job of a queue, say).
         let mut qb = QueryBuilder::<Postgres>::new("SELECT j.* FROM jobs j WHERE j.id IN (");
-        source.push_ids(&mut qb, Order::NewestFirst, limit + 1, |qb| {
-            filter.push_conditions(qb);
+        source.push_ids(&mut qb, Order::NewestFirst, limit + 1, |qb, in_lane| {
+            filter.push_conditions_in(qb, in_lane);
             if let Some(after) = after {
                 qb.push(" AND j.id < ").push_bind(after);
             }
@@ -295,8 +314,8 @@ impl Store {
     /// match the filter's indexed conditions, or `None` when fewer remain. Reads ids only.
     async fn search_window_end(&self, filter: &JobFilter, source: &Source, after: Option<Uuid>) -> Result<Option<Uuid>, StoreError> {
         let mut qb = QueryBuilder::<Postgres>::new("SELECT id FROM (");
-        source.push_ids(&mut qb, Order::NewestFirst, SEARCH_WINDOW, |qb| {
-            filter.push_indexed(qb);
+        source.push_ids(&mut qb, Order::NewestFirst, SEARCH_WINDOW, |qb, in_lane| {
+            filter.push_indexed(qb, in_lane);
             if let Some(after) = after {
                 qb.push(" AND j.id < ").push_bind(after);
             }
@@ -315,7 +334,7 @@ impl Store {
         }
         let source = self.source_of(filter).await?;
         let mut qb = QueryBuilder::<Postgres>::new("SELECT id FROM (");
-        source.push_ids(&mut qb, Order::NewestFirst, offset, |qb| filter.push_conditions(qb));
+        source.push_ids(&mut qb, Order::NewestFirst, offset, |qb, in_lane| filter.push_conditions_in(qb, in_lane));
         qb.push(") AS skipped ORDER BY id DESC OFFSET ").push_bind(offset - 1).push(" LIMIT 1");
         Ok(qb.build_query_scalar().fetch_optional(&self.pool).await?)
     }
@@ -360,8 +379,8 @@ impl Store {
             let n: i64 = qb.build_query_scalar().fetch_one(&self.pool).await?;
             return Ok(JobCount { n, capped: false, windowed: false });
         }
-        let conditions = |qb: &mut QueryBuilder<Postgres>| {
-            filter.push_conditions(qb);
+        let conditions = |qb: &mut QueryBuilder<Postgres>, in_lane: bool| {
+            filter.push_conditions_in(qb, in_lane);
             if let Some(end) = window_end {
                 qb.push(" AND j.id >= ").push_bind(end);
             }
@@ -370,7 +389,7 @@ impl Store {
         if *source == Source::Table {
             // In no particular order: the planner may count along any index.
             qb.push("SELECT 1 FROM jobs j WHERE true");
-            conditions(&mut qb);
+            conditions(&mut qb, false);
             qb.push(" LIMIT ").push_bind(cap);
         } else {
             source.push_ids(&mut qb, Order::NewestFirst, cap, conditions);

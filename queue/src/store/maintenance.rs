@@ -5,16 +5,21 @@
 use std::time::Duration;
 
 use serde_json::json;
+use uuid::Uuid;
 use sqlx::pool::PoolConnection;
-use sqlx::Postgres;
+use sqlx::{Postgres, QueryBuilder};
 
 use super::fail::{FailedRun, apply_failures};
 use super::policies::PolicyLayers;
 use super::notify::notify_queues;
-use super::lanes::Order;
-use super::{Store, StoreError, delete_with_history_built, jobs_from_rows, millis};
+use super::lanes::{LaneKeys, Order};
+use super::{Store, StoreError, jobs_from_rows, millis};
 use crate::job::JobState;
 use crate::outcome::{HandlerError, Outcome};
+
+/// How many windows of candidates one prune call steps through when some are not old enough
+/// (created before the cutoff, finished after it).
+const PRUNE_WINDOWS: usize = 4;
 
 /// What a rescue pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -241,36 +246,57 @@ impl Store {
         Ok(n)
     }
 
-    /// Deletes, with their history, up to `batch` jobs in `states` whose `finished` column
-    /// (a column name, never input) is older than `after`, and that `extra` (literal SQL)
-    /// also selects: oldest first, through the listing index's lanes of those states, no
-    /// further than the jobs created before the cutoff (a job cannot finish before it was
-    /// created, and ids are UUIDv7). Returns how many went.
-    async fn prune_finished(&self, states: &[JobState], finished: &str, extra: &str, after: Duration, batch: i64) -> Result<u64, StoreError> {
+    /// Deletes, with their history, up to `batch` jobs in `states`, not dead letters (they
+    /// have rules of their own), whose `finished` column is older than `after`. Oldest first,
+    /// no further than the jobs created before the cutoff (a job cannot finish before it was
+    /// created, and ids are UUIDv7). The candidates are read from the listing index's lanes
+    /// alone (an index-only read); the finish time is checked on the candidates' rows, so a
+    /// window of candidates that were created long ago but finished recently is stepped over,
+    /// a few windows per call. Returns how many went.
+    async fn prune_finished(&self, states: &[JobState], finished: &'static str, after: Duration, batch: i64) -> Result<u64, StoreError> {
         let after = millis(after);
-        let source = self.source_for(states, None, None).await?;
-        let states: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
-        let deleted = delete_with_history_built(|qb| {
-            source.push_ids(qb, Order::OldestFirst, batch, |qb| {
-                qb.push(format_args!(" AND j.state IN ({}){extra} AND j.id < rebound_id_floor(now() - ", states.join(", ")))
-                    .push_bind(after)
-                    .push(format_args!(" * interval '1 millisecond') AND j.{finished} < now() - "))
-                    .push_bind(after)
-                    .push(" * interval '1 millisecond'");
+        let source = self.source_for(LaneKeys { states, dead_letter: Some(false), ..Default::default() }).await?;
+        let listed: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+        let listed = listed.join(", ");
+        let mut deleted = 0u64;
+        let mut after_id: Option<Uuid> = None;
+        for _ in 0..PRUNE_WINDOWS {
+            let mut qb = QueryBuilder::<Postgres>::new("WITH candidates AS MATERIALIZED (");
+            source.push_ids(&mut qb, Order::OldestFirst, batch, |qb, in_lane| {
+                if !in_lane {
+                    qb.push(format_args!(" AND j.state IN ({listed}) AND NOT j.dead_letter"));
+                }
+                qb.push(" AND j.id < rebound_id_floor(now() - ").push_bind(after).push(" * interval '1 millisecond')");
+                if let Some(id) = after_id {
+                    qb.push(" AND j.id > ").push_bind(id);
+                }
             });
-        })
-        .build_query_scalar::<i64>()
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(deleted as u64)
+            qb.push(format_args!(
+                "), gone AS (
+                     DELETE FROM jobs x USING candidates c
+                     WHERE x.id = c.id AND x.state IN ({listed}) AND NOT x.dead_letter AND x.{finished} < now() - "
+            ))
+            .push_bind(after)
+            .push(
+                " * interval '1 millisecond' RETURNING x.id
+                 ), history AS (DELETE FROM job_attempts a USING gone WHERE a.job_id = gone.id)
+                 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM candidates),
+                        (SELECT id FROM candidates ORDER BY id DESC LIMIT 1)",
+            );
+            let (gone, seen, last): (i64, i64, Option<Uuid>) = qb.build_query_as().fetch_one(&self.pool).await?;
+            deleted += gone as u64;
+            if seen < batch || deleted >= batch as u64 {
+                break;
+            }
+            after_id = last;
+        }
+        Ok(deleted)
     }
 
     /// Pruner: one bounded pass of retention. Call again while it keeps deleting.
     pub async fn prune(&self, cfg: &PruneConfig) -> Result<PruneReport, StoreError> {
-        let completed = self.prune_finished(&[JobState::Completed], "completed_at", "", cfg.completed_after, cfg.batch).await?;
-        // Dead letters have retention rules of their own (below).
-        let discarded =
-            self.prune_finished(&[JobState::Cancelled, JobState::Discarded], "updated_at", " AND NOT j.dead_letter", cfg.discarded_after, cfg.batch).await?;
+        let completed = self.prune_finished(&[JobState::Completed], "completed_at", cfg.completed_after, cfg.batch).await?;
+        let discarded = self.prune_finished(&[JobState::Cancelled, JobState::Discarded], "updated_at", cfg.discarded_after, cfg.batch).await?;
         let old_dead = sqlx::query_scalar::<_, i64>(delete_with_history!(
             "SELECT id FROM jobs WHERE dead_letter
                  AND dead_lettered_at < now() - $1 * interval '1 millisecond' LIMIT $2"

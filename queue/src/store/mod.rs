@@ -9,25 +9,14 @@
 // would cost every execution a lookup), so every deletion of jobs goes through here.
 macro_rules! delete_with_history {
     ($select_ids:literal) => {
-        concat!(delete_with_history!(head), $select_ids, delete_with_history!(tail))
-    };
-    (head) => {
-        "WITH gone AS (DELETE FROM jobs WHERE id IN ("
-    };
-    (tail) => {
-        ") RETURNING id),
+        concat!(
+            "WITH gone AS (DELETE FROM jobs WHERE id IN (",
+            $select_ids,
+            ") RETURNING id),
 history AS (DELETE FROM job_attempts a USING gone WHERE a.job_id = gone.id)
 SELECT count(*) FROM gone"
+        )
     };
-}
-
-/// [`delete_with_history!`] for a selection built at run time: `select_ids` appends the query
-/// of the ids to delete.
-fn delete_with_history_built(select_ids: impl FnOnce(&mut sqlx::QueryBuilder<sqlx::Postgres>)) -> sqlx::QueryBuilder<sqlx::Postgres> {
-    let mut qb = sqlx::QueryBuilder::new(delete_with_history!(head));
-    select_ids(&mut qb);
-    qb.push(delete_with_history!(tail));
-    qb
 }
 
 // The CTEs `policies`, a failure batch's distinct effective policies (sent once each, not once
