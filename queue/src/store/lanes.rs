@@ -4,7 +4,7 @@
 //! A finished job is written into one listing index instead of three (see
 //! migrations/…_listing_lanes.sql), so the index that serves a queue filter also has to serve
 //! a type filter and no filter at all. Postgres 15 cannot skip over its leading columns, so a
-//! query reads each (queue, type, state) lane that can match on its own and merges them in id
+//! query reads each (queue, type, state, dead_letter) lane that can match on its own and merges them in id
 //! order: a `UNION ALL` of one sub-select per lane, each one index range read only as far as
 //! the page needs (see [`Source::push_ids`]). A lane is a key of the maintained counters
 //! (`job_count_totals`), so finding the lanes that hold jobs reads no jobs.
@@ -28,7 +28,7 @@ pub(crate) const LISTED_STATES: [JobState; 6] =
 /// the primary key): planning 256 lanes took 24 ms.
 const MAX_LANES: i64 = 256;
 
-/// Where a listing query reads its jobs from, as the `FROM` item aliased `j`.
+/// Where a listing query reads its jobs' ids from (see [`Source::push_ids`]).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Source {
     /// `jobs` itself: the planner picks an index from the query's conditions.
