@@ -52,6 +52,13 @@ impl JobState {
         JobState::Discarded,
     ];
 
+    /// `states` as a list of SQL literals, `'a', 'b'`: for conditions that must spell states
+    /// out (only a literal lets the planner prove a partial index's predicate). The names come
+    /// from the enum, never from input.
+    pub(crate) fn sql_literals(states: &[JobState]) -> String {
+        states.iter().map(|s| format!("'{}'", s.as_str())).collect::<Vec<_>>().join(", ")
+    }
+
     /// The wire name (`"available"`, …).
     pub fn as_str(self) -> &'static str {
         match self {

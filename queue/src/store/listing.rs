@@ -93,8 +93,7 @@ impl JobFilter {
                 qb.push(format_args!(" AND j.state = '{}'", one.as_str()));
             }
             many => {
-                let states: Vec<String> = many.iter().map(|s| format!("'{}'", s.as_str())).collect();
-                qb.push(format_args!(" AND j.state IN ({})", states.join(", ")));
+                qb.push(format_args!(" AND j.state IN ({})", JobState::sql_literals(many)));
             }
         }
         if let Some(q) = &self.queue {

@@ -256,8 +256,7 @@ impl Store {
     async fn prune_finished(&self, states: &[JobState], finished: &'static str, after: Duration, batch: i64) -> Result<u64, StoreError> {
         let after = millis(after);
         let source = self.source_for(LaneKeys { states, dead_letter: Some(false), ..Default::default() }).await?;
-        let listed: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
-        let listed = listed.join(", ");
+        let listed = JobState::sql_literals(states);
         let mut deleted = 0u64;
         let mut after_id: Option<Uuid> = None;
         for _ in 0..PRUNE_WINDOWS {
