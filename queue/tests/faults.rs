@@ -153,6 +153,62 @@ async fn a_heartbeat_extends_what_is_held_and_hands_back_lapsed_jobs_it_does_not
 }
 
 #[tokio::test]
+async fn a_heartbeat_never_waits_for_a_held_job_whose_result_is_being_written() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let registration = WorkerRegistration {
+        id: "w1".into(),
+        host: "h".into(),
+        pid: 1,
+        queues: vec!["default".into()],
+        concurrency: 2,
+        version: "t".into(),
+    };
+    s.register_worker(&registration).await.unwrap();
+    s.enqueue_batch((0..2).map(|i| NewJob::new("t.beat", json!([i]))).collect()).await.unwrap();
+    let claimed = s.claim(&claim_req("w1", 2, Duration::from_secs(60))).await.unwrap();
+    let (writing, running) = (claimed[0].id, claimed[1].id);
+    let before = s.job(writing).await.unwrap().lock_expires_at.unwrap();
+
+    // The worker's result write for one held job is in flight: its row is locked. A heartbeat
+    // that waited for it could deadlock with a batch locking rows in another order.
+    let mut write = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut tx = write.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE").bind(writing).execute(&mut *tx).await.unwrap();
+    let held = [writing, running];
+    let beat = WorkerBeat { worker_id: "w1", held: &held, known: &held, running: 2, status: WorkerStatus::Ready, detail: None };
+    let report = tokio::time::timeout(Duration::from_secs(5), s.worker_beat(&beat))
+        .await
+        .expect("the heartbeat waited for a row another transaction holds")
+        .unwrap();
+    assert_eq!(report.extended, vec![running]);
+    assert_eq!(report.busy, vec![writing], "still ours, not lost");
+    assert!(report.registered);
+
+    // The write lands (the job completes): the next heartbeat no longer reports it at all.
+    sqlx::query("UPDATE jobs SET state = 'completed', completed_at = now(), lock_expires_at = NULL WHERE id = $1")
+        .bind(writing)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let report = s.worker_beat(&beat).await.unwrap();
+    assert_eq!((report.extended, report.busy), (vec![running], vec![]));
+
+    // Had the write rolled back, the job would be extended again by the next heartbeat.
+    let mut tx = write.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE").bind(running).execute(&mut *tx).await.unwrap();
+    let only = [running];
+    let beat = WorkerBeat { held: &only, known: &only, ..beat };
+    let report = s.worker_beat(&beat).await.unwrap();
+    assert_eq!((report.extended.len(), report.busy.clone()), (0, vec![running]));
+    tx.rollback().await.unwrap();
+    let report = s.worker_beat(&beat).await.unwrap();
+    assert_eq!((report.extended, report.busy), (vec![running], vec![]));
+    assert!(s.job(running).await.unwrap().lock_expires_at.unwrap() >= before);
+}
+
+#[tokio::test]
 async fn a_retry_in_place_whose_answer_was_lost_is_written_not_refused() {
     let db = TestDb::new().await;
     let proxy = FaultProxy::in_front_of(&db.url).await;

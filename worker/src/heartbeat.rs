@@ -94,8 +94,9 @@ impl Heartbeat {
             tracing::warn!(count = ids.len(), ids = ?ids,
                 "handed back lapsed jobs claimed under this worker's id that it never received; their attempts are not counted");
         }
-        let extended: std::collections::HashSet<Uuid> = report.extended.into_iter().collect();
-        let lost: Vec<(Uuid, i32)> = held.into_iter().filter(|(id, _)| !extended.contains(id)).collect();
+        // A busy job is one whose row was being written (its result, usually): still ours.
+        let ours: std::collections::HashSet<Uuid> = report.extended.into_iter().chain(report.busy).collect();
+        let lost: Vec<(Uuid, i32)> = held.into_iter().filter(|(id, _)| !ours.contains(id)).collect();
         if !lost.is_empty() {
             // A job written back between the snapshot and the update also shows up here; its
             // entry is already gone, so marking it lost does nothing.

@@ -55,8 +55,13 @@ pub struct WorkerBeat<'a> {
 /// What a heartbeat did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BeatReport {
-    /// The held jobs whose locks were extended; a held job missing here is no longer ours.
+    /// The held jobs whose locks were extended. A held job missing here and from `busy` is
+    /// no longer ours.
     pub extended: Vec<Uuid>,
+    /// Held jobs still ours whose rows another transaction was writing at that moment (almost
+    /// always this worker's own result write in flight), so they were left alone rather than
+    /// waited for. Their locks are extended by a later heartbeat if that write does not land.
+    pub busy: Vec<Uuid>,
     /// Jobs locked under this worker that it does not know, handed back uncounted.
     pub released: Vec<Uuid>,
     /// False if the worker has no row (pruned, or deleted by hand): register again.
@@ -70,11 +75,25 @@ pub struct BeatReport {
 // jobs are handed back by the next heartbeat after their lock lapses even if the worker never
 // noticed the claim fail: the rescuer, which must count the attempt, is never their only way
 // back. The two updates of `jobs` touch disjoint rows (held / not known).
+//
+// The held jobs include those whose results the worker is writing at that very moment, in
+// batches that lock their rows in their own order. A heartbeat that waited for those rows
+// deadlocked with the result writes under load: Postgres broke the cycle only after
+// `deadlock_timeout` (1 s), with both statements stalled. So it never waits: a held row
+// locked by someone else is reported `busy` (still ours by this statement's snapshot) and
+// extended next time if it is still active then; a job cancelled by that other write is
+// noticed as lost one heartbeat later.
 const BEAT: &str = concat!(
-    "WITH extended AS (
+    "WITH mine AS (
+    SELECT id FROM jobs WHERE id = ANY($1) AND state = 'active' AND locked_by = $2
+    FOR NO KEY UPDATE SKIP LOCKED
+), extended AS (
     UPDATE jobs SET lock_expires_at = now() + LEAST(COALESCE(visibility_timeout_ms, 30000), 604800000) * interval '1 millisecond'
-    WHERE id = ANY($1) AND state = 'active' AND locked_by = $2
+    WHERE id = ANY(ARRAY(SELECT id FROM mine))
     RETURNING id
+), busy AS (
+    SELECT id FROM jobs WHERE id = ANY($1) AND state = 'active' AND locked_by = $2
+      AND NOT (id = ANY(ARRAY(SELECT id FROM mine)))
 ), ",
     release_ctes!(
         "j.locked_by = $2 AND NOT (j.id = ANY($3)) AND j.lock_expires_at <= now()",
@@ -89,6 +108,7 @@ const BEAT: &str = concat!(
     RETURNING requested_state
 )
 SELECT 'extended' AS what, id, NULL::text AS directive FROM extended
+UNION ALL SELECT 'busy', id, NULL FROM busy
 UNION ALL SELECT 'released', id, NULL FROM released WHERE (SELECT count(*) FROM woken) >= 0
 UNION ALL SELECT 'registered', NULL::uuid, requested_state FROM beat"
 );
@@ -149,7 +169,8 @@ impl Store {
 
     /// A worker process's heartbeat, in one statement: extends the locks of the jobs it holds,
     /// hands back (uncounted) the lapsed jobs locked under its id that it does not know, and
-    /// records its own heartbeat and status.
+    /// records its own heartbeat and status. It never waits for a held job's row that another
+    /// transaction is writing (see [`BeatReport::busy`]).
     pub async fn worker_beat(&self, beat: &WorkerBeat<'_>) -> Result<BeatReport, StoreError> {
         let rows = sqlx::query(BEAT)
             .bind(beat.held)
@@ -166,6 +187,7 @@ impl Store {
             let what: &str = row.try_get("what")?;
             match (what, row.try_get::<Option<Uuid>, _>("id")?) {
                 ("extended", Some(id)) => report.extended.push(id),
+                ("busy", Some(id)) => report.busy.push(id),
                 ("released", Some(id)) => report.released.push(id),
                 ("registered", _) => {
                     report.registered = true;
