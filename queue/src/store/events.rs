@@ -1,7 +1,7 @@
 //! Job events, read back from what the store already records: `jobs.created_at` (enqueued),
-//! `job_attempts` (failed, discarded, dead-lettered, released, snoozed), `jobs.completed_at`
-//! (completed) and `jobs.cancelled_at` (cancelled). Nothing extra is written on the hot path, and events from
-//! every process (server, workers) appear alike.
+//! `job_attempts` (failed, discarded, dead-lettered, released, snoozed) and `job_finishes`
+//! (completed, cancelled: one row per statement and queue, written by a trigger; see its
+//! migration). Events from every process (server, workers) appear alike.
 
 use jiff::Timestamp;
 use serde::Serialize;
@@ -54,9 +54,38 @@ pub struct JobEvent {
     pub worker_id: Option<String>,
 }
 
+// The jobs that became `$state` (event `$event`, at `$at` on the job row), newest first, at
+// most `limit`: from `job_finishes` by time, over all queues or per asked-for queue; or, for
+// one job, from its row.
+macro_rules! finished {
+    ($state:literal, $event:literal, $at:literal) => {
+        concat!(
+            "(SELECT l.at, l.state, u.job_id FROM job_finishes l CROSS JOIN LATERAL unnest(l.job_ids) AS u(job_id)
+      WHERE (cardinality($1::text[]) = 0 OR '", $event, "' = ANY($1)) AND cardinality($2::text[]) = 0 AND $3::uuid IS NULL
+        AND l.state = '", $state, "' AND ($4::timestamptz IS NULL OR l.at >= $4::timestamptz)
+      ORDER BY l.at DESC LIMIT $5)
+     UNION ALL
+     (SELECT x.at, x.state, x.job_id
+      FROM (SELECT DISTINCT name FROM unnest($2::text[]) AS n(name)) q
+      CROSS JOIN LATERAL (
+          SELECT l.at, l.state, u.job_id FROM job_finishes l CROSS JOIN LATERAL unnest(l.job_ids) AS u(job_id)
+          WHERE l.queue = q.name AND l.state = '", $state, "' AND ($4::timestamptz IS NULL OR l.at >= $4::timestamptz)
+          ORDER BY l.at DESC LIMIT $5) x
+      WHERE (cardinality($1::text[]) = 0 OR '", $event, "' = ANY($1)) AND $3::uuid IS NULL)
+     UNION ALL
+     (SELECT j.", $at, ", j.state, j.id FROM jobs j
+      WHERE (cardinality($1::text[]) = 0 OR '", $event, "' = ANY($1)) AND j.id = $3::uuid
+        AND j.state = '", $state, "' AND j.", $at, " IS NOT NULL
+        AND (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
+        AND ($4::timestamptz IS NULL OR j.", $at, " >= $4::timestamptz))"
+        )
+    };
+}
+
 // Each branch takes its own newest `limit` rows through an index, so the merge stays cheap;
 // a branch whose type is not asked for is cut by a one-time filter.
-const EVENTS: &str = "
+const EVENTS: &str = concat!(
+    "
 SELECT * FROM (
     (SELECT 'job.enqueued'::text AS type, j.created_at AS at, j.id AS job_id, j.type AS job_type, j.queue,
             NULL::int AS attempt, NULL::bigint AS duration_ms, NULL::jsonb AS error, NULL::text AS worker_id
@@ -65,6 +94,9 @@ SELECT * FROM (
        AND (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
        AND ($3::uuid IS NULL OR j.id = $3)
        AND ($4::timestamptz IS NULL OR j.created_at >= $4::timestamptz)
+       -- Ids are UUIDv7 (client-chosen ones too), so this bounds the walk to the jobs made
+       -- since then instead of every job older than the last one that qualifies.
+       AND ($4::timestamptz IS NULL OR j.id >= rebound_id_floor($4::timestamptz))
      ORDER BY j.id DESC LIMIT $5)
     UNION ALL
     (SELECT e.type, e.at, e.job_id, e.job_type, e.queue, e.attempt, e.duration_ms, e.error, e.worker_id
@@ -85,34 +117,33 @@ SELECT * FROM (
                 a.worker_id, a.id AS seq
          FROM job_attempts a JOIN jobs j ON j.id = a.job_id LEFT JOIN policy_snapshots p ON p.id = a.policy_id
          WHERE (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
+           -- Decided once: asked only for events no attempt row makes, the branch reads nothing
+           -- (filtering on the computed type below would walk every attempt to find none).
+           AND (cardinality($1::text[]) = 0
+                OR $1 && ARRAY['job.failed', 'job.released', 'job.snoozed', 'job.dead_lettered', 'job.discarded'])
            AND ($3::uuid IS NULL OR a.job_id = $3)
            AND ($4::timestamptz IS NULL OR a.finished_at >= $4::timestamptz)
      ) e
      WHERE cardinality($1::text[]) = 0 OR e.type = ANY($1)
      ORDER BY e.seq DESC LIMIT $5)
     UNION ALL
-    -- A completing execution is recorded in its job row (see `job_history`).
-    (SELECT 'job.completed'::text, j.completed_at, j.id, j.type, j.queue, j.attempt,
-            (EXTRACT(EPOCH FROM (j.completed_at - j.started_at)) * 1000)::bigint, NULL::jsonb, j.locked_by
-     FROM jobs j
-     WHERE (cardinality($1::text[]) = 0 OR 'job.completed' = ANY($1))
-       AND j.state = 'completed'
-       AND (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
-       AND ($3::uuid IS NULL OR j.id = $3)
-       AND ($4::timestamptz IS NULL OR j.completed_at >= $4::timestamptz)
-     ORDER BY j.completed_at DESC LIMIT $5)
-    UNION ALL
-    (SELECT 'job.cancelled'::text, j.cancelled_at, j.id, j.type, j.queue, NULL::int, NULL::bigint, NULL::jsonb, NULL::text
-     FROM jobs j
-     WHERE (cardinality($1::text[]) = 0 OR 'job.cancelled' = ANY($1))
-       AND j.state = 'cancelled' AND j.cancelled_at IS NOT NULL
-       AND (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
-       AND ($3::uuid IS NULL OR j.id = $3)
-       AND ($4::timestamptz IS NULL OR j.cancelled_at >= $4::timestamptz)
-     ORDER BY j.cancelled_at DESC LIMIT $5)
+    -- Completions and cancellations (see `finished!`); the jobs are looked up by key.
+    (SELECT CASE WHEN f.state = 'completed' THEN 'job.completed' ELSE 'job.cancelled' END, f.at, j.id, j.type, j.queue,
+            CASE WHEN f.state = 'completed' THEN j.attempt END,
+            CASE WHEN f.state = 'completed' THEN (EXTRACT(EPOCH FROM (j.completed_at - j.started_at)) * 1000)::bigint END,
+            NULL::jsonb,
+            CASE WHEN f.state = 'completed' THEN j.locked_by END
+     FROM (",
+    finished!("completed", "job.completed", "completed_at"),
+    "
+     UNION ALL
+     ",
+    finished!("cancelled", "job.cancelled", "cancelled_at"),
+    ") f JOIN jobs j ON j.id = f.job_id)
 ) events
 ORDER BY at DESC, job_id DESC
-LIMIT $5";
+LIMIT $5"
+);
 
 impl Store {
     /// Job events matching `filter`, newest first.
@@ -188,5 +219,60 @@ mod tests {
         assert!(s.events(&future).await.unwrap().is_empty());
         let limited = EventFilter { limit: 1, ..filter(&[], &[]) };
         assert_eq!(s.events(&limited).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn completions_and_cancellations_are_read_from_the_log_of_finishes() {
+        let db = TestDb::new().await;
+        let s = &db.store;
+        let claim = |q: &str, n: u32| ClaimRequest { worker_id: "w".into(), queues: vec![q.into()], limit: n, visibility_timeout: Duration::from_secs(60) };
+        let q1: Vec<Uuid> = s.enqueue_batch((0..3).map(|i| NewJob::new("ev.a", serde_json::json!([i])).queue("q1")).collect()).await.unwrap().into_iter().map(|e| e.job.id).collect();
+        let q2 = s.enqueue(NewJob::new("ev.b", serde_json::json!([])).queue("q2")).await.unwrap().job;
+        let gone = s.enqueue(NewJob::new("ev.c", serde_json::json!([])).queue("q2")).await.unwrap().job;
+        s.claim(&claim("q1", 3)).await.unwrap();
+        // One statement completes the three: one row of the log.
+        let done: Vec<Completion> = q1.iter().map(|id| Completion { id: *id, attempt: Some(1), worker_id: Some("w".into()), result: None }).collect();
+        assert_eq!(s.complete_batch(&done).await.unwrap().len(), 3);
+        s.claim(&claim("q2", 1)).await.unwrap();
+        s.complete(&Completion { id: q2.id, attempt: None, worker_id: None, result: None }).await.unwrap();
+        s.cancel(gone.id, None).await.unwrap();
+        let rows: Vec<(String, String, i32)> = sqlx::query_as("SELECT queue, state::text, cardinality(job_ids) FROM job_finishes ORDER BY id")
+            .fetch_all(s.pool())
+            .await
+            .unwrap();
+        assert_eq!(rows, vec![("q1".into(), "completed".into(), 3), ("q2".into(), "completed".into(), 1), ("q2".into(), "cancelled".into(), 1)]);
+        // Editing a finished job is no new finish.
+        sqlx::query("UPDATE jobs SET result = '{}' WHERE state IN ('completed', 'cancelled')").execute(s.pool()).await.unwrap();
+        let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM job_finishes").fetch_one(s.pool()).await.unwrap();
+        assert_eq!(logged, 3);
+
+        let completed = s.events(&filter(&["job.completed"], &[])).await.unwrap();
+        assert_eq!(completed.len(), 4);
+        assert!(completed.iter().all(|e| e.attempt == Some(1) && e.duration_ms.is_some()));
+        assert_eq!(completed[0].job_id, q2.id, "newest first");
+        let in_q1 = s.events(&filter(&["job.completed"], &["q1", "q1", "nowhere"])).await.unwrap();
+        let mut ids: Vec<Uuid> = in_q1.iter().map(|e| e.job_id).collect();
+        ids.sort();
+        assert_eq!(ids, q1, "each job once, however often its queue is named");
+        assert_eq!(in_q1[0].worker_id.as_deref(), Some("w"));
+        let cancelled = s.events(&filter(&["job.cancelled"], &["q2"])).await.unwrap();
+        assert_eq!(cancelled.iter().map(|e| (e.job_id, e.attempt)).collect::<Vec<_>>(), vec![(gone.id, None)]);
+        let limited = EventFilter { limit: 2, ..filter(&["job.completed", "job.cancelled"], &[]) };
+        assert_eq!(s.events(&limited).await.unwrap().len(), 2);
+        let one_job = EventFilter { job_id: Some(q1[1]), ..filter(&["job.completed"], &[]) };
+        assert_eq!(s.events(&one_job).await.unwrap().iter().map(|e| e.job_id).collect::<Vec<_>>(), vec![q1[1]]);
+        let since: String = sqlx::query_scalar("SELECT to_char(max(at) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM job_finishes")
+            .fetch_one(s.pool())
+            .await
+            .unwrap();
+        let recent = s.events(&EventFilter { since: Some(since.parse().unwrap()), ..filter(&["job.completed", "job.cancelled"], &[]) }).await.unwrap();
+        assert_eq!(recent.iter().map(|e| e.job_id).collect::<Vec<_>>(), vec![gone.id]);
+
+        // The pruner ages the log out with the jobs.
+        sqlx::query("UPDATE job_finishes SET at = at - interval '2 days' WHERE state = 'completed'").execute(s.pool()).await.unwrap();
+        let report = s.prune(&crate::store::PruneConfig::default()).await.unwrap();
+        assert_eq!(report.finishes, 2);
+        assert!(s.events(&filter(&["job.completed"], &[])).await.unwrap().is_empty());
+        assert_eq!(s.events(&filter(&["job.cancelled"], &[])).await.unwrap().len(), 1);
     }
 }

@@ -73,6 +73,9 @@ pub struct PruneReport {
     pub workers: u64,
     pub audit: u64,
     pub cron_runs: u64,
+    /// Rows of `job_finishes` (the events' log of completions and cancellations), aged out
+    /// with the jobs they name.
+    pub finishes: u64,
 }
 
 /// Leadership held through a session-level advisory lock on a dedicated connection. If the
@@ -344,7 +347,19 @@ impl Store {
         .execute(&self.pool)
         .await?
         .rows_affected();
-        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs })
+        let finishes = sqlx::query(
+            "DELETE FROM job_finishes WHERE id IN (
+                 (SELECT id FROM job_finishes WHERE state = 'completed' AND at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $3)
+                 UNION ALL
+                 (SELECT id FROM job_finishes WHERE state <> 'completed' AND at < now() - $2 * interval '1 millisecond' ORDER BY at LIMIT $3))",
+        )
+        .bind(millis(cfg.completed_after))
+        .bind(millis(cfg.discarded_after))
+        .bind(cfg.batch)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, finishes })
     }
 
     /// Deletes the policy snapshots no attempt refers to any more (their jobs were pruned).

@@ -2,7 +2,8 @@
 //! letters after 180 days or beyond 10 000 per queue (oldest first) by default; workers that
 //! have been silent for a day are forgotten. Deletes run in bounded batches so pruning never
 //! holds long locks, and a pass that hit its batch limit is followed by another at once.
-//! Audit entries (a year) and cron runs (30 days) age out the same way; policy snapshots no
+//! Audit entries (a year), cron runs (30 days) and the events' log of finished jobs (with the
+//! jobs it names) age out the same way; policy snapshots no
 //! attempt refers to any more are swept once a day (it reads the whole attempt history).
 
 use std::sync::Mutex;
@@ -40,7 +41,7 @@ impl Pruner {
     /// Whether a pass deleted a full batch of something.
     fn hit_limit(&self, r: &PruneReport) -> bool {
         let batch = self.retention.batch.max(1) as u64;
-        r.completed >= batch || r.discarded >= batch || r.dead_letters >= batch || r.audit >= batch || r.cron_runs >= batch
+        r.completed >= batch || r.discarded >= batch || r.dead_letters >= batch || r.audit >= batch || r.cron_runs >= batch || r.finishes >= batch
     }
 }
 
@@ -57,7 +58,7 @@ impl MaintenanceService for Pruner {
         let report = store.prune(&self.retention).await?;
         if report != PruneReport::default() {
             tracing::info!(completed = report.completed, discarded = report.discarded, dead_letters = report.dead_letters,
-                workers = report.workers, audit = report.audit, cron_runs = report.cron_runs, "pruned old jobs");
+                workers = report.workers, audit = report.audit, cron_runs = report.cron_runs, finishes = report.finishes, "pruned old jobs");
         }
         if self.snapshot_sweep_due() {
             let swept = store.prune_policy_snapshots().await?;
