@@ -20,7 +20,9 @@ CREATE INDEX job_finishes_at ON job_finishes (state, at DESC);
 CREATE INDEX job_finishes_queue_at ON job_finishes (queue, state, at DESC);
 
 -- The counters' update trigger, which already reads every statement's changed rows, appends
--- the log (a second trigger of its own measured several µs of Postgres CPU per job more).
+-- the log (a second trigger of its own measured several µs of Postgres CPU per job more; as it
+-- is, the fail path measured 0-13 µs per job more, about 4 %, in alternating runs, and the
+-- complete path nothing the noise would show).
 -- A job that became completed (or cancelled) in this transaction carries its `now()`: every
 -- writer stamps `completed_at` / `cancelled_at` with it, and a later edit of a finished job
 -- leaves the older stamp. Telling the same by joining the old rows to the new was a nested
@@ -34,9 +36,12 @@ BEGIN
         UNION ALL
         SELECT queue, type, state, dead_letter, COALESCE(error_signature, '') AS signature, -1 AS n FROM counted_old
     ) d GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0;
+    -- The state is checked on its own first (OFFSET 0 keeps the sub-select apart): a claim's or
+    -- a failure's rows are then read only as far as their state, not up to the time columns.
     INSERT INTO job_finishes (queue, state, job_ids)
     SELECT queue, state, array_agg(id)
-    FROM counted_new
+    FROM (SELECT queue, state, id, completed_at, cancelled_at FROM counted_new
+          WHERE state IN ('completed', 'cancelled') OFFSET 0) f
     WHERE (state = 'completed' AND completed_at = now()) OR (state = 'cancelled' AND cancelled_at = now())
     GROUP BY queue, state;
     RETURN NULL;
