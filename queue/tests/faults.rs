@@ -102,22 +102,27 @@ async fn a_claim_whose_answer_is_lost_costs_no_attempt() {
     assert!(through.release_orphans("w1", &known).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn a_heartbeat_extends_what_is_held_and_hands_back_lapsed_jobs_it_does_not_know() {
-    let db = TestDb::new().await;
-    let s = &db.store;
+/// Registers worker `w1` and claims `n` fresh jobs for it (visibility 60 s).
+async fn w1_holding(s: &Store, n: u32) -> Vec<Uuid> {
     let registration = WorkerRegistration {
         id: "w1".into(),
         host: "h".into(),
         pid: 1,
         queues: vec!["default".into()],
-        concurrency: 4,
+        concurrency: n as i32,
         version: "t".into(),
     };
     s.register_worker(&registration).await.unwrap();
-    s.enqueue_batch((0..4).map(|i| NewJob::new("t.beat", json!([i]))).collect()).await.unwrap();
-    let claimed = s.claim(&claim_req("w1", 4, Duration::from_secs(60))).await.unwrap();
-    let [held, orphan, abandoned, fresh] = [claimed[0].id, claimed[1].id, claimed[2].id, claimed[3].id];
+    s.enqueue_batch((0..n).map(|i| NewJob::new("t.beat", json!([i]))).collect()).await.unwrap();
+    s.claim(&claim_req("w1", n, Duration::from_secs(60))).await.unwrap().into_iter().map(|j| j.id).collect()
+}
+
+#[tokio::test]
+async fn a_heartbeat_extends_what_is_held_and_hands_back_lapsed_jobs_it_does_not_know() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let claimed = w1_holding(s, 4).await;
+    let [held, orphan, abandoned, fresh] = [claimed[0], claimed[1], claimed[2], claimed[3]];
     // Three lapsed locks: one the worker holds, one it never received, one whose result the
     // database refused (known, not held). The fourth was claimed a moment ago and is not
     // known yet (its claim's answer may still be on its way): a fresh lock is left alone.
@@ -156,18 +161,8 @@ async fn a_heartbeat_extends_what_is_held_and_hands_back_lapsed_jobs_it_does_not
 async fn a_heartbeat_never_waits_for_a_held_job_whose_result_is_being_written() {
     let db = TestDb::new().await;
     let s = &db.store;
-    let registration = WorkerRegistration {
-        id: "w1".into(),
-        host: "h".into(),
-        pid: 1,
-        queues: vec!["default".into()],
-        concurrency: 2,
-        version: "t".into(),
-    };
-    s.register_worker(&registration).await.unwrap();
-    s.enqueue_batch((0..2).map(|i| NewJob::new("t.beat", json!([i]))).collect()).await.unwrap();
-    let claimed = s.claim(&claim_req("w1", 2, Duration::from_secs(60))).await.unwrap();
-    let (writing, running) = (claimed[0].id, claimed[1].id);
+    let claimed = w1_holding(s, 2).await;
+    let (writing, running) = (claimed[0], claimed[1]);
     let before = s.job(writing).await.unwrap().lock_expires_at.unwrap();
 
     // The worker's result write for one held job is in flight: its row is locked. A heartbeat

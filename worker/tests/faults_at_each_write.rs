@@ -28,7 +28,7 @@ const COMPLETE: &str = "SET state = 'completed', completed_at = now(), result = 
 const FAIL: &str = "attempt = j.attempt + i.attempt_delta";
 const IN_PLACE: &str = "AS t(id, stored_attempt, new_attempt";
 const RELEASE: &str = "j.id = ANY($1) AND ($2::text IS NULL OR j.locked_by = $2)";
-const HEARTBEAT: &str = "WITH extended AS";
+const HEARTBEAT: &str = "WITH mine AS";
 // The promotion's notify runs, in the promoting transaction, only when jobs were promoted:
 // a fault there strikes a pass that did something (every pass runs the promoting UPDATE).
 const PROMOTE: &str = "FROM unnest($1::text[]) AS q";
