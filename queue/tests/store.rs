@@ -532,6 +532,19 @@ async fn leadership_is_exclusive_and_passes_on() {
 }
 
 #[tokio::test]
+async fn audit_entries_age_out() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let actor = Actor::new("ops");
+    s.audit(&actor, "old.thing", None, json!({})).await.unwrap();
+    s.audit(&actor, "new.thing", None, json!({})).await.unwrap();
+    sqlx::query("UPDATE audit_log SET at = at - interval '400 days' WHERE action = 'old.thing'").execute(s.pool()).await.unwrap();
+    assert_eq!(s.prune(&PruneConfig::default()).await.unwrap().audit, 1);
+    let left: Vec<String> = s.audit_log(&Default::default()).await.unwrap().into_iter().map(|e| e.action).collect();
+    assert_eq!(left, vec!["new.thing".to_string()]);
+}
+
+#[tokio::test]
 async fn pruning_respects_retention_and_keeps_recent_dead_letters() {
     let db = TestDb::new().await;
     let s = &db.store;

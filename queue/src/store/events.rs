@@ -274,5 +274,10 @@ mod tests {
         assert_eq!(report.finishes, 2);
         assert!(s.events(&filter(&["job.completed"], &[])).await.unwrap().is_empty());
         assert_eq!(s.events(&filter(&["job.cancelled"], &[])).await.unwrap().len(), 1);
+        // Cancellations go with the discarded jobs' retention (a week by default).
+        sqlx::query("UPDATE job_finishes SET at = at - interval '8 days' WHERE state = 'cancelled'").execute(s.pool()).await.unwrap();
+        assert_eq!(s.prune(&crate::store::PruneConfig::default()).await.unwrap().finishes, 1);
+        assert!(s.events(&filter(&["job.cancelled"], &[])).await.unwrap().is_empty());
     }
+
 }

@@ -134,7 +134,7 @@ impl Store {
              ), moved AS (
                  -- An id array, not a join: with the limit a parameter, the generic plan of a
                  -- join hashed the whole table for every pass (97 ms per 1 000 jobs at 100k
-                 -- rows, most of the fail path's promotion cost). See delete_with_history.
+                 -- rows, forced generic). See delete_with_history.
                  UPDATE jobs j SET state = 'available', enqueued_at = now(), updated_at = now()
                  WHERE j.id = ANY(ARRAY(SELECT id FROM due)) RETURNING j.queue
              )
@@ -326,8 +326,8 @@ impl Store {
             .await?
             .rows_affected();
         let audit = sqlx::query(
-            "DELETE FROM audit_log WHERE id IN (
-                 SELECT id FROM audit_log WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2)",
+            "DELETE FROM audit_log WHERE id = ANY(ARRAY(
+                 SELECT id FROM audit_log WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2))",
         )
         .bind(millis(cfg.audit_after))
         .bind(cfg.batch)
@@ -350,11 +350,13 @@ impl Store {
         .execute(&self.pool)
         .await?
         .rows_affected();
+        // By (state, at), each state with its jobs' retention; ids matched as an array (see
+        // delete_with_history).
         let finishes = sqlx::query(
-            "DELETE FROM job_finishes WHERE id IN (
+            "DELETE FROM job_finishes WHERE id = ANY(ARRAY(
                  (SELECT id FROM job_finishes WHERE state = 'completed' AND at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $3)
                  UNION ALL
-                 (SELECT id FROM job_finishes WHERE state <> 'completed' AND at < now() - $2 * interval '1 millisecond' ORDER BY at LIMIT $3))",
+                 (SELECT id FROM job_finishes WHERE state = 'cancelled' AND at < now() - $2 * interval '1 millisecond' ORDER BY at LIMIT $3)))",
         )
         .bind(millis(cfg.completed_after))
         .bind(millis(cfg.discarded_after))

@@ -3,8 +3,8 @@
 //! have been silent for a day are forgotten. Deletes run in bounded batches so pruning never
 //! holds long locks, and a pass that hit its batch limit is followed by another at once.
 //! Audit entries (a year), cron runs (30 days) and the events' log of finished jobs (with the
-//! jobs it names) age out the same way; policy snapshots no
-//! attempt refers to any more are swept once a day (it reads the whole attempt history).
+//! jobs it names) age out the same way; policy snapshots no attempt refers to any more are
+//! swept once a day (it reads the whole attempt history).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
