@@ -3,7 +3,7 @@
 
 use jiff::Timestamp;
 use rebound_queue::cron_schedule::CronSchedule;
-use rebound_queue::store::{Actor, CronSpec, CronTemplate, OverlapPolicy};
+use rebound_queue::store::{Actor, CronSpec, CronTemplate, EventFilter, OverlapPolicy};
 use rebound_queue::testing::TestDb;
 use rebound_queue::{JobState, NewJob, Store};
 use serde_json::json;
@@ -114,10 +114,10 @@ async fn overlap_policies() {
     assert_eq!(states(cron_jobs_of(&db.store, "cancel").await), [JobState::Cancelled, JobState::Available]);
     assert_eq!(states(cron_jobs_of(&db.store, "hold").await), [JobState::Available, JobState::Pending], "enqueue: held behind the first");
     assert_eq!(db.store.cron_job("skip").await.unwrap().unwrap().last_outcome.as_deref(), Some("skipped"));
-    let skipped = db.store.cron_events(&["cron.skipped".into()], &[], None, None, 10).await.unwrap();
+    let skipped = db.store.cron_events(&EventFilter { types: vec!["cron.skipped".into()], limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(skipped.len(), 1);
     assert_eq!((skipped[0].cron_name.as_str(), skipped[0].reason, skipped[0].job_id), ("skip", Some("overlap_skip"), None));
-    assert_eq!(db.store.cron_events(&[], &["cq".into()], None, None, 100).await.unwrap().len(), 8, "7 triggered + 1 skipped");
+    assert_eq!(db.store.cron_events(&EventFilter { queues: vec!["cq".into()], limit: 100, ..Default::default() }).await.unwrap().len(), 8, "7 triggered + 1 skipped");
     // The held job is released once the first run finished.
     let hold = cron_jobs_of(&db.store, "hold").await;
     db.store.cancel(hold[0].0, None).await.unwrap();

@@ -204,6 +204,34 @@ async fn a_heartbeat_never_waits_for_a_held_job_whose_result_is_being_written() 
 }
 
 #[tokio::test]
+async fn an_ojs_heartbeat_never_waits_for_a_held_job_whose_result_is_being_written() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let claimed = w1_holding(s, 3).await;
+    let (writing, running, done) = (claimed[0], claimed[1], claimed[2]);
+    sqlx::query("UPDATE jobs SET state = 'completed', completed_at = now(), lock_expires_at = NULL WHERE id = $1").bind(done).execute(s.pool()).await.unwrap();
+    let before = s.job(running).await.unwrap().lock_expires_at.unwrap();
+
+    // An OJS worker acknowledges a job in a request of its own while it beats for all three.
+    let mut write = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut tx = write.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE").bind(writing).execute(&mut *tx).await.unwrap();
+    let held = tokio::time::timeout(Duration::from_secs(5), s.heartbeat(None, &claimed, Some(Duration::from_secs(600))))
+        .await
+        .expect("the heartbeat waited for a row another transaction holds")
+        .unwrap();
+    assert_eq!((held.extended, held.busy), (vec![running], vec![writing]), "the finished job is neither");
+    assert!(s.job(running).await.unwrap().lock_expires_at.unwrap() > before + jiff::SignedDuration::from_secs(500));
+    tx.rollback().await.unwrap();
+    let held = s.heartbeat(Some("w1"), &claimed, None).await.unwrap();
+    let mut extended = held.extended.clone();
+    extended.sort();
+    let mut want = vec![writing, running];
+    want.sort();
+    assert_eq!((extended, held.busy), (want, vec![]), "once the write is gone the job is extended again");
+}
+
+#[tokio::test]
 async fn a_retry_in_place_whose_answer_was_lost_is_written_not_refused() {
     let db = TestDb::new().await;
     let proxy = FaultProxy::in_front_of(&db.url).await;

@@ -315,9 +315,9 @@ async fn the_rescuer_turns_expired_locks_into_stalled_attempts() {
     assert_eq!(a[0].worker_id.as_deref(), Some("w1"));
     // Heartbeats keep a lock alive.
     let j = claim_one(s, "default").await;
-    let extended = s.heartbeat(Some("w1"), &[j.id], Some(Duration::from_secs(60))).await.unwrap();
-    assert_eq!(extended, vec![j.id]);
-    assert!(s.heartbeat(Some("other"), &[j.id], None).await.unwrap().is_empty());
+    let held = s.heartbeat(Some("w1"), &[j.id], Some(Duration::from_secs(60))).await.unwrap();
+    assert_eq!((held.extended, held.busy), (vec![j.id], vec![]));
+    assert_eq!(s.heartbeat(Some("other"), &[j.id], None).await.unwrap(), Default::default());
     assert_eq!(s.rescue_expired(100).await.unwrap().stalled, 0);
 }
 

@@ -5,7 +5,6 @@ use std::io::BufRead;
 use anyhow::{Context, bail};
 use rebound_queue::Store;
 use rebound_queue::store::{Actor, Role};
-use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiAuth, Cli, Command, RoleArg, ServeArgs, ServerConfig, TokenCommand, UserCommand};
 use crate::{AppState, auth, maintenance, passwords, router};
@@ -68,7 +67,7 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!("TEST MODE: POST /ojs/v1/admin/reset wipes every job; never run this against real data");
     }
     let state = AppState::new(store.clone(), ServerConfig::from(&args));
-    let shutdown = CancellationToken::new();
+    let shutdown = state.shutdown.clone();
     let maintenance = (!args.no_maintenance).then(|| {
         tokio::spawn(maintenance::run(store, state.metrics.clone(), args.maintenance_interval, shutdown.clone()))
     });

@@ -35,6 +35,7 @@ use axum::middleware::map_response;
 use axum::routing::get;
 use rebound_queue::Store;
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 use uuid::Uuid;
@@ -54,6 +55,8 @@ pub struct AppState {
     /// Turns at checking a dashboard password: argon2 takes ~19 MiB per check, so only
     /// [`CONCURRENT_PASSWORD_CHECKS`] run at once however many sign-ins arrive.
     pub password_checks: Arc<Semaphore>,
+    /// Cancelled when the server shuts down: long-lived responses (event streams) end then.
+    pub shutdown: CancellationToken,
 }
 
 /// How many argon2 password checks run at once.
@@ -69,6 +72,7 @@ impl AppState {
             started_at: Instant::now(),
             offset_pages: Arc::default(),
             password_checks: Arc::new(Semaphore::new(CONCURRENT_PASSWORD_CHECKS)),
+            shutdown: CancellationToken::new(),
         }
     }
 }

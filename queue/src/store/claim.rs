@@ -106,22 +106,51 @@ impl Store {
     }
 
     /// Extends the locks of the given active jobs held by `worker_id` (any holder when `None`,
-    /// as the OJS heartbeat does not require the worker id to match). Returns the ids extended;
-    /// a job missing from the answer is no longer this worker's (rescued, cancelled, finished).
-    pub async fn heartbeat(&self, worker_id: Option<&str>, job_ids: &[Uuid], visibility: Option<Duration>) -> Result<Vec<Uuid>, StoreError> {
+    /// as the OJS heartbeat does not require the worker id to match). A job missing from both
+    /// lists of the answer is no longer held (rescued, cancelled, finished). Like the worker's
+    /// own heartbeat ([`Store::worker_beat`]) it never waits for a row another transaction is
+    /// writing: an OJS worker acknowledges jobs in requests of its own while it beats, and a
+    /// heartbeat that locked many rows in its own order could deadlock with a batch write.
+    pub async fn heartbeat(&self, worker_id: Option<&str>, job_ids: &[Uuid], visibility: Option<Duration>) -> Result<HeldJobs, StoreError> {
+        let mut held = HeldJobs::default();
         if job_ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(held);
         }
-        let ids: Vec<Uuid> = sqlx::query_scalar(
-            "UPDATE jobs SET lock_expires_at = now() + LEAST(COALESCE($3, visibility_timeout_ms, 30000), 604800000) * interval '1 millisecond'
-             WHERE id = ANY($1) AND state = 'active' AND ($2::text IS NULL OR locked_by = $2)
-             RETURNING id",
-        )
-        .bind(job_ids)
-        .bind(worker_id)
-        .bind(visibility.map(millis))
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(ids)
+        let rows: Vec<(bool, Uuid)> = sqlx::query_as(HEARTBEAT)
+            .bind(job_ids)
+            .bind(worker_id)
+            .bind(visibility.map(millis))
+            .fetch_all(&self.pool)
+            .await?;
+        for (extended, id) in rows {
+            if extended { held.extended.push(id) } else { held.busy.push(id) }
+        }
+        Ok(held)
     }
 }
+
+/// The answer to [`Store::heartbeat`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeldJobs {
+    /// Jobs whose locks were extended.
+    pub extended: Vec<Uuid>,
+    /// Jobs still active and held whose rows another transaction was writing at that moment
+    /// (almost always their own result): left alone rather than waited for, still held.
+    pub busy: Vec<Uuid>,
+}
+
+// `busy` reads by snapshot the rows `mine` skipped: still active and held, so locked by a
+// write that has not committed.
+const HEARTBEAT: &str = "WITH mine AS (
+    SELECT id FROM jobs WHERE id = ANY($1) AND state = 'active' AND ($2::text IS NULL OR locked_by = $2)
+    FOR NO KEY UPDATE SKIP LOCKED
+), extended AS (
+    UPDATE jobs SET lock_expires_at = now() + LEAST(COALESCE($3, visibility_timeout_ms, 30000), 604800000) * interval '1 millisecond'
+    WHERE id = ANY(ARRAY(SELECT id FROM mine))
+    RETURNING id
+)
+SELECT true, id FROM extended
+UNION ALL
+SELECT false, id FROM jobs
+WHERE id = ANY($1) AND state = 'active' AND ($2::text IS NULL OR locked_by = $2)
+  AND NOT (id = ANY(ARRAY(SELECT id FROM mine)))";

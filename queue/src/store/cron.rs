@@ -19,6 +19,7 @@ use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
 use super::audit::{Actor, record};
+use super::events::EventFilter;
 use super::enqueue::{check, insert_one};
 use super::notify::notify_queues;
 use super::{Store, StoreError, ts, ts_opt};
@@ -178,6 +179,9 @@ pub const CRON_EVENT_TYPES: [&str; 2] = ["cron.triggered", "cron.skipped"];
 /// (`cron.skipped`), read back from the ticks' records.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CronEvent {
+    /// Unique, stable, and a cursor like [`crate::store::JobEvent::id`]:
+    /// `evt_<fired, µs>:<type>:<cron name>:<tick, µs>`.
+    pub id: String,
     /// One of [`CRON_EVENT_TYPES`].
     pub event_type: &'static str,
     pub cron_name: String,
@@ -228,11 +232,39 @@ fn cron_from_row(r: &PgRow) -> Result<CronJob, StoreError> {
     })
 }
 
+macro_rules! cron_events_sql {
+    ($order:literal) => {
+        concat!(
+            "SELECT * FROM (
+    SELECT ('evt_' || lpad(((extract(epoch FROM r.fired_at) * 1000000)::bigint)::text, 16, '0')
+            || CASE WHEN r.outcome = 'skipped' THEN ':cron.skipped:' ELSE ':cron.triggered:' END
+            || r.cron_name || ':' || ((extract(epoch FROM r.scheduled_for) * 1000000)::bigint)) COLLATE \"C\" AS id,
+           r.cron_name, r.scheduled_for, r.fired_at, r.outcome, r.job_id, c.expression, c.timezone,
+           j.type AS job_type, COALESCE(j.queue, c.template->>'queue') AS queue
+    FROM cron_runs r
+    LEFT JOIN cron_jobs c ON c.name = r.cron_name
+    LEFT JOIN jobs j ON j.id = r.job_id
+    WHERE r.outcome = ANY($1)
+      AND (cardinality($2::text[]) = 0 OR COALESCE(j.queue, c.template->>'queue') = ANY($2))
+      AND (cardinality($6::text[]) = 0 OR COALESCE(j.type, c.template->>'type') = ANY($6))
+      AND ($3::uuid IS NULL OR r.job_id = $3)
+      AND ($4::timestamptz IS NULL OR r.fired_at >= $4::timestamptz)
+      AND ($8::timestamptz IS NULL OR r.fired_at < $8::timestamptz)
+) e
+WHERE $7::text IS NULL OR e.id > $7
+ORDER BY ", $order, " LIMIT $5"
+        )
+    };
+}
+const CRON_EVENTS_NEWEST_FIRST: &str = cron_events_sql!("fired_at DESC");
+const CRON_EVENTS_AFTER: &str = cron_events_sql!("id");
+
 impl Store {
-    /// Cron events, newest first: `types` from [`CRON_EVENT_TYPES`] (empty: both), only for
-    /// jobs on `queues` (empty: any), of `job_id`, since `since`; at most `limit`.
-    pub async fn cron_events(&self, types: &[String], queues: &[String], job_id: Option<Uuid>, since: Option<Timestamp>, limit: i64) -> Result<Vec<CronEvent>, StoreError> {
-        let want = |t: &str| types.is_empty() || types.iter().any(|x| x == t);
+    /// Cron events (`filter.types` from [`CRON_EVENT_TYPES`]) matching `filter` like
+    /// [`Store::events`]: newest first, or oldest first after a cursor. Their ids sort among
+    /// the job events' ([`crate::store::JobEvent::id`]).
+    pub async fn cron_events(&self, filter: &EventFilter) -> Result<Vec<CronEvent>, StoreError> {
+        let want = |t: &str| filter.types.is_empty() || filter.types.iter().any(|x| x == t);
         let mut outcomes: Vec<&str> = Vec::new();
         if want("cron.triggered") {
             outcomes.extend(["enqueued", "waiting", "triggered"]);
@@ -243,30 +275,30 @@ impl Store {
         if outcomes.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(
-            "SELECT r.cron_name, r.scheduled_for, r.fired_at, r.outcome, r.job_id, c.expression, c.timezone,
-                    j.type AS job_type, COALESCE(j.queue, c.template->>'queue') AS queue
-             FROM cron_runs r
-             LEFT JOIN cron_jobs c ON c.name = r.cron_name
-             LEFT JOIN jobs j ON j.id = r.job_id
-             WHERE r.outcome = ANY($1)
-               AND (cardinality($2::text[]) = 0 OR COALESCE(j.queue, c.template->>'queue') = ANY($2))
-               AND ($3::uuid IS NULL OR r.job_id = $3)
-               AND ($4::timestamptz IS NULL OR r.fired_at >= $4::timestamptz)
-             ORDER BY r.fired_at DESC LIMIT $5",
-        )
-        .bind(&outcomes)
-        .bind(queues)
-        .bind(job_id)
-        .bind(since.map(|t| t.to_string()))
-        .bind(limit.clamp(1, 1000))
-        .fetch_all(&self.pool)
-        .await?;
+        let since = match &filter.after {
+            Some(after) => {
+                let from = super::events::position_time(after)?;
+                Some(filter.since.map_or(from, |s| s.max(from)))
+            }
+            None => filter.since,
+        };
+        let rows = sqlx::query(if filter.after.is_some() { CRON_EVENTS_AFTER } else { CRON_EVENTS_NEWEST_FIRST })
+            .bind(&outcomes)
+            .bind(&filter.queues)
+            .bind(filter.job_id)
+            .bind(since.map(|t| t.to_string()))
+            .bind(filter.limit.clamp(1, 10_000))
+            .bind(&filter.job_types)
+            .bind(filter.after.as_deref())
+            .bind(filter.until.map(|t| t.to_string()))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 let outcome: String = r.try_get("outcome")?;
                 let skipped = outcome == "skipped";
                 Ok(CronEvent {
+                    id: r.try_get("id")?,
                     event_type: if skipped { "cron.skipped" } else { "cron.triggered" },
                     cron_name: r.try_get("cron_name")?,
                     expression: r.try_get("expression")?,

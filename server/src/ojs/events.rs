@@ -1,12 +1,21 @@
-//! `GET /ojs/v1/events`: recent job and cron events, newest first, read back from the store.
+//! `GET /ojs/v1/events`: job and cron events read back from the store, newest first or polled
+//! with a cursor; and the same as Server-Sent Event streams of a job or a queue.
+
+use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;
-use rebound_queue::job::validate_queue;
-use rebound_queue::store::{CRON_EVENT_TYPES, CronEvent, EVENT_TYPES, EventFilter, JobEvent};
+use rebound_queue::job::{validate_queue, validate_type};
+use rebound_queue::store::{CRON_EVENT_TYPES, CronEvent, EVENT_TYPES, EventFilter, JobEvent, position_at, position_time};
 use serde_json::{Map, Value, json};
+use uuid::Uuid;
 
+use super::body::{parse_uuid, path_uuid};
 use super::error::ApiError;
 use super::query::QueryParams;
 use crate::AppState;
@@ -29,8 +38,10 @@ fn event_json(e: &JobEvent) -> Value {
         data.insert("worker_id".into(), Value::String(w.clone()));
     }
     json!({
-        "id": format!("{}:{}:{}", e.event_type, e.job_id, e.attempt.unwrap_or(0)),
+        "specversion": "1.0",
+        "id": e.id,
         "type": e.event_type,
+        "source": "ojs://rebound/jobs",
         "time": e.at.to_string(),
         "subject": e.job_id.to_string(),
         "data": data,
@@ -62,29 +73,41 @@ fn cron_event_json(e: &CronEvent) -> Value {
         }
     }
     json!({
-        "id": format!("{}:{}:{}", e.event_type, e.cron_name, e.scheduled_time),
+        "specversion": "1.0",
+        "id": e.id,
         "type": e.event_type,
+        "source": "ojs://rebound/cron",
         "time": e.actual_time.to_string(),
         "subject": e.cron_name,
         "data": data,
     })
 }
 
-/// `?types=job.completed,job.failed,cron.triggered&queues=q1,q2&job_id=&since=&limit=`:
-/// job events and cron events (`cron.triggered`, `cron.skipped`), newest first.
-pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
-    q.only(&["types", "type", "queues", "queue", "job_id", "since", "limit"])?;
+/// The filters of an events request, checked.
+struct Selection {
+    job_filter: EventFilter,
+    cron_types: Vec<String>,
+    only_cron: bool,
+    only_jobs: bool,
+}
+
+fn selection(q: &QueryParams) -> Result<Selection, ApiError> {
     let mut types = q.list("types");
     types.extend(q.list("type"));
     if let Some(bad) = types.iter().find(|t| !EVENT_TYPES.contains(t) && !CRON_EVENT_TYPES.contains(t)) {
         let known: Vec<&str> = EVENT_TYPES.iter().chain(CRON_EVENT_TYPES.iter()).copied().collect();
         return Err(ApiError::invalid_field("types", format!("unknown event type {bad:?}; expected one of {}", known.join(", "))));
     }
-    let (cron_types, job_types): (Vec<&str>, Vec<&str>) = types.iter().partition(|t| CRON_EVENT_TYPES.contains(t));
+    let (cron_types, job_event_types): (Vec<&str>, Vec<&str>) = types.iter().partition(|t| CRON_EVENT_TYPES.contains(t));
     let mut queues = q.list("queues");
     queues.extend(q.list("queue"));
     for queue in &queues {
         validate_queue(queue).map_err(|e| ApiError::invalid_field("queues", e.reason))?;
+    }
+    let mut job_types = q.list("job_types");
+    job_types.extend(q.list("job_type"));
+    for t in &job_types {
+        validate_type(t).map_err(|e| ApiError::invalid_field("job_types", e.reason))?;
     }
     let since = match q.one("since")? {
         None => None,
@@ -92,24 +115,206 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
         // a year before 1 (`-009999-…`), and the query would fail instead of the request.
         Some(s) => Some(super::envelope::parse_time(s, Timestamp::now()).map_err(|r| ApiError::invalid_field("since", r))?),
     };
-    let only_cron = !types.is_empty() && job_types.is_empty();
-    let only_jobs = !types.is_empty() && cron_types.is_empty();
+    Ok(Selection {
+        only_cron: !types.is_empty() && job_event_types.is_empty(),
+        only_jobs: !types.is_empty() && cron_types.is_empty(),
+        cron_types: cron_types.into_iter().map(str::to_owned).collect(),
+        job_filter: EventFilter {
+            types: job_event_types.into_iter().map(str::to_owned).collect(),
+            queues: queues.into_iter().map(str::to_owned).collect(),
+            job_types: job_types.into_iter().map(str::to_owned).collect(),
+            job_id: q.uuid("job_id")?,
+            since,
+            ..EventFilter::default()
+        },
+    })
+}
+
+/// A cursor from a client (`after`, `Last-Event-ID`): an event id or a position.
+fn cursor(field: &str, raw: &str) -> Result<String, ApiError> {
+    position_time(raw).map_err(|_| ApiError::invalid_field(field, format!("{raw:?} is not an event id or cursor of this server (evt_<16 digits>:…)")))?;
+    Ok(raw.to_owned())
+}
+
+/// One page of events: newest first, or oldest first after `after` (up to the settled
+/// horizon, so a cursor never passes an event still being written). Also answers where an
+/// `after` poll continues from and whether the page was cut short.
+struct Page {
+    events: Vec<(String, &'static str, Value)>,
+    cursor: String,
+    has_more: bool,
+}
+
+async fn page(state: &AppState, sel: &Selection, after: Option<String>, limit: i64) -> Result<Page, ApiError> {
+    let horizon = state.store.event_horizon().await?;
+    // One more than asked for tells whether there are more.
     let filter = EventFilter {
-        types: job_types.into_iter().map(str::to_owned).collect(),
-        queues: queues.into_iter().map(str::to_owned).collect(),
-        job_id: q.uuid("job_id")?,
-        since,
-        limit: q.i64_in("limit", 1, 1000)?.unwrap_or(100),
+        after: after.clone(),
+        until: after.is_some().then_some(horizon),
+        limit: limit + 1,
+        ..sel.job_filter.clone()
     };
-    let jobs = if only_cron { Vec::new() } else { state.store.events(&filter).await? };
-    let crons = if only_jobs {
-        Vec::new()
+    let jobs = if sel.only_cron { Vec::new() } else { state.store.events(&filter).await? };
+    let crons = if sel.only_jobs { Vec::new() } else { state.store.cron_events(&EventFilter { types: sel.cron_types.clone(), ..filter.clone() }).await? };
+    let mut all: Vec<(String, Timestamp, &'static str, Value)> = jobs
+        .iter()
+        .map(|e| (e.id.clone(), e.at, job_terminal(&e.event_type), event_json(e)))
+        .chain(crons.iter().map(|e| (e.id.clone(), e.actual_time, "", cron_event_json(e))))
+        .collect();
+    if after.is_some() {
+        all.sort_by(|a, b| a.0.cmp(&b.0));
     } else {
-        let types: Vec<String> = cron_types.into_iter().map(str::to_owned).collect();
-        state.store.cron_events(&types, &filter.queues, filter.job_id, filter.since, filter.limit).await?
+        all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
+    }
+    let limit = usize::try_from(limit).unwrap_or(100);
+    let has_more = all.len() > limit;
+    all.truncate(limit);
+    let settled = position_at(horizon);
+    let cursor = match (&after, all.last()) {
+        // Oldest first: on from the last one delivered, or, with none, up to the horizon.
+        (Some(_), Some(last)) => last.0.clone(),
+        (Some(from), None) => from.clone().max(settled),
+        // Newest first: a poll from the horizon misses nothing still being written (it may
+        // repeat some of this page: delivery is at least once, ids deduplicate).
+        (None, _) => settled,
     };
-    let mut all: Vec<(jiff::Timestamp, Value)> = jobs.iter().map(|e| (e.at, event_json(e))).chain(crons.iter().map(|e| (e.actual_time, cron_event_json(e)))).collect();
-    all.sort_by_key(|e| std::cmp::Reverse(e.0));
-    all.truncate(usize::try_from(filter.limit).unwrap_or(100));
-    Ok(Json(json!({ "events": all.into_iter().map(|(_, v)| v).collect::<Vec<_>>() })))
+    Ok(Page { events: all.into_iter().map(|(id, _, terminal, v)| (id, terminal, v)).collect(), cursor, has_more })
+}
+
+/// `"terminal"` for the event types after which a job's stream ends.
+fn job_terminal(event_type: &str) -> &'static str {
+    match event_type {
+        "job.completed" | "job.cancelled" | "job.discarded" | "job.dead_lettered" => "terminal",
+        _ => "",
+    }
+}
+
+/// `?types=job.completed,job.failed,cron.triggered&queues=q1,q2&job_types=email.send&job_id=&since=&after=&limit=`:
+/// job events and cron events (`cron.triggered`, `cron.skipped`). Newest first; with `after`
+/// (an event id or a `cursor` from an earlier answer) oldest first from there, for polling
+/// (OJS events §6.4): the answer's `cursor` is where the next poll continues and `has_more`
+/// says whether this page was cut at `limit`.
+pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
+    q.only(&["types", "type", "queues", "queue", "job_types", "job_type", "job_id", "since", "after", "limit"])?;
+    let sel = selection(&q)?;
+    let after = q.one("after")?.map(|a| cursor("after", a)).transpose()?;
+    let limit = q.i64_in("limit", 1, 1000)?.unwrap_or(100);
+    let page = page(&state, &sel, after, limit).await?;
+    Ok(Json(json!({
+        "events": page.events.into_iter().map(|(_, _, v)| v).collect::<Vec<_>>(),
+        "cursor": page.cursor,
+        "has_more": page.has_more,
+    })))
+}
+
+/// How often an open stream looks for new events.
+const STREAM_POLL: Duration = Duration::from_millis(500);
+
+/// What a stream follows.
+enum Channel {
+    /// One job, from its first event; the stream ends after a terminal one.
+    Job(Uuid),
+    /// Every job of a queue, from now.
+    Queue(String),
+}
+
+/// `GET /ojs/v1/events/stream?channel=job:<id>|queue:<name>` (the channel the OJS SDKs'
+/// `subscribe` asks for), with the list's filters (`types`, `job_types`, …) as well.
+pub async fn stream(State(state): State<AppState>, q: QueryParams, headers: HeaderMap) -> Result<Response, ApiError> {
+    q.only(&["channel", "types", "type", "job_types", "job_type"])?;
+    let raw = q.one("channel")?.ok_or_else(|| ApiError::invalid_field("channel", "required: job:<id> or queue:<name>"))?;
+    let channel = match raw.split_once(':') {
+        Some(("job", id)) => Channel::Job(parse_uuid(id).map_err(|r| ApiError::invalid_field("channel", r))?),
+        Some(("queue", name)) => {
+            validate_queue(name).map_err(|e| ApiError::invalid_field("channel", e.reason))?;
+            Channel::Queue(name.to_owned())
+        }
+        _ => return Err(ApiError::invalid_field("channel", format!("{raw:?}: expected job:<id> or queue:<name>"))),
+    };
+    open_stream(state, channel, selection(&q)?, &headers).await
+}
+
+/// `GET /ojs/v1/jobs/{id}/events`: the job's events as Server-Sent Events, from its first;
+/// the stream ends after the job finishes (completed, cancelled, discarded, dead-lettered).
+pub async fn job_stream(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let id = path_uuid(&id)?;
+    open_stream(state, Channel::Job(id), selection(&QueryParams::default())?, &headers).await
+}
+
+/// `GET /ojs/v1/queues/{name}/events`: the queue's job events as Server-Sent Events, from now.
+pub async fn queue_stream(State(state): State<AppState>, Path(name): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+    validate_queue(&name).map_err(|e| ApiError::invalid_field("name", e.reason))?;
+    open_stream(state, Channel::Queue(name), selection(&QueryParams::default())?, &headers).await
+}
+
+/// Streams the channel's events from `Last-Event-ID` if the client resumes, else from the
+/// channel's start, polling every [`STREAM_POLL`] through the same pages as the list (so a
+/// stream never passes an event still being written, and a resumed one repeats none). Ends
+/// when the server shuts down.
+async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, headers: &HeaderMap) -> Result<Response, ApiError> {
+    let resume = match headers.get("last-event-id") {
+        Some(v) => Some(cursor("Last-Event-ID", v.to_str().map_err(|_| ApiError::invalid_field("Last-Event-ID", "not text"))?)?),
+        None => None,
+    };
+    let from = match &channel {
+        Channel::Job(id) => {
+            state.store.get_job(*id).await?.ok_or_else(|| ApiError::not_found("job", id))?;
+            sel.job_filter.job_id = Some(*id);
+            sel.only_jobs = true;
+            resume.unwrap_or_else(|| position_at(Timestamp::UNIX_EPOCH))
+        }
+        Channel::Queue(name) => {
+            sel.job_filter.queues = vec![name.clone()];
+            match resume {
+                Some(r) => r,
+                None => position_at(state.store.event_horizon().await?),
+            }
+        }
+    };
+    let ends_at_terminal = matches!(channel, Channel::Job(_));
+    let shutdown = state.shutdown.clone();
+    struct Tail {
+        state: AppState,
+        sel: Selection,
+        cursor: String,
+        pending: std::collections::VecDeque<(String, &'static str, Value)>,
+        first: bool,
+        done: bool,
+    }
+    let tail = Tail { state, sel, cursor: from, pending: Default::default(), first: true, done: false };
+    let events = futures::stream::unfold(tail, move |mut t| {
+        let shutdown = shutdown.clone();
+        async move {
+            loop {
+                if let Some((id, terminal, v)) = t.pending.pop_front() {
+                    if ends_at_terminal && !terminal.is_empty() {
+                        t.pending.clear();
+                        t.done = true;
+                    }
+                    let kind = v.get("type").and_then(Value::as_str).unwrap_or("message").to_owned();
+                    let event = Event::default().id(id).event(kind).data(v.to_string());
+                    return Some((Ok::<Event, Infallible>(event), t));
+                }
+                if t.done {
+                    return None;
+                }
+                if !t.first {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return None,
+                        () = tokio::time::sleep(STREAM_POLL) => {}
+                    }
+                }
+                t.first = false;
+                match page(&t.state, &t.sel, Some(t.cursor.clone()), 100).await {
+                    Ok(p) => {
+                        t.cursor = p.cursor;
+                        t.pending.extend(p.events);
+                    }
+                    // The database is away: the stream waits for it rather than ending.
+                    Err(e) => tracing::warn!(error = ?e, "event stream: reading events failed; trying again"),
+                }
+            }
+        }
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
 }

@@ -78,6 +78,13 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
                                 "GET /rate-limits, GET/PUT /rate-limits/queue:<name>", "PUT /admin/queues/{name}/rate-limit"],
                 "not_implemented": ["per-job keyed limits (options.rate_limit)", "on_limit reschedule/drop", "dynamic limits", "rate_limit.* events", "X-RateLimit-* headers"],
             },
+            "events": {
+                "implemented": ["job.enqueued/completed/failed/discarded/dead_lettered/cancelled, job.released/snoozed, cron.triggered/skipped",
+                                "GET /events: filters types, queues, job_types, job_id, since; newest first, or polled oldest first with after, cursor and has_more",
+                                "Server-Sent Events: /events/stream?channel=job:<id>|queue:<name>, /jobs/{id}/events (ends when the job finishes), /queues/{name}/events, Last-Event-ID resume"],
+                "not_implemented": ["job.started, job.progress, worker.*, queue.* and workflow events", "WebSocket and gRPC subscriptions", "webhooks"],
+                "notes": "events are read back from what the store records; a cursor passes an event only once it is settled (a second old, and no transaction that could still write an earlier one is open)",
+            },
             "cron": {
                 "implemented": ["5/6-field expressions, names, L W #, @yearly…@hourly", "IANA time zones", "overlap skip/allow/cancel_previous/enqueue",
                                 "register (upsert)/list/get/delete/PATCH enabled", "pause/resume/trigger", "exactly-once ticks across processes"],

@@ -61,7 +61,10 @@ pub async fn ojs_response(req: Request, next: Next) -> Response {
         *res.body_mut() = Body::from(body);
     }
     let headers = res.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    // Event streams keep theirs (`text/event-stream`).
+    if is_error || !headers.get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream")) {
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    }
     headers.insert(OJS_VERSION, HeaderValue::from_static("1.0"));
     res
 }

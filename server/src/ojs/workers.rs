@@ -268,12 +268,14 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
     let (ids, claimed_count) = heartbeat_jobs(&f)?;
     let vis = visibility(&f)?;
     // Any holder's claim is extended: OJS workers need not send the id they fetched with.
-    let extended = state.store.heartbeat(None, &ids, vis).await?;
+    // A job whose row another request is writing (its ack, most likely) is `busy`: still
+    // held, left for the next beat rather than waited for.
+    let held = state.store.heartbeat(None, &ids, vis).await?;
     let said_running = claimed_count.unwrap_or(0).max(i64::try_from(ids.len()).unwrap_or(i64::MAX));
     if ids.is_empty() && said_running > 0 {
         tracing::warn!(worker, said_running, "heartbeat says jobs are running but names none (send their ids in active_jobs): no claim was extended; they will lapse and be run again");
-    } else if extended.len() < ids.len() {
-        warn_lapsed(&state, worker, ids.iter().filter(|id| !extended.contains(id))).await;
+    } else if held.extended.len() + held.busy.len() < ids.len() {
+        warn_lapsed(&state, worker, ids.iter().filter(|id| !held.extended.contains(id) && !held.busy.contains(id))).await;
     }
     state
         .store
@@ -298,7 +300,8 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
     };
     Ok(Json(json!({
         "state": directive,
-        "jobs_extended": extended.iter().map(Uuid::to_string).collect::<Vec<_>>(),
+        "jobs_extended": held.extended.iter().map(Uuid::to_string).collect::<Vec<_>>(),
+        "jobs_busy": held.busy.iter().map(Uuid::to_string).collect::<Vec<_>>(),
         "server_time": Timestamp::now().to_string(),
     })))
 }

@@ -70,6 +70,15 @@ impl TestServer {
         Reply { status, headers, body, text }
     }
 
+    /// The response itself, its body unread (a stream).
+    pub async fn open(&self, path: &str, headers: &[(&str, &str)]) -> axum::response::Response {
+        let mut req = Request::builder().method("GET").uri(path);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        self.app.clone().oneshot(req.body(Body::empty()).expect("request")).await.expect("the router is infallible")
+    }
+
     /// A request with raw body bytes and optional headers.
     pub async fn raw(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
         let mut req = Request::builder().method(method).uri(path);

@@ -9,7 +9,7 @@ use rebound_server::config::{ApiAuth, ServerConfig};
 use rebound_server::maintenance::run_pass;
 use serde_json::{Value, json};
 
-use crate::common::TestServer;
+use crate::common::{Reply, TestServer};
 
 fn ts(v: &Value) -> Timestamp {
     v.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not a timestamp: {v}"))
@@ -129,6 +129,113 @@ async fn events_record_what_happened() {
     assert_eq!(r.body["events"], json!([]));
     let r = s.get("/ojs/v1/events?queues=other").await;
     assert_eq!(r.body["events"], json!([]));
+}
+
+/// The `(event, id)` pairs of a Server-Sent Events text.
+fn sse_events(text: &str) -> Vec<(String, String)> {
+    text.split("\n\n")
+        .filter_map(|block| {
+            let field = |name: &str| block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned());
+            Some((field("event:")?, field("id:")?))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn events_are_polled_with_a_cursor_and_streamed_per_job() {
+    let s = TestServer::new().await;
+    let a = s.enqueue(json!({"type": "ev.a", "args": [], "options": {"queue": "pq"}})).await;
+    let b = s.enqueue(json!({"type": "ev.b", "args": [], "options": {"queue": "pq"}})).await;
+    assert_eq!(s.fetch("pq").await["id"], a["id"]);
+    let r = s.post("/ojs/v1/workers/ack", json!({"job_id": a["id"]})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let newest = s.get("/ojs/v1/events?queues=pq").await;
+    assert_eq!(newest.status, StatusCode::OK, "{}", newest.text);
+    let e = &newest.body["events"][0];
+    assert_eq!((e["specversion"].as_str(), e["type"].as_str(), e["source"].as_str()), (Some("1.0"), Some("job.completed"), Some("ojs://rebound/jobs")));
+    assert!(newest.body["cursor"].as_str().is_some_and(|c| c.starts_with("evt_")) && newest.body["has_more"] == json!(false));
+
+    // A cursor passes only settled events (a second old), so polling waits for them.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let start = "evt_0000000000000000:";
+    let first = s.get(&format!("/ojs/v1/events?queues=pq&after={start}&limit=2")).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text);
+    let ids = |r: &Reply| r.body["events"].as_array().expect("events").iter().map(|e| e["id"].as_str().expect("id").to_owned()).collect::<Vec<_>>();
+    let kinds = |r: &Reply| r.body["events"].as_array().expect("events").iter().map(|e| e["type"].as_str().expect("type").to_owned()).collect::<Vec<_>>();
+    assert_eq!(kinds(&first), ["job.enqueued", "job.enqueued"], "oldest first");
+    assert_eq!((first.body["has_more"].clone(), first.body["cursor"].as_str()), (json!(true), ids(&first).last().map(String::as_str)));
+    let second = s.get(&format!("/ojs/v1/events?queues=pq&after={}&limit=2", first.body["cursor"].as_str().expect("cursor"))).await;
+    assert_eq!((kinds(&second), second.body["has_more"].clone()), (vec!["job.completed".to_owned()], json!(false)));
+    let mut walked = [ids(&first), ids(&second)].concat();
+    let mut all = ids(&newest);
+    all.sort();
+    walked.sort();
+    assert_eq!(walked, all, "the pages hold what the newest-first list holds");
+    // Nothing new: the cursor stays put or moves up to the horizon, never back.
+    let idle = s.get(&format!("/ojs/v1/events?queues=pq&after={}", second.body["cursor"].as_str().expect("cursor"))).await;
+    assert!(idle.body["events"].as_array().is_some_and(Vec::is_empty) && idle.body["cursor"].as_str() >= second.body["cursor"].as_str());
+
+    let only_b = s.get(&format!("/ojs/v1/events?job_types=ev.b&after={start}")).await;
+    assert_eq!(only_b.body["events"].as_array().map(|e| e.iter().map(|e| e["data"]["job_id"].clone()).collect::<Vec<_>>()), Some(vec![b["id"].clone()]));
+    for bad in ["after=12", "after=evt_123:x", "job_types=Not%20A%20Type"] {
+        let r = s.get(&format!("/ojs/v1/events?{bad}")).await;
+        assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some(bad.split('=').next().expect("name"))), "{bad}: {}", r.text);
+    }
+
+    // A finished job's stream replays its events and ends; the SDKs' channel form alike.
+    for path in [format!("/ojs/v1/jobs/{}/events", a["id"].as_str().expect("id")), format!("/ojs/v1/events/stream?channel=job:{}", a["id"].as_str().expect("id"))] {
+        let r = tokio::time::timeout(Duration::from_secs(20), s.get(&path)).await.expect("the stream of a finished job ends");
+        assert_eq!((r.status, r.header("content-type")), (StatusCode::OK, Some("text/event-stream")), "{path}");
+        let events = sse_events(&r.text);
+        assert_eq!(events.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["job.enqueued", "job.completed"], "{path}: {}", r.text);
+        assert!(events.iter().all(|e| all.contains(&e.1)), "stream ids are the list's ids");
+    }
+    let r = s.get("/ojs/v1/jobs/019539a4-bbbb-7000-8000-000000000001/events").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+    for bad in ["channel=jobs:1", "channel=job:nope", "channel=queue:BAD", "types=job.exploded&channel=queue:pq"] {
+        let r = s.get(&format!("/ojs/v1/events/stream?{bad}")).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}: {}", r.text);
+    }
+}
+
+#[tokio::test]
+async fn a_queue_stream_delivers_new_events_and_resumes_after_the_last_one_seen() {
+    use futures::StreamExt;
+    let s = TestServer::new().await;
+    s.enqueue(json!({"type": "ev.old", "args": [], "options": {"queue": "sq"}})).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Read until `want` events have arrived.
+    async fn read(s: &TestServer, headers: &[(&str, &str)], want: usize) -> Vec<(String, String)> {
+        let res = s.open("/ojs/v1/queues/sq/events", headers).await;
+        assert_eq!(res.headers().get("content-type").and_then(|v| v.to_str().ok()), Some("text/event-stream"));
+        let mut body = res.into_body().into_data_stream();
+        let mut text = String::new();
+        while sse_events(&text).len() < want {
+            let chunk = tokio::time::timeout(Duration::from_secs(20), body.next()).await.expect("an event within 20 s");
+            text.push_str(&String::from_utf8_lossy(&chunk.expect("the stream stays open").expect("a chunk")));
+        }
+        sse_events(&text)
+    }
+    let reading = read(&s, &[], 2);
+    let work = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        s.enqueue(json!({"type": "ev.new", "args": [], "options": {"queue": "sq"}})).await;
+        s.enqueue(json!({"type": "ev.elsewhere", "args": [], "options": {"queue": "other"}})).await;
+        let old = s.fetch("sq").await;
+        assert_eq!(old["type"], "ev.old");
+        let r = s.post("/ojs/v1/workers/ack", json!({"job_id": old["id"]})).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    };
+    let (seen, ()) = tokio::join!(reading, work);
+    // Only what happened after the stream opened, in this queue.
+    assert_eq!(seen.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["job.enqueued", "job.completed"], "{seen:?}");
+    // Resumed after the first event seen, the stream starts with the second.
+    let resumed = read(&s, &[("last-event-id", &seen[0].1)], 1).await;
+    assert_eq!(resumed[0], seen[1]);
+    let r = s.get("/ojs/v1/queues/BAD/events").await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    let r = s.raw("GET", "/ojs/v1/queues/sq/events", &[("last-event-id", "nope")], Vec::new()).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("Last-Event-ID")));
 }
 
 #[tokio::test]

@@ -87,7 +87,7 @@ async fn heartbeats_accept_active_job_ids_and_a_numeric_count() {
     // The JS / Go SDK shape: a count in `active_jobs`, the ids in `active_job_ids`.
     let r = s.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "js-1", "active_jobs": 1, "active_job_ids": [job["id"]], "visibility_timeout_ms": 60000})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    assert_eq!(r.body["jobs_extended"], json!([job["id"]]));
+    assert_eq!((r.body["jobs_extended"].clone(), r.body["jobs_busy"].clone()), (json!([job["id"]]), json!([])));
     let after = s.db.store.job(id(&job).parse().expect("uuid")).await.expect("job").lock_expires_at.expect("locked");
     assert!(after > before + jiff::SignedDuration::from_secs(30), "the claim was extended: {before} -> {after}");
     // The OJS shape still works, and a count alone is accepted (it extends nothing: logged).
