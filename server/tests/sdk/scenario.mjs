@@ -9,6 +9,8 @@
 // SDK limitations, each where it matters below:
 // * Dead letters: `queues.listDeadLetter()` takes no paging parameters (no offset, no cursor),
 //   so offset paging is exercised by the Python scenario only; here the whole list is read.
+// * Subscriptions deliver an event once it is settled, about a second after it happened
+//   (Rebound reads events back from its tables).
 // * Heartbeats send `active_jobs` as a count and the ids in `active_job_ids` (Rebound reads
 //   both); they carry no visibility timeout, so claims are extended by the fetch's.
 
@@ -18,7 +20,7 @@ import { pathToFileURL } from 'node:url';
 import path from 'node:path';
 
 const [url, sdkDir] = process.argv.slice(2);
-const { OJSClient, OJSWorker } = await import(pathToFileURL(path.join(sdkDir, 'dist/esm/index.js')).href);
+const { OJSClient, OJSWorker, subscribeJob, subscribeQueue } = await import(pathToFileURL(path.join(sdkDir, 'dist/esm/index.js')).href);
 
 let checks = 0;
 function check(cond, what) {
@@ -91,6 +93,9 @@ async function workerRun() {
     });
   }
   const retry = { maxAttempts: 3, initialInterval: 'PT0.2S', jitter: false, onExhaustion: 'dead_letter' };
+  // The SDK's SSE subscription to the queue follows everything below as it happens.
+  const followed = [];
+  const following = subscribeQueue({ url }, q, (e) => followed.push(e));
   const slow = [];
   for (let i = 0; i < 3; i++) slow.push(await client.enqueue('scenario.slow', [i], { queue: q }));
   const failing = [];
@@ -110,6 +115,17 @@ async function workerRun() {
   } finally {
     await worker.stop();
   }
+  const followedOf = (kind) => new Set(followed.filter((e) => e.type === kind).map((e) => e.data.data.job_id));
+  await waitUntil('the queue subscription saw every completion and dead letter',
+    async () => slow.every((j) => followedOf('job.completed').has(j.id)) && failing.every((j) => followedOf('job.dead_lettered').has(j.id)), 15000);
+  check(followed.every((e) => e.id.startsWith('evt_') && e.data.specversion === '1.0'), 'SSE ids and OJS envelopes');
+  following.unsubscribe();
+  // A finished job's subscription replays its events (the stream then ends).
+  const jobEvents = [];
+  const one = subscribeJob({ url }, slow[0].id, (e) => jobEvents.push(e.type));
+  await waitUntil("the job's subscription replayed its events", async () => jobEvents.length >= 2, 15000);
+  one.unsubscribe();
+  check(JSON.stringify(jobEvents) === JSON.stringify(['job.enqueued', 'job.completed']), `the job's subscription: ${jobEvents}`);
 
   const dead = (await client.queues.listDeadLetter()).filter((j) => j.queue === q);
   check(dead.length === 3 && dead.every((j) => failing.some((f) => f.id === j.id)), `dead letters listed: ${dead.length}`);

@@ -12,6 +12,8 @@ SDK limitations worked around, each where it matters below:
   policy for the job type (its admin API), not on the job.
 * The worker always nacks with code "handler_error", retryable: handler response codes
   (DEAD_LETTER, DISCARD, ...) cannot be sent through it.
+* Subscriptions (`ojs.subscribe`) deliver an event once it is settled, about a second after
+  it happened (Rebound reads events back from its tables).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import ojs
+from ojs.subscribe import SSEEvent, subscribe_job, subscribe_queue
 
 ACCEPT_JSON = {"Accept": "application/json"}
 CHECKS = 0
@@ -120,6 +123,14 @@ async def worker_run(url: str, client: ojs.Client, q: str) -> None:
             runs[ctx.job.id] += 1
             return {"args": ctx.args}
 
+    # The SDK's SSE subscription to the queue follows everything below as it happens.
+    followed: list[SSEEvent] = []
+
+    async def follow() -> None:
+        async for event in subscribe_queue(url, q):
+            followed.append(event)
+
+    follower = asyncio.create_task(follow())
     slow_jobs = [await client.enqueue("scenario.slow", [i], queue=q) for i in range(3)]
     failing = [await client.enqueue("scenario.fail", [i], queue=q) for i in range(5)]
     task = asyncio.create_task(worker.start())
@@ -145,6 +156,23 @@ async def worker_run(url: str, client: ojs.Client, q: str) -> None:
     finally:
         await worker.stop()
         await asyncio.wait_for(task, 30)
+
+    def followed_of(kind: str) -> set[str]:
+        return {e.data["data"]["job_id"] for e in followed if e.type == kind and e.data}
+
+    async def all_followed() -> bool:
+        return followed_of("job.completed") >= {j.id for j in slow_jobs} and followed_of("job.dead_lettered") >= {j.id for j in failing}
+
+    await wait_until("the queue's subscription saw every completion and dead letter", all_followed, timeout=15)
+    check(len(followed_of("job.failed")) == len(failing), "and each failed attempt that was retried")
+    check(all(e.id.startswith("evt_") and e.data["specversion"] == "1.0" for e in followed), "SSE ids and OJS envelopes")
+    follower.cancel()
+    # A finished job's subscription replays its events and ends.
+    async def job_events() -> list[str]:
+        return [e.type async for e in subscribe_job(url, slow_jobs[0].id)]
+
+    kinds = await asyncio.wait_for(job_events(), 20)
+    check(kinds == ["job.enqueued", "job.completed"], f"the job's subscription: {kinds}")
 
     # Dead letters, paged by offset as the SDK does.
     seen: list[str] = []
