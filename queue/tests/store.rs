@@ -627,7 +627,21 @@ async fn history_events_and_chart_read_the_completing_execution_from_the_job_row
     let events = s.events(&EventFilter { job_id: Some(id), limit: 10, ..Default::default() }).await.unwrap();
     let kinds: Vec<(&str, Option<i32>, Option<&str>)> =
         events.iter().map(|e| (e.event_type.as_str(), e.attempt, e.worker_id.as_deref())).collect();
-    assert_eq!(kinds, vec![("job.completed", Some(2), Some("w2")), ("job.failed", Some(1), Some("w1")), ("job.enqueued", None, None)]);
+    // Newest first: a failure and its retry share their time, the retry positioned after.
+    let expected = vec![
+        ("job.completed", Some(2), Some("w2")),
+        ("job.started", Some(2), Some("w2")),
+        ("job.retrying", Some(1), Some("w1")),
+        ("job.failed", Some(1), Some("w1")),
+        ("job.started", Some(1), Some("w1")),
+        ("job.enqueued", None, None),
+    ];
+    assert_eq!(kinds, expected);
+    // The log that all-jobs reads use holds the same starts (one per claim).
+    let starts = s.events(&EventFilter { types: vec!["job.started".into()], limit: 10, ..Default::default() }).await.unwrap();
+    let from_log: Vec<&str> = starts.iter().map(|e| e.id.as_str()).collect();
+    let from_rows: Vec<&str> = events.iter().filter(|e| e.event_type == "job.started").map(|e| e.id.as_str()).collect();
+    assert_eq!(from_log, from_rows, "the same events, the same ids");
     let only_completed =
         s.events(&EventFilter { types: vec!["job.completed".into()], limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(only_completed.len(), 1);

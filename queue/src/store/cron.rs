@@ -275,13 +275,7 @@ impl Store {
         if outcomes.is_empty() {
             return Ok(Vec::new());
         }
-        let since = match &filter.after {
-            Some(after) => {
-                let from = super::events::position_time(after)?;
-                Some(filter.since.map_or(from, |s| s.max(from)))
-            }
-            None => filter.since,
-        };
+        let since = super::events::reading_from(filter)?;
         let rows = sqlx::query(if filter.after.is_some() { CRON_EVENTS_AFTER } else { CRON_EVENTS_NEWEST_FIRST })
             .bind(&outcomes)
             .bind(&filter.queues)

@@ -1,7 +1,8 @@
 //! Job events, read back from what the store already records: `jobs.created_at` (enqueued),
-//! `job_attempts` (failed, discarded, dead-lettered, released, snoozed) and `job_finishes`
-//! (completed, cancelled: one row per statement and queue, written by a trigger; see its
-//! migration). Events from every process (server, workers) appear alike.
+//! `job_attempts` (failed, retrying, discarded, dead-lettered, released, snoozed) and
+//! `job_transitions` (started, completed, cancelled, expired, scheduled: one row per statement,
+//! queue and transition, written by a trigger; see its migrations). Events from every process
+//! (server, workers) appear alike.
 
 use jiff::Timestamp;
 use serde::Serialize;
@@ -9,15 +10,19 @@ use serde_json::Value;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{Store, StoreError, ts};
+use super::{Store, StoreError, ts, ts_opt};
 
 /// Every event type [`Store::events`] knows.
-pub const EVENT_TYPES: [&str; 8] = [
+pub const EVENT_TYPES: [&str; 12] = [
     "job.enqueued",
+    "job.scheduled",
+    "job.started",
     "job.completed",
     "job.failed",
+    "job.retrying",
     "job.discarded",
     "job.dead_lettered",
+    "job.expired",
     "job.released",
     "job.snoozed",
     "job.cancelled",
@@ -63,9 +68,15 @@ pub struct JobEvent {
     pub attempt: Option<i32>,
     /// How long the attempt ran (attempt events only).
     pub duration_ms: Option<i64>,
-    /// `{type, code, message}` of a failed attempt.
+    /// `{type, code, message}` of a failed attempt; the job's `last_error` when it expired.
     pub error: Option<Value>,
     pub worker_id: Option<String>,
+    /// When the retry is due (`job.retrying`).
+    pub next_retry_at: Option<Timestamp>,
+    /// The job's `max_attempts` (`job.retrying`).
+    pub max_attempts: Option<i32>,
+    /// When it is due to run (`job.scheduled`).
+    pub scheduled_at: Option<Timestamp>,
 }
 
 /// How long an event is held back from cursors (`after`) at least. Events are positioned by
@@ -97,14 +108,19 @@ macro_rules! evid {
     };
 }
 
-// The jobs that became `$state` (event `$event`, at `$at` on the job row), at most `limit`
-// in the given order: from `job_finishes` by time, over all queues or per asked-for queue;
-// or, for one job, from its row. Before the jobs are joined the id lacks its attempt: a job
-// finishes once per row of the log, so that prefix orders it among ids alike.
-macro_rules! finished {
-    ($state:literal, $event:literal, $at:literal, $order:literal) => {
+// The jobs that made transition `$state` (event `$event`) by the log, at most `limit` in the
+// given order, over all queues or per asked-for queue, as (at, state, job_id, attempt,
+// worker_id); for one job (`$3`), `$one_job` reads the same from its rows (the log is not
+// searchable by job): a job's starts are then its executions' (in-place retries' too, which
+// the log, written by claims, lacks), its scheduling the log row of its insert (at its
+// `created_at`). Before the jobs are
+// joined the id lacks its attempt: a job makes a transition once per row of the log, so that
+// prefix orders it among ids alike.
+macro_rules! logged {
+    ($state:literal, $event:literal, $order:literal, $one_job:literal) => {
         concat!(
-            "(SELECT l.at, l.state, u.job_id FROM job_finishes l CROSS JOIN LATERAL unnest(l.job_ids) AS u(job_id)
+            "(SELECT l.at, l.state, u.job_id, u.attempt, l.worker_id
+      FROM job_transitions l CROSS JOIN LATERAL unnest(l.job_ids, l.attempts) AS u(job_id, attempt)
       WHERE (cardinality($1::text[]) = 0 OR '", $event, "' = ANY($1)) AND cardinality($2::text[]) = 0 AND $3::uuid IS NULL
         AND l.state = '", $state, "' AND ($4::timestamptz IS NULL OR l.at >= $4::timestamptz)
         AND ($8::timestamptz IS NULL OR l.at < $8::timestamptz)
@@ -112,10 +128,11 @@ macro_rules! finished {
         AND (cardinality($6::text[]) = 0 OR EXISTS (SELECT 1 FROM jobs t WHERE t.id = u.job_id AND t.type = ANY($6)))
       ORDER BY ", $order, " LIMIT $5)
      UNION ALL
-     (SELECT x.at, x.state, x.job_id
+     (SELECT x.at, x.state, x.job_id, x.attempt, x.worker_id
       FROM (SELECT DISTINCT name FROM unnest($2::text[]) AS n(name)) q
       CROSS JOIN LATERAL (
-          SELECT l.at, l.state, u.job_id FROM job_finishes l CROSS JOIN LATERAL unnest(l.job_ids) AS u(job_id)
+          SELECT l.at, l.state, u.job_id, u.attempt, l.worker_id
+          FROM job_transitions l CROSS JOIN LATERAL unnest(l.job_ids, l.attempts) AS u(job_id, attempt)
           WHERE l.queue = q.name AND l.state = '", $state, "' AND ($4::timestamptz IS NULL OR l.at >= $4::timestamptz)
             AND ($8::timestamptz IS NULL OR l.at < $8::timestamptz)
             AND ($7::text IS NULL OR ", evid!("l.at", "'", $event, ":' || u.job_id"), " > $7)
@@ -123,31 +140,32 @@ macro_rules! finished {
           ORDER BY ", $order, " LIMIT $5) x
       WHERE (cardinality($1::text[]) = 0 OR '", $event, "' = ANY($1)) AND $3::uuid IS NULL)
      UNION ALL
-     (SELECT j.", $at, ", j.state, j.id FROM jobs j
-      WHERE (cardinality($1::text[]) = 0 OR '", $event, "' = ANY($1)) AND j.id = $3::uuid
-        AND j.state = '", $state, "' AND j.", $at, " IS NOT NULL
-        AND (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
-        AND (cardinality($6::text[]) = 0 OR j.type = ANY($6))
-        AND ($4::timestamptz IS NULL OR j.", $at, " >= $4::timestamptz)
-        AND ($8::timestamptz IS NULL OR j.", $at, " < $8::timestamptz))"
+     (SELECT o.at, '", $state, "'::job_state, o.job_id, o.attempt, o.worker_id FROM (", $one_job, ") o
+      WHERE (cardinality($1::text[]) = 0 OR '", $event, "' = ANY($1)) AND $3::uuid IS NOT NULL)"
         )
     };
 }
+
 
 // Each branch takes its own first `limit` rows in the order asked for through an index, so
 // the merge stays cheap; a branch whose type is not asked for is cut by a one-time filter.
 // Newest first (no cursor) each branch reads its own index order; oldest first (`after`,
 // `$7`) every branch's order agrees with the ids', which the merge and the cursor use: a
 // branch cut at `limit` never leaves out an event that sorts before one it returned.
+//
+// A failed attempt is two events, `job.failed` and what followed (`job.retrying`,
+// `job.discarded`, `job.dead_lettered`), the second positioned a microsecond later so that
+// ids keep them in that order.
 macro_rules! events_sql {
-    ($enqueued_order:literal, $attempts_order:literal, $finished_order:literal, $order:literal) => {
+    ($enqueued_order:literal, $attempts_order:literal, $logged_order:literal, $order:literal) => {
         concat!(
             "
 SELECT * FROM (
     (SELECT ('evt_' || lpad((('x' || left(replace(j.id::text, '-', ''), 12))::bit(48)::bigint * 1000)::text, 16, '0')
              || ':job.enqueued:' || j.id || ':0') COLLATE \"C\" AS id,
             'job.enqueued'::text AS type, j.created_at AS at, j.id AS job_id, j.type AS job_type, j.queue,
-            NULL::int AS attempt, NULL::bigint AS duration_ms, NULL::jsonb AS error, NULL::text AS worker_id
+            NULL::int AS attempt, NULL::bigint AS duration_ms, NULL::jsonb AS error, NULL::text AS worker_id,
+            NULL::timestamptz AS next_retry_at, NULL::int AS max_attempts, NULL::timestamptz AS scheduled_at
      FROM jobs j
      WHERE (cardinality($1::text[]) = 0 OR 'job.enqueued' = ANY($1))
        AND (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
@@ -163,29 +181,32 @@ SELECT * FROM (
              || ':job.enqueued:' || j.id || ':0') COLLATE \"C\" > $7)
      ORDER BY ", $enqueued_order, " LIMIT $5)
     UNION ALL
-    (SELECT e.id, e.type, e.at, e.job_id, e.job_type, e.queue, e.attempt, e.duration_ms, e.error, e.worker_id
-     FROM (SELECT ", evid!("e0.at", "e0.type || ':' || e0.job_id || ':' || e0.attempt"), " AS id, e0.* FROM (
-         SELECT CASE
-                    WHEN a.outcome = 'retried' THEN 'job.failed'
-                    WHEN a.outcome = 'released' THEN 'job.released'
-                    WHEN a.outcome = 'snoozed' THEN 'job.snoozed'
-                    WHEN a.outcome = 'dead_lettered'
-                         OR (a.outcome IN ('exhausted', 'non_retryable') AND p.policy->>'on_exhaustion' = 'dead_letter')
-                         THEN 'job.dead_lettered'
-                    ELSE 'job.discarded'
-                END AS type,
-                a.finished_at AS at, a.job_id, j.type AS job_type, j.queue, a.attempt,
+    (SELECT e.id, e.type, e.at, e.job_id, e.job_type, e.queue, e.attempt, e.duration_ms, e.error, e.worker_id,
+            e.next_retry_at, e.max_attempts, NULL::timestamptz
+     FROM (SELECT ", evid!("(e0.at + (e0.n - 1) * interval '1 microsecond')", "e0.type || ':' || e0.job_id || ':' || e0.attempt"), " AS id, e0.* FROM (
+         SELECT k.type, k.n, a.finished_at AS at, a.job_id, j.type AS job_type, j.queue, a.attempt,
                 (EXTRACT(EPOCH FROM (a.finished_at - a.started_at)) * 1000)::bigint AS duration_ms,
                 CASE WHEN a.error_type IS NULL THEN NULL
                      ELSE jsonb_build_object('type', a.error_type, 'code', a.error_code, 'message', a.error_message) END AS error,
-                a.worker_id, a.id AS seq
+                a.worker_id, a.id AS seq,
+                CASE WHEN k.type = 'job.retrying' THEN a.next_run_at END AS next_retry_at,
+                CASE WHEN k.type = 'job.retrying' THEN j.max_attempts END AS max_attempts
          FROM job_attempts a JOIN jobs j ON j.id = a.job_id LEFT JOIN policy_snapshots p ON p.id = a.policy_id
+         CROSS JOIN LATERAL unnest(CASE
+                    WHEN a.outcome = 'retried' THEN ARRAY['job.failed', 'job.retrying']
+                    WHEN a.outcome = 'released' THEN ARRAY['job.released']
+                    WHEN a.outcome = 'snoozed' THEN ARRAY['job.snoozed']
+                    WHEN a.outcome = 'dead_lettered'
+                         OR (a.outcome IN ('exhausted', 'non_retryable') AND p.policy->>'on_exhaustion' = 'dead_letter')
+                         THEN ARRAY['job.failed', 'job.dead_lettered']
+                    ELSE ARRAY['job.failed', 'job.discarded']
+                END) WITH ORDINALITY AS k(type, n)
          WHERE (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
            AND (cardinality($6::text[]) = 0 OR j.type = ANY($6))
            -- Decided once: asked only for events no attempt row makes, the branch reads nothing
            -- (filtering on the computed type below would walk every attempt to find none).
            AND (cardinality($1::text[]) = 0
-                OR $1 && ARRAY['job.failed', 'job.released', 'job.snoozed', 'job.dead_lettered', 'job.discarded'])
+                OR $1 && ARRAY['job.failed', 'job.retrying', 'job.released', 'job.snoozed', 'job.dead_lettered', 'job.discarded'])
            AND ($3::uuid IS NULL OR a.job_id = $3)
            AND ($4::timestamptz IS NULL OR a.finished_at >= $4::timestamptz)
            AND ($8::timestamptz IS NULL OR a.finished_at < $8::timestamptz)
@@ -194,20 +215,54 @@ SELECT * FROM (
        AND ($7::text IS NULL OR e.id > $7)
      ORDER BY ", $attempts_order, " LIMIT $5)
     UNION ALL
-    -- Completions and cancellations (see `finished!`); the jobs are looked up by key.
-    (SELECT ", evid!("f.at", "CASE WHEN f.state = 'completed' THEN 'job.completed:' ELSE 'job.cancelled:' END || j.id || ':' || CASE WHEN f.state = 'completed' THEN j.attempt ELSE 0 END"), ",
-            CASE WHEN f.state = 'completed' THEN 'job.completed' ELSE 'job.cancelled' END, f.at, j.id, j.type, j.queue,
-            CASE WHEN f.state = 'completed' THEN j.attempt END,
-            CASE WHEN f.state = 'completed' THEN (EXTRACT(EPOCH FROM (j.completed_at - j.started_at)) * 1000)::bigint END,
-            NULL::jsonb,
-            CASE WHEN f.state = 'completed' THEN j.locked_by END
-     FROM (",
-            finished!("completed", "job.completed", "completed_at", $finished_order),
+    -- The log's transitions (see `logged!`); the jobs are looked up by key.
+    (SELECT g.id, g.type, g.at, g.job_id, g.job_type, g.queue, g.attempt, g.duration_ms, g.error, g.worker_id,
+            NULL::timestamptz, NULL::int, g.scheduled_at
+     FROM (SELECT ", evid!("f.at", "t.type || ':' || j.id || ':' || COALESCE(t.attempt, 0)"), " AS id, t.type, f.at, j.id AS job_id,
+                  j.type AS job_type, j.queue, t.attempt,
+                  CASE WHEN f.state = 'completed' THEN (EXTRACT(EPOCH FROM (j.completed_at - j.started_at)) * 1000)::bigint END AS duration_ms,
+                  CASE WHEN f.state = 'discarded' THEN j.last_error END AS error,
+                  CASE WHEN f.state = 'active' THEN f.worker_id WHEN f.state = 'completed' THEN j.locked_by END AS worker_id,
+                  CASE WHEN f.state = 'scheduled' THEN j.scheduled_at END AS scheduled_at
+           FROM (",
+            logged!("active", "job.started", $logged_order,
+                "SELECT a.started_at AS at, a.job_id, a.attempt, a.worker_id FROM job_attempts a
+          WHERE a.job_id = $3 AND a.started_at IS NOT NULL
+          UNION
+          SELECT j.started_at, j.id, j.attempt, j.locked_by FROM jobs j WHERE j.id = $3 AND j.started_at IS NOT NULL"),
             "
      UNION ALL
      ",
-            finished!("cancelled", "job.cancelled", "cancelled_at", $finished_order),
-            ") f JOIN jobs j ON j.id = f.job_id)
+            logged!("completed", "job.completed", $logged_order,
+                "SELECT j.completed_at AS at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id FROM jobs j WHERE j.id = $3 AND j.state = 'completed'"),
+            "
+     UNION ALL
+     ",
+            logged!("cancelled", "job.cancelled", $logged_order,
+                "SELECT j.cancelled_at AS at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id FROM jobs j WHERE j.id = $3 AND j.state = 'cancelled'"),
+            "
+     UNION ALL
+     ",
+            logged!("discarded", "job.expired", $logged_order,
+                "SELECT j.discarded_at AS at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id FROM jobs j
+          WHERE j.id = $3 AND j.state = 'discarded' AND j.last_error->>'type' = 'rebound.expired'"),
+            "
+     UNION ALL
+     ",
+            logged!("scheduled", "job.scheduled", $logged_order,
+                "SELECT l.at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id
+          FROM jobs j JOIN job_transitions l ON l.state = 'scheduled' AND l.queue = j.queue AND l.at = j.created_at
+          WHERE j.id = $3 AND j.id = ANY(l.job_ids)"),
+            ") f
+           JOIN jobs j ON j.id = f.job_id
+           CROSS JOIN LATERAL (SELECT CASE f.state WHEN 'active' THEN 'job.started' WHEN 'completed' THEN 'job.completed'
+                                      WHEN 'cancelled' THEN 'job.cancelled' WHEN 'discarded' THEN 'job.expired' ELSE 'job.scheduled' END AS type,
+                                      CASE f.state WHEN 'active' THEN f.attempt WHEN 'completed' THEN j.attempt END AS attempt) t
+           WHERE (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
+             AND (cardinality($6::text[]) = 0 OR j.type = ANY($6))) g
+     WHERE ($7::text IS NULL OR g.id > $7)
+       AND ($4::timestamptz IS NULL OR g.at >= $4::timestamptz)
+       AND ($8::timestamptz IS NULL OR g.at < $8::timestamptz))
 ) events
 ORDER BY ", $order, "
 LIMIT $5"
@@ -215,20 +270,61 @@ LIMIT $5"
     };
 }
 
-const NEWEST_FIRST: &str = events_sql!("j.id DESC", "e.seq DESC", "l.at DESC", "at DESC, job_id DESC");
+const NEWEST_FIRST: &str = events_sql!("j.id DESC", "e.seq DESC, e.id DESC", "l.at DESC", "at DESC, id DESC");
 const AFTER: &str = events_sql!("j.id", "e.id", "l.at, u.job_id", "id");
+
+/// Queue event types [`Store::queue_events`] knows.
+pub const QUEUE_EVENT_TYPES: [&str; 2] = ["queue.paused", "queue.resumed"];
+
+/// A queue paused or resumed (from the audit log).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct QueueEvent {
+    /// Unique, stable, and a cursor like [`JobEvent::id`]: `evt_<µs>:<type>:<queue>:<audit entry>`.
+    pub id: String,
+    /// One of [`QUEUE_EVENT_TYPES`].
+    pub event_type: String,
+    pub at: Timestamp,
+    pub queue: String,
+    /// Who did it.
+    pub actor: String,
+}
+
+macro_rules! queue_events_sql {
+    ($order:literal) => {
+        concat!(
+            "SELECT * FROM (
+    SELECT ", evid!("a.at", "CASE WHEN a.action = 'queue.pause' THEN 'queue.paused:' ELSE 'queue.resumed:' END || a.target || ':' || a.id"), " AS id,
+           CASE WHEN a.action = 'queue.pause' THEN 'queue.paused' ELSE 'queue.resumed' END AS type, a.at, a.target AS queue, a.actor
+    FROM audit_log a
+    WHERE a.action IN ('queue.pause', 'queue.resume') AND a.target IS NOT NULL AND $3::uuid IS NULL AND cardinality($6::text[]) = 0
+      AND (cardinality($2::text[]) = 0 OR a.target = ANY($2))
+      AND ($4::timestamptz IS NULL OR a.at >= $4::timestamptz)
+      AND ($8::timestamptz IS NULL OR a.at < $8::timestamptz)
+) e
+WHERE (cardinality($1::text[]) = 0 OR e.type = ANY($1)) AND ($7::text IS NULL OR e.id > $7)
+ORDER BY ", $order, " LIMIT $5"
+        )
+    };
+}
+const QUEUE_EVENTS_NEWEST_FIRST: &str = queue_events_sql!("at DESC, id DESC");
+const QUEUE_EVENTS_AFTER: &str = queue_events_sql!("id");
+
+/// Where a cursor's reading starts: the later of `since` and the cursor's time.
+pub(crate) fn reading_from(filter: &EventFilter) -> Result<Option<Timestamp>, StoreError> {
+    Ok(match &filter.after {
+        Some(after) => {
+            let from = position_time(after)?;
+            Some(filter.since.map_or(from, |s| s.max(from)))
+        }
+        None => filter.since,
+    })
+}
 
 impl Store {
     /// Job events matching `filter`: newest first, or with [`EventFilter::after`] oldest first
     /// from there.
     pub async fn events(&self, filter: &EventFilter) -> Result<Vec<JobEvent>, StoreError> {
-        let since = match &filter.after {
-            Some(after) => {
-                let from = position_time(after)?;
-                Some(filter.since.map_or(from, |s| s.max(from)))
-            }
-            None => filter.since,
-        };
+        let since = reading_from(filter)?;
         let rows = sqlx::query(if filter.after.is_some() { AFTER } else { NEWEST_FIRST })
             .bind(&filter.types)
             .bind(&filter.queues)
@@ -253,6 +349,40 @@ impl Store {
                     duration_ms: r.try_get("duration_ms")?,
                     error: r.try_get("error")?,
                     worker_id: r.try_get("worker_id")?,
+                    next_retry_at: ts_opt(r, "next_retry_at")?,
+                    max_attempts: r.try_get("max_attempts")?,
+                    scheduled_at: ts_opt(r, "scheduled_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Queue events (`filter.types` from [`QUEUE_EVENT_TYPES`]) matching `filter` like
+    /// [`Store::events`]. None for a filter naming a job or job types: they have neither.
+    pub async fn queue_events(&self, filter: &EventFilter) -> Result<Vec<QueueEvent>, StoreError> {
+        if filter.job_id.is_some() || !filter.job_types.is_empty() {
+            return Ok(Vec::new());
+        }
+        let since = reading_from(filter)?;
+        let rows = sqlx::query(if filter.after.is_some() { QUEUE_EVENTS_AFTER } else { QUEUE_EVENTS_NEWEST_FIRST })
+            .bind(&filter.types)
+            .bind(&filter.queues)
+            .bind(filter.job_id)
+            .bind(since.map(|t| t.to_string()))
+            .bind(filter.limit.clamp(1, 10_000))
+            .bind(&filter.job_types)
+            .bind(filter.after.as_deref())
+            .bind(filter.until.map(|t| t.to_string()))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(QueueEvent {
+                    id: r.try_get("id")?,
+                    event_type: r.try_get("type")?,
+                    at: ts(r, "at")?,
+                    queue: r.try_get("queue")?,
+                    actor: r.try_get("actor")?,
                 })
             })
             .collect()
@@ -304,14 +434,20 @@ mod tests {
 
         let all = s.events(&filter(&[], &[])).await.unwrap();
         let kinds: Vec<&str> = all.iter().map(|e| e.event_type.as_str()).collect();
-        assert_eq!(kinds.len(), 4, "{kinds:?}");
-        assert!(kinds.contains(&"job.completed") && kinds.contains(&"job.failed"));
+        let mut sorted = kinds.clone();
+        sorted.sort();
+        assert_eq!(sorted, ["job.completed", "job.enqueued", "job.enqueued", "job.failed", "job.retrying", "job.started", "job.started"]);
         let done = s.events(&filter(&["job.completed"], &["q1"])).await.unwrap();
         assert_eq!(done.len(), 1);
         assert_eq!((done[0].job_id, done[0].attempt), (a.id, Some(1)));
         assert!(done[0].duration_ms.is_some());
         let failed = s.events(&filter(&["job.failed"], &[])).await.unwrap();
         assert_eq!(failed[0].error.as_ref().and_then(|e| e.get("code")).and_then(|c| c.as_str()), Some("E1"));
+        let retrying = s.events(&filter(&["job.retrying"], &[])).await.unwrap();
+        assert_eq!((retrying.len(), retrying[0].max_attempts), (1, Some(3)));
+        assert!(retrying[0].next_retry_at.is_some_and(|t| t > retrying[0].at));
+        let started = s.events(&filter(&["job.started"], &["q1"])).await.unwrap();
+        assert_eq!(started.iter().map(|e| (e.job_id, e.attempt, e.worker_id.as_deref())).collect::<Vec<_>>(), vec![(a.id, Some(1), Some("w"))]);
         assert!(s.events(&filter(&["job.completed"], &["q2"])).await.unwrap().is_empty());
         let one_job = EventFilter { job_id: Some(b.id), ..filter(&[], &[]) };
         assert!(s.events(&one_job).await.unwrap().iter().all(|e| e.job_id == b.id));
@@ -336,15 +472,16 @@ mod tests {
         s.claim(&claim("q2", 1)).await.unwrap();
         s.complete(&Completion { id: q2.id, attempt: None, worker_id: None, result: None }).await.unwrap();
         s.cancel(gone.id, None).await.unwrap();
-        let rows: Vec<(String, String, i32)> = sqlx::query_as("SELECT queue, state::text, cardinality(job_ids) FROM job_finishes ORDER BY id")
+        let rows: Vec<(String, String, i32)> = sqlx::query_as("SELECT queue, state::text, cardinality(job_ids) FROM job_transitions ORDER BY id")
             .fetch_all(s.pool())
             .await
             .unwrap();
-        assert_eq!(rows, vec![("q1".into(), "completed".into(), 3), ("q2".into(), "completed".into(), 1), ("q2".into(), "cancelled".into(), 1)]);
+        let row = |q: &str, state: &str, n: i32| (q.to_owned(), state.to_owned(), n);
+        assert_eq!(rows, vec![row("q1", "active", 3), row("q1", "completed", 3), row("q2", "active", 1), row("q2", "completed", 1), row("q2", "cancelled", 1)]);
         // Editing a finished job is no new finish.
         sqlx::query("UPDATE jobs SET result = '{}' WHERE state IN ('completed', 'cancelled')").execute(s.pool()).await.unwrap();
-        let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM job_finishes").fetch_one(s.pool()).await.unwrap();
-        assert_eq!(logged, 3);
+        let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM job_transitions").fetch_one(s.pool()).await.unwrap();
+        assert_eq!(logged, 5);
 
         let completed = s.events(&filter(&["job.completed"], &[])).await.unwrap();
         assert_eq!(completed.len(), 4);
@@ -361,7 +498,7 @@ mod tests {
         assert_eq!(s.events(&limited).await.unwrap().len(), 2);
         let one_job = EventFilter { job_id: Some(q1[1]), ..filter(&["job.completed"], &[]) };
         assert_eq!(s.events(&one_job).await.unwrap().iter().map(|e| e.job_id).collect::<Vec<_>>(), vec![q1[1]]);
-        let since: String = sqlx::query_scalar("SELECT to_char(max(at) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM job_finishes")
+        let since: String = sqlx::query_scalar("SELECT to_char(max(at) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM job_transitions WHERE state <> 'active'")
             .fetch_one(s.pool())
             .await
             .unwrap();
@@ -369,14 +506,14 @@ mod tests {
         assert_eq!(recent.iter().map(|e| e.job_id).collect::<Vec<_>>(), vec![gone.id]);
 
         // The pruner ages the log out with the jobs.
-        sqlx::query("UPDATE job_finishes SET at = at - interval '2 days' WHERE state = 'completed'").execute(s.pool()).await.unwrap();
+        sqlx::query("UPDATE job_transitions SET at = at - interval '2 days' WHERE state = 'completed'").execute(s.pool()).await.unwrap();
         let report = s.prune(&crate::store::PruneConfig::default()).await.unwrap();
-        assert_eq!(report.finishes, 2);
+        assert_eq!(report.transitions, 2);
         assert!(s.events(&filter(&["job.completed"], &[])).await.unwrap().is_empty());
         assert_eq!(s.events(&filter(&["job.cancelled"], &[])).await.unwrap().len(), 1);
         // Cancellations go with the discarded jobs' retention (a week by default).
-        sqlx::query("UPDATE job_finishes SET at = at - interval '8 days' WHERE state = 'cancelled'").execute(s.pool()).await.unwrap();
-        assert_eq!(s.prune(&crate::store::PruneConfig::default()).await.unwrap().finishes, 1);
+        sqlx::query("UPDATE job_transitions SET at = at - interval '8 days' WHERE state = 'cancelled'").execute(s.pool()).await.unwrap();
+        assert_eq!(s.prune(&crate::store::PruneConfig::default()).await.unwrap().transitions, 1);
         assert!(s.events(&filter(&["job.cancelled"], &[])).await.unwrap().is_empty());
     }
 
@@ -405,7 +542,8 @@ mod tests {
         let from = |after: &str, limit: i64| EventFilter { after: Some(after.to_owned()), until, limit, ..Default::default() };
         let all = s.events(&from(&start, 100)).await.unwrap();
         let ids: Vec<&str> = all.iter().map(|e| e.id.as_str()).collect();
-        assert_eq!(ids.len(), 4 + 3 + 1 + 1, "{ids:?}");
+        // Enqueued, started (one claim of four), completed, failed and retrying, cancelled.
+        assert_eq!(ids.len(), 4 + 4 + 3 + 2 + 1, "{ids:?}");
         assert!(ids.windows(2).all(|w| w[0] < w[1]), "oldest first, ids ascending: {ids:?}");
         assert_eq!(all[0].event_type, "job.enqueued");
         assert_eq!(all.last().map(|e| e.event_type.as_str()), Some("job.cancelled"));
@@ -433,9 +571,9 @@ mod tests {
 
         let other = EventFilter { job_types: vec!["ev.other".into()], ..from(&start, 100) };
         let kinds: Vec<String> = s.events(&other).await.unwrap().into_iter().map(|e| e.event_type).collect();
-        assert_eq!(kinds, ["job.enqueued", "job.failed", "job.cancelled"]);
+        assert_eq!(kinds, ["job.enqueued", "job.started", "job.failed", "job.retrying", "job.cancelled"]);
         let newest_other = EventFilter { job_types: vec!["ev.other".into()], limit: 100, ..Default::default() };
-        assert_eq!(s.events(&newest_other).await.unwrap().len(), 3);
+        assert_eq!(s.events(&newest_other).await.unwrap().len(), 5);
         let completed_a = EventFilter { types: vec!["job.completed".into()], job_types: vec!["ev.a".into()], ..from(&start, 100) };
         assert_eq!(s.events(&completed_a).await.unwrap().len(), 3);
         // Nothing at or after `until` is delivered.
@@ -461,6 +599,41 @@ mod tests {
         assert!(s.event_horizon().await.unwrap() <= began);
         tx.rollback().await.unwrap();
         assert!(s.event_horizon().await.unwrap() > began);
+    }
+
+    #[tokio::test]
+    async fn schedules_expiries_and_queue_pauses_are_events_too() {
+        let db = TestDb::new().await;
+        let s = &db.store;
+        let later = Timestamp::now() + jiff::SignedDuration::from_secs(3600);
+        let scheduled = s.enqueue(NewJob { scheduled_at: Some(later), ..NewJob::new("ev.later", serde_json::json!([])).queue("q3") }).await.unwrap().job;
+        let expiring = s.enqueue(NewJob::new("ev.ttl", serde_json::json!([])).queue("q3")).await.unwrap().job;
+        sqlx::query("UPDATE jobs SET expires_at = now() - interval '1 second' WHERE id = $1").bind(expiring.id).execute(s.pool()).await.unwrap();
+        assert_eq!(s.expire_due(10).await.unwrap(), 1);
+        let actor = crate::store::Actor::new("ops@example.com");
+        s.set_queue_paused("q3", true, &actor).await.unwrap();
+        s.set_queue_paused("q3", false, &actor).await.unwrap();
+
+        let start = position_at(Timestamp::UNIX_EPOCH);
+        let until = Some(Timestamp::now() + jiff::SignedDuration::from_secs(60));
+        let all = EventFilter { after: Some(start), until, queues: vec!["q3".into()], limit: 100, ..Default::default() };
+        let jobs = s.events(&all).await.unwrap();
+        let kinds: Vec<(&str, Uuid)> = jobs.iter().map(|e| (e.event_type.as_str(), e.job_id)).collect();
+        assert_eq!(kinds, [("job.enqueued", scheduled.id), ("job.scheduled", scheduled.id), ("job.enqueued", expiring.id), ("job.expired", expiring.id)]);
+        assert_eq!(jobs[1].scheduled_at.map(|t| t.as_second()), Some(later.as_second()));
+        assert_eq!(jobs[3].error.as_ref().and_then(|e| e.get("type")).and_then(Value::as_str), Some("rebound.expired"));
+        for e in &jobs[1..] {
+            let one = s.events(&EventFilter { job_id: Some(e.job_id), types: vec![e.event_type.clone()], limit: 10, ..Default::default() }).await.unwrap();
+            assert_eq!(one.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), [e.id.as_str()], "a job's own read finds the same event");
+        }
+        let paused = s.queue_events(&all).await.unwrap();
+        let seen: Vec<(&str, &str, &str)> = paused.iter().map(|e| (e.event_type.as_str(), e.queue.as_str(), e.actor.as_str())).collect();
+        assert_eq!(seen, [("queue.paused", "q3", "ops@example.com"), ("queue.resumed", "q3", "ops@example.com")]);
+        assert!(paused[0].id < paused[1].id);
+        let resumed = EventFilter { types: vec!["queue.resumed".into()], after: Some(paused[0].id.clone()), ..all.clone() };
+        assert_eq!(s.queue_events(&resumed).await.unwrap().len(), 1);
+        assert!(s.queue_events(&EventFilter { queues: vec!["elsewhere".into()], ..all.clone() }).await.unwrap().is_empty());
+        assert!(s.queue_events(&EventFilter { job_types: vec!["ev.ttl".into()], ..all }).await.unwrap().is_empty());
     }
 
 }

@@ -73,9 +73,10 @@ pub struct PruneReport {
     pub workers: u64,
     pub audit: u64,
     pub cron_runs: u64,
-    /// Rows of `job_finishes` (the events' log of completions and cancellations), aged out
-    /// with the jobs they name.
-    pub finishes: u64,
+    /// Rows of `job_transitions` (the events' log of starts, completions, cancellations,
+    /// expiries and scheduled enqueues), aged out with the completed (starts and scheduled
+    /// enqueues too) or the discarded jobs' retention.
+    pub transitions: u64,
 }
 
 /// Leadership held through a session-level advisory lock on a dedicated connection. If the
@@ -352,11 +353,14 @@ impl Store {
         .rows_affected();
         // By (state, at), each state with its jobs' retention; ids matched as an array (see
         // delete_with_history).
-        let finishes = sqlx::query(
-            "DELETE FROM job_finishes WHERE id = ANY(ARRAY(
-                 (SELECT id FROM job_finishes WHERE state = 'completed' AND at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $3)
-                 UNION ALL
-                 (SELECT id FROM job_finishes WHERE state = 'cancelled' AND at < now() - $2 * interval '1 millisecond' ORDER BY at LIMIT $3)))",
+        let transitions = sqlx::query(
+            "DELETE FROM job_transitions WHERE id = ANY(ARRAY(
+                 SELECT x.id FROM unnest(ARRAY['active', 'scheduled', 'completed', 'cancelled', 'discarded']::job_state[]) AS s(state)
+                 CROSS JOIN LATERAL (
+                     SELECT id FROM job_transitions
+                     WHERE state = s.state
+                       AND at < now() - CASE WHEN s.state IN ('cancelled', 'discarded') THEN $2 ELSE $1 END * interval '1 millisecond'
+                     ORDER BY at LIMIT $3) x))",
         )
         .bind(millis(cfg.completed_after))
         .bind(millis(cfg.discarded_after))
@@ -364,7 +368,7 @@ impl Store {
         .execute(&self.pool)
         .await?
         .rows_affected();
-        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, finishes })
+        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, transitions })
     }
 
     /// Deletes the policy snapshots no attempt refers to any more (their jobs were pruned).

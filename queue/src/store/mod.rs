@@ -92,7 +92,7 @@ pub use cron::{CRON_EVENT_TYPES, CronEvent, CronJob, CronPass, CronSpec, CronTem
 pub use cancel::{BULK_LIMIT, JobSelection};
 pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveOverride, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};
-pub use events::{EVENT_SETTLE, EVENT_TYPES, EventFilter, JobEvent, position_at, position_time};
+pub use events::{EVENT_SETTLE, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, position_at, position_time};
 pub use fail::{Failure, FailureResult, KnownRun};
 pub use listing::{ErrorGroup, JobCount, JobFilter, Page, SEARCH_WINDOW, Stats, StatsRow};
 pub use maintenance::{Leadership, PruneConfig, PruneReport, RescueReport};

@@ -11,7 +11,9 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;
 use rebound_queue::job::{validate_queue, validate_type};
-use rebound_queue::store::{CRON_EVENT_TYPES, CronEvent, EVENT_TYPES, EventFilter, JobEvent, position_at, position_time};
+use rebound_queue::store::{
+    CRON_EVENT_TYPES, CronEvent, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, position_at, position_time,
+};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
@@ -37,6 +39,14 @@ fn event_json(e: &JobEvent) -> Value {
     if let Some(w) = &e.worker_id {
         data.insert("worker_id".into(), Value::String(w.clone()));
     }
+    for (key, t) in [("next_retry_at", e.next_retry_at), ("scheduled_at", e.scheduled_at)] {
+        if let Some(t) = t {
+            data.insert(key.into(), Value::String(t.to_string()));
+        }
+    }
+    if let Some(n) = e.max_attempts {
+        data.insert("max_attempts".into(), json!(n));
+    }
     json!({
         "specversion": "1.0",
         "id": e.id,
@@ -45,6 +55,19 @@ fn event_json(e: &JobEvent) -> Value {
         "time": e.at.to_string(),
         "subject": e.job_id.to_string(),
         "data": data,
+    })
+}
+
+fn queue_event_json(e: &QueueEvent) -> Value {
+    let by = if e.event_type == "queue.paused" { "paused_by" } else { "resumed_by" };
+    json!({
+        "specversion": "1.0",
+        "id": e.id,
+        "type": e.event_type,
+        "source": "ojs://rebound/queues",
+        "time": e.at.to_string(),
+        "subject": e.queue,
+        "data": { "queue": e.queue, by: e.actor },
     })
 }
 
@@ -85,20 +108,25 @@ fn cron_event_json(e: &CronEvent) -> Value {
 
 /// The filters of an events request, checked.
 struct Selection {
+    /// Job events (`types`: the job event types asked for).
     job_filter: EventFilter,
     cron_types: Vec<String>,
-    only_cron: bool,
-    only_jobs: bool,
+    queue_types: Vec<String>,
+    jobs: bool,
+    crons: bool,
+    queues: bool,
 }
 
 fn selection(q: &QueryParams) -> Result<Selection, ApiError> {
     let mut types = q.list("types");
     types.extend(q.list("type"));
-    if let Some(bad) = types.iter().find(|t| !EVENT_TYPES.contains(t) && !CRON_EVENT_TYPES.contains(t)) {
-        let known: Vec<&str> = EVENT_TYPES.iter().chain(CRON_EVENT_TYPES.iter()).copied().collect();
-        return Err(ApiError::invalid_field("types", format!("unknown event type {bad:?}; expected one of {}", known.join(", "))));
+    let known = |t: &&str| EVENT_TYPES.contains(t) || CRON_EVENT_TYPES.contains(t) || QUEUE_EVENT_TYPES.contains(t);
+    if let Some(bad) = types.iter().find(|t| !known(t)) {
+        let all: Vec<&str> = EVENT_TYPES.iter().chain(CRON_EVENT_TYPES.iter()).chain(QUEUE_EVENT_TYPES.iter()).copied().collect();
+        return Err(ApiError::invalid_field("types", format!("unknown event type {bad:?}; expected one of {}", all.join(", "))));
     }
-    let (cron_types, job_event_types): (Vec<&str>, Vec<&str>) = types.iter().partition(|t| CRON_EVENT_TYPES.contains(t));
+    let of = |group: &[&str]| -> Vec<String> { types.iter().filter(|t| group.contains(t)).map(|t| (*t).to_owned()).collect() };
+    let (job_types_asked, cron_types, queue_types) = (of(&EVENT_TYPES), of(&CRON_EVENT_TYPES), of(&QUEUE_EVENT_TYPES));
     let mut queues = q.list("queues");
     queues.extend(q.list("queue"));
     for queue in &queues {
@@ -115,12 +143,15 @@ fn selection(q: &QueryParams) -> Result<Selection, ApiError> {
         // a year before 1 (`-009999-…`), and the query would fail instead of the request.
         Some(s) => Some(super::envelope::parse_time(s, Timestamp::now()).map_err(|r| ApiError::invalid_field("since", r))?),
     };
+    let everything = types.is_empty();
     Ok(Selection {
-        only_cron: !types.is_empty() && job_event_types.is_empty(),
-        only_jobs: !types.is_empty() && cron_types.is_empty(),
-        cron_types: cron_types.into_iter().map(str::to_owned).collect(),
+        jobs: everything || !job_types_asked.is_empty(),
+        crons: everything || !cron_types.is_empty(),
+        queues: everything || !queue_types.is_empty(),
+        cron_types,
+        queue_types,
         job_filter: EventFilter {
-            types: job_event_types.into_iter().map(str::to_owned).collect(),
+            types: job_types_asked,
             queues: queues.into_iter().map(str::to_owned).collect(),
             job_types: job_types.into_iter().map(str::to_owned).collect(),
             job_id: q.uuid("job_id")?,
@@ -154,12 +185,14 @@ async fn page(state: &AppState, sel: &Selection, after: Option<String>, limit: i
         limit: limit + 1,
         ..sel.job_filter.clone()
     };
-    let jobs = if sel.only_cron { Vec::new() } else { state.store.events(&filter).await? };
-    let crons = if sel.only_jobs { Vec::new() } else { state.store.cron_events(&EventFilter { types: sel.cron_types.clone(), ..filter.clone() }).await? };
+    let jobs = if sel.jobs { state.store.events(&filter).await? } else { Vec::new() };
+    let crons = if sel.crons { state.store.cron_events(&EventFilter { types: sel.cron_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
+    let queues = if sel.queues { state.store.queue_events(&EventFilter { types: sel.queue_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
     let mut all: Vec<(String, Timestamp, &'static str, Value)> = jobs
         .iter()
         .map(|e| (e.id.clone(), e.at, job_terminal(&e.event_type), event_json(e)))
         .chain(crons.iter().map(|e| (e.id.clone(), e.actual_time, "", cron_event_json(e))))
+        .chain(queues.iter().map(|e| (e.id.clone(), e.at, "", queue_event_json(e))))
         .collect();
     if after.is_some() {
         all.sort_by(|a, b| a.0.cmp(&b.0));
@@ -184,13 +217,14 @@ async fn page(state: &AppState, sel: &Selection, after: Option<String>, limit: i
 /// `"terminal"` for the event types after which a job's stream ends.
 fn job_terminal(event_type: &str) -> &'static str {
     match event_type {
-        "job.completed" | "job.cancelled" | "job.discarded" | "job.dead_lettered" => "terminal",
+        "job.completed" | "job.cancelled" | "job.discarded" | "job.dead_lettered" | "job.expired" => "terminal",
         _ => "",
     }
 }
 
 /// `?types=job.completed,job.failed,cron.triggered&queues=q1,q2&job_types=email.send&job_id=&since=&after=&limit=`:
-/// job events and cron events (`cron.triggered`, `cron.skipped`). Newest first; with `after`
+/// job events, cron events (`cron.triggered`, `cron.skipped`) and queue events
+/// (`queue.paused`, `queue.resumed`). Newest first; with `after`
 /// (an event id or a `cursor` from an earlier answer) oldest first from there, for polling
 /// (OJS events §6.4): the answer's `cursor` is where the next poll continues and `has_more`
 /// says whether this page was cut at `limit`.
@@ -260,7 +294,7 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
         Channel::Job(id) => {
             state.store.get_job(*id).await?.ok_or_else(|| ApiError::not_found("job", id))?;
             sel.job_filter.job_id = Some(*id);
-            sel.only_jobs = true;
+            (sel.crons, sel.queues) = (false, false);
             resume.unwrap_or_else(|| position_at(Timestamp::UNIX_EPOCH))
         }
         Channel::Queue(name) => {

@@ -112,6 +112,13 @@ async fn queues_pause_resume_and_stats() {
     assert_eq!(r.body["queues"][0]["name"], "paused-q");
     let audit = s.db.store.audit_log(&Default::default()).await.expect("audit");
     assert!(audit.iter().any(|e| e.action == "queue.pause"));
+    // Both are events (OJS queue.paused / queue.resumed), in the queue's stream too.
+    let r = s.get("/ojs/v1/events?types=queue.paused,queue.resumed&queues=paused-q").await;
+    let seen: Vec<(&str, &str)> = r.body["events"].as_array().expect("events").iter().filter_map(|e| Some((e["type"].as_str()?, e["subject"].as_str()?))).collect();
+    assert_eq!(seen, [("queue.resumed", "paused-q"), ("queue.paused", "paused-q")], "{}", r.text);
+    assert!(r.body["events"][1]["data"]["paused_by"].is_string());
+    let r = s.get("/ojs/v1/events?types=queue.paused&job_types=q.job").await;
+    assert_eq!(r.body["events"], json!([]), "queue events have no job type");
 }
 
 #[tokio::test]
@@ -123,7 +130,7 @@ async fn events_record_what_happened() {
     let r = s.get("/ojs/v1/events?queues=eq").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let types: Vec<&str> = r.body["events"].as_array().expect("events").iter().filter_map(|e| e["type"].as_str()).collect();
-    assert_eq!(types, ["job.failed", "job.enqueued"], "newest first");
+    assert_eq!(types, ["job.retrying", "job.failed", "job.started", "job.enqueued"], "newest first");
     assert_eq!(r.body["events"][0]["data"]["error"]["code"], "e1");
     let r = s.get("/ojs/v1/events?types=job.completed&queues=eq").await;
     assert_eq!(r.body["events"], json!([]));
@@ -165,7 +172,7 @@ async fn events_are_polled_with_a_cursor_and_streamed_per_job() {
     assert_eq!(kinds(&first), ["job.enqueued", "job.enqueued"], "oldest first");
     assert_eq!((first.body["has_more"].clone(), first.body["cursor"].as_str()), (json!(true), ids(&first).last().map(String::as_str)));
     let second = s.get(&format!("/ojs/v1/events?queues=pq&after={}&limit=2", first.body["cursor"].as_str().expect("cursor"))).await;
-    assert_eq!((kinds(&second), second.body["has_more"].clone()), (vec!["job.completed".to_owned()], json!(false)));
+    assert_eq!((kinds(&second), second.body["has_more"].clone()), (vec!["job.started".to_owned(), "job.completed".to_owned()], json!(false)));
     let mut walked = [ids(&first), ids(&second)].concat();
     let mut all = ids(&newest);
     all.sort();
@@ -187,7 +194,7 @@ async fn events_are_polled_with_a_cursor_and_streamed_per_job() {
         let r = tokio::time::timeout(Duration::from_secs(20), s.get(&path)).await.expect("the stream of a finished job ends");
         assert_eq!((r.status, r.header("content-type")), (StatusCode::OK, Some("text/event-stream")), "{path}");
         let events = sse_events(&r.text);
-        assert_eq!(events.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["job.enqueued", "job.completed"], "{path}: {}", r.text);
+        assert_eq!(events.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["job.enqueued", "job.started", "job.completed"], "{path}: {}", r.text);
         assert!(events.iter().all(|e| all.contains(&e.1)), "stream ids are the list's ids");
     }
     let r = s.get("/ojs/v1/jobs/019539a4-bbbb-7000-8000-000000000001/events").await;
@@ -216,7 +223,7 @@ async fn a_queue_stream_delivers_new_events_and_resumes_after_the_last_one_seen(
         }
         sse_events(&text)
     }
-    let reading = read(&s, &[], 2);
+    let reading = read(&s, &[], 3);
     let work = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         s.enqueue(json!({"type": "ev.new", "args": [], "options": {"queue": "sq"}})).await;
@@ -228,7 +235,7 @@ async fn a_queue_stream_delivers_new_events_and_resumes_after_the_last_one_seen(
     };
     let (seen, ()) = tokio::join!(reading, work);
     // Only what happened after the stream opened, in this queue.
-    assert_eq!(seen.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["job.enqueued", "job.completed"], "{seen:?}");
+    assert_eq!(seen.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["job.enqueued", "job.started", "job.completed"], "{seen:?}");
     // Resumed after the first event seen, the stream starts with the second.
     let resumed = read(&s, &[("last-event-id", &seen[0].1)], 1).await;
     assert_eq!(resumed[0], seen[1]);

@@ -123,9 +123,9 @@ async function workerRun() {
   // A finished job's subscription replays its events (the stream then ends).
   const jobEvents = [];
   const one = subscribeJob({ url }, slow[0].id, (e) => jobEvents.push(e.type));
-  await waitUntil("the job's subscription replayed its events", async () => jobEvents.length >= 2, 15000);
+  await waitUntil("the job's subscription replayed its events", async () => jobEvents.length >= 3, 15000);
   one.unsubscribe();
-  check(JSON.stringify(jobEvents) === JSON.stringify(['job.enqueued', 'job.completed']), `the job's subscription: ${jobEvents}`);
+  check(JSON.stringify(jobEvents) === JSON.stringify(['job.enqueued', 'job.started', 'job.completed']), `the job's subscription: ${jobEvents}`);
 
   const dead = (await client.queues.listDeadLetter()).filter((j) => j.queue === q);
   check(dead.length === 3 && dead.every((j) => failing.some((f) => f.id === j.id)), `dead letters listed: ${dead.length}`);

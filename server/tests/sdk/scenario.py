@@ -172,7 +172,7 @@ async def worker_run(url: str, client: ojs.Client, q: str) -> None:
         return [e.type async for e in subscribe_job(url, slow_jobs[0].id)]
 
     kinds = await asyncio.wait_for(job_events(), 20)
-    check(kinds == ["job.enqueued", "job.completed"], f"the job's subscription: {kinds}")
+    check(kinds == ["job.enqueued", "job.started", "job.completed"], f"the job's subscription: {kinds}")
 
     # Dead letters, paged by offset as the SDK does.
     seen: list[str] = []
