@@ -322,6 +322,41 @@ async fn the_rescuer_turns_expired_locks_into_stalled_attempts() {
 }
 
 #[tokio::test]
+async fn dead_letters_go_by_age_and_by_each_queues_cap_in_the_order_they_were_dead_lettered() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let mut dead = |queue: &'static str, n: usize| async move {
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let id = s.enqueue(NewJob::new("t", json!([i])).queue(queue)).await.unwrap().job.id;
+            claim_one(s, queue).await;
+            s.fail(&Failure { id, attempt: None, worker_id: None, outcome: Outcome::DeadLetter(HandlerError::new("x", "y")), error_code: None }).await.unwrap();
+            ids.push(id);
+        }
+        ids
+    };
+    let qa = dead("qa", 3).await;
+    let qb = dead("qb", 1).await;
+    let qc = dead("qc", 2).await;
+    // In qa the first-made job was dead-lettered last: the cap keeps the newest dead letters,
+    // so the second-made one goes.
+    sqlx::query("UPDATE jobs SET dead_lettered_at = now() - CASE WHEN id = $1 THEN interval '1 minute' WHEN id = $2 THEN interval '3 hours' ELSE interval '2 hours' END WHERE queue = 'qa'")
+        .bind(qa[0])
+        .bind(qa[1])
+        .execute(s.pool())
+        .await
+        .unwrap();
+    // qb's only dead letter is past the retention (180 days).
+    sqlx::query("UPDATE jobs SET dead_lettered_at = now() - interval '200 days' WHERE id = $1").bind(qb[0]).execute(s.pool()).await.unwrap();
+    let report = s.prune(&PruneConfig { dead_letters_per_queue: 2, ..Default::default() }).await.unwrap();
+    assert_eq!(report.dead_letters, 2);
+    for (id, kept) in [(qa[0], true), (qa[1], false), (qa[2], true), (qb[0], false), (qc[0], true), (qc[1], true)] {
+        assert_eq!(s.get_job(id).await.unwrap().is_some(), kept, "{id}");
+    }
+    assert_eq!(s.prune(&PruneConfig { dead_letters_per_queue: 2, ..Default::default() }).await.unwrap().dead_letters, 0, "nothing more to do");
+}
+
+#[tokio::test]
 async fn per_attempt_timeouts_are_failed_attempts_with_backoff() {
     let db = TestDb::new().await;
     let s = &db.store;

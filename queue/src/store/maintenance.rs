@@ -303,19 +303,28 @@ impl Store {
     pub async fn prune(&self, cfg: &PruneConfig) -> Result<PruneReport, StoreError> {
         let completed = self.prune_finished(&[JobState::Completed], "completed_at", cfg.completed_after, cfg.batch).await?;
         let discarded = self.prune_finished(&[JobState::Cancelled, JobState::Discarded], "updated_at", cfg.discarded_after, cfg.batch).await?;
+        // Dead letters queue by queue (the queues that have any, from the counters), by the
+        // (queue, dead_lettered_at) index.
         let old_dead = sqlx::query_scalar::<_, i64>(delete_with_history!(
-            "SELECT id FROM jobs WHERE dead_letter
-                 AND dead_lettered_at < now() - $1 * interval '1 millisecond' LIMIT $2"
+            "SELECT x.id FROM (SELECT DISTINCT queue FROM job_count_totals WHERE dead_letter) q
+             CROSS JOIN LATERAL (
+                 SELECT id FROM jobs
+                 WHERE dead_letter AND queue = q.queue AND dead_lettered_at < now() - $1 * interval '1 millisecond'
+                 ORDER BY dead_lettered_at LIMIT $2) x
+             LIMIT $2"
         ))
         .bind(millis(cfg.dead_letters_after))
         .bind(cfg.batch)
         .fetch_one(&self.pool)
         .await? as u64;
+        // Only queues over their cap, by the counters; of each, what lies beyond its newest
+        // `cap` dead letters.
         let over_cap = sqlx::query_scalar::<_, i64>(delete_with_history!(
-            "SELECT id FROM (
-                 SELECT id, row_number() OVER (PARTITION BY queue ORDER BY dead_lettered_at DESC, id DESC) AS rank
-                 FROM jobs WHERE dead_letter
-             ) ranked WHERE rank > $1 LIMIT $2"
+            "SELECT x.id FROM (SELECT queue FROM job_count_totals WHERE dead_letter GROUP BY queue HAVING sum(n) > $1) q
+             CROSS JOIN LATERAL (
+                 SELECT id FROM jobs WHERE dead_letter AND queue = q.queue
+                 ORDER BY dead_lettered_at DESC, id DESC OFFSET $1 LIMIT $2) x
+             LIMIT $2"
         ))
         .bind(cfg.dead_letters_per_queue)
         .bind(cfg.batch)
