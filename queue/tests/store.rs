@@ -325,7 +325,7 @@ async fn the_rescuer_turns_expired_locks_into_stalled_attempts() {
 async fn dead_letters_go_by_age_and_by_each_queues_cap_in_the_order_they_were_dead_lettered() {
     let db = TestDb::new().await;
     let s = &db.store;
-    let mut dead = |queue: &'static str, n: usize| async move {
+    let dead = |queue: &'static str, n: usize| async move {
         let mut ids = Vec::new();
         for i in 0..n {
             let id = s.enqueue(NewJob::new("t", json!([i])).queue(queue)).await.unwrap().job.id;
