@@ -275,18 +275,8 @@ impl Store {
         if outcomes.is_empty() {
             return Ok(Vec::new());
         }
-        let since = super::events::reading_from(filter)?;
-        let rows = sqlx::query(if filter.after.is_some() { CRON_EVENTS_AFTER } else { CRON_EVENTS_NEWEST_FIRST })
-            .bind(&outcomes)
-            .bind(&filter.queues)
-            .bind(filter.job_id)
-            .bind(since.map(|t| t.to_string()))
-            .bind(filter.limit.clamp(1, 10_000))
-            .bind(&filter.job_types)
-            .bind(filter.after.as_deref())
-            .bind(filter.until.map(|t| t.to_string()))
-            .fetch_all(&self.pool)
-            .await?;
+        let sql = if filter.after.is_some() { CRON_EVENTS_AFTER } else { CRON_EVENTS_NEWEST_FIRST };
+        let rows = super::events::bind_filter(sql, outcomes, filter)?.fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {
                 let outcome: String = r.try_get("outcome")?;

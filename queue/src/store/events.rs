@@ -7,7 +7,9 @@
 use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::Row;
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{Postgres, Row};
 use uuid::Uuid;
 
 use super::{Store, StoreError, ts, ts_opt};
@@ -310,7 +312,7 @@ const QUEUE_EVENTS_NEWEST_FIRST: &str = queue_events_sql!("at DESC, id DESC");
 const QUEUE_EVENTS_AFTER: &str = queue_events_sql!("id");
 
 /// Where a cursor's reading starts: the later of `since` and the cursor's time.
-pub(crate) fn reading_from(filter: &EventFilter) -> Result<Option<Timestamp>, StoreError> {
+fn reading_from(filter: &EventFilter) -> Result<Option<Timestamp>, StoreError> {
     Ok(match &filter.after {
         Some(after) => {
             let from = position_time(after)?;
@@ -320,22 +322,28 @@ pub(crate) fn reading_from(filter: &EventFilter) -> Result<Option<Timestamp>, St
     })
 }
 
+/// An events query with `filter` bound as every events query reads it: `$1` the types (or
+/// cron outcomes), `$2` queues, `$3` job id, `$4` where reading starts, `$5` limit, `$6` job
+/// types, `$7` the cursor, `$8` the horizon.
+pub(crate) fn bind_filter<'q>(sql: &'static str, types: Vec<&'q str>, filter: &'q EventFilter) -> Result<Query<'q, Postgres, PgArguments>, StoreError> {
+    let since = reading_from(filter)?;
+    Ok(sqlx::query(sql)
+        .bind(types)
+        .bind(&filter.queues)
+        .bind(filter.job_id)
+        .bind(since.map(|t| t.to_string()))
+        .bind(filter.limit.clamp(1, 10_000))
+        .bind(&filter.job_types)
+        .bind(filter.after.as_deref())
+        .bind(filter.until.map(|t| t.to_string())))
+}
+
 impl Store {
     /// Job events matching `filter`: newest first, or with [`EventFilter::after`] oldest first
     /// from there.
     pub async fn events(&self, filter: &EventFilter) -> Result<Vec<JobEvent>, StoreError> {
-        let since = reading_from(filter)?;
-        let rows = sqlx::query(if filter.after.is_some() { AFTER } else { NEWEST_FIRST })
-            .bind(&filter.types)
-            .bind(&filter.queues)
-            .bind(filter.job_id)
-            .bind(since.map(|t| t.to_string()))
-            .bind(filter.limit.clamp(1, 10_000))
-            .bind(&filter.job_types)
-            .bind(filter.after.as_deref())
-            .bind(filter.until.map(|t| t.to_string()))
-            .fetch_all(&self.pool)
-            .await?;
+        let sql = if filter.after.is_some() { AFTER } else { NEWEST_FIRST };
+        let rows = bind_filter(sql, filter.types.iter().map(String::as_str).collect(), filter)?.fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {
                 Ok(JobEvent {
@@ -363,18 +371,8 @@ impl Store {
         if filter.job_id.is_some() || !filter.job_types.is_empty() {
             return Ok(Vec::new());
         }
-        let since = reading_from(filter)?;
-        let rows = sqlx::query(if filter.after.is_some() { QUEUE_EVENTS_AFTER } else { QUEUE_EVENTS_NEWEST_FIRST })
-            .bind(&filter.types)
-            .bind(&filter.queues)
-            .bind(filter.job_id)
-            .bind(since.map(|t| t.to_string()))
-            .bind(filter.limit.clamp(1, 10_000))
-            .bind(&filter.job_types)
-            .bind(filter.after.as_deref())
-            .bind(filter.until.map(|t| t.to_string()))
-            .fetch_all(&self.pool)
-            .await?;
+        let sql = if filter.after.is_some() { QUEUE_EVENTS_AFTER } else { QUEUE_EVENTS_NEWEST_FIRST };
+        let rows = bind_filter(sql, filter.types.iter().map(String::as_str).collect(), filter)?.fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {
                 Ok(QueueEvent {
