@@ -17,8 +17,6 @@ use crate::metrics::Metrics;
 const BATCH: i64 = 1000;
 /// How often a non-leader tries to take over.
 const FOLLOWER_RETRY: Duration = Duration::from_secs(1);
-/// Shortest sleep between passes, so a job due "now" does not spin the loop.
-const MIN_WAIT: Duration = Duration::from_millis(5);
 /// How often the leader checks it still holds the lock (its connection may have been lost).
 const LEADERSHIP_CHECK: Duration = Duration::from_secs(5);
 
@@ -56,15 +54,7 @@ async fn next_wait(store: &Store, report: &PassReport, interval: Duration) -> Du
     if backlog {
         return Duration::ZERO;
     }
-    match store.time_until_next_due().await {
-        // A little after the due time, so the promotion's `now()` is past it.
-        Ok(Some(until)) => interval.min(until + MIN_WAIT),
-        Ok(None) => interval,
-        Err(e) => {
-            tracing::warn!(error = %e, "maintenance: cannot read the next due time");
-            interval
-        }
-    }
+    store.scheduler_wait(interval).await
 }
 
 /// Runs until `shutdown` is cancelled: tries to lead, and while leading runs a pass every

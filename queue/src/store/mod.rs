@@ -64,6 +64,7 @@ mod login_throttle;
 mod maintenance;
 mod maintenance_mode;
 mod next_due;
+pub use next_due::SCHEDULER_MIN_WAIT;
 mod notify;
 mod policies;
 mod queues;

@@ -6,7 +6,27 @@ use std::time::Duration;
 
 use super::{Store, StoreError};
 
+/// The shortest sleep of a scheduler after a pass that left no backlog: a little after a due
+/// time, so the promotion's `now()` is past it, and long enough that retries falling due in a
+/// steady stream are promoted in batches of many rather than a transaction (and a commit) each.
+pub const SCHEDULER_MIN_WAIT: Duration = Duration::from_millis(20);
+
 impl Store {
+    /// How long a scheduler may sleep after a pass that left no backlog: until the next
+    /// scheduled or retryable job is due (at least [`SCHEDULER_MIN_WAIT`]), at most `interval`
+    /// (jobs scheduled by other processes are noticed within it); `interval` if the database
+    /// cannot say (logged).
+    pub async fn scheduler_wait(&self, interval: Duration) -> Duration {
+        match self.time_until_next_due().await {
+            Ok(Some(until)) => interval.min(until.max(SCHEDULER_MIN_WAIT)),
+            Ok(None) => interval,
+            Err(e) => {
+                tracing::warn!(error = %e, "scheduler: cannot read when the next job is due; waiting one interval");
+                interval
+            }
+        }
+    }
+
     /// Time until the earliest `scheduled` or `retryable` job is due, by the database's clock;
     /// zero if one is already due, `None` if none is waiting.
     pub async fn time_until_next_due(&self) -> Result<Option<Duration>, StoreError> {

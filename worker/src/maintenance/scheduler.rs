@@ -10,10 +10,6 @@ use rebound_queue::{Store, StoreError};
 
 use super::MaintenanceService;
 
-/// The shortest wait between passes that found no backlog. A little after a due time, so the
-/// promotion's `now()` is past it; and long enough that a steady stream of retries falling
-/// due is promoted in batches of many, not in a transaction (and a commit) each.
-const MIN_WAIT: Duration = Duration::from_millis(20);
 
 pub struct Scheduler {
     pub interval: Duration,
@@ -39,14 +35,7 @@ impl MaintenanceService for Scheduler {
     }
 
     async fn next_wait(&self, store: &Store) -> Duration {
-        match store.time_until_next_due().await {
-            Ok(Some(until)) => self.interval.min(until.max(MIN_WAIT)),
-            Ok(None) => self.interval,
-            Err(e) => {
-                tracing::warn!(error = %e, "scheduler: cannot read when the next job is due; waiting one interval");
-                self.interval
-            }
-        }
+        store.scheduler_wait(self.interval).await
     }
 }
 
@@ -110,6 +99,6 @@ mod tests {
         let overdue = db.store.enqueue(overdue).await.unwrap().job;
         sqlx::query("UPDATE jobs SET scheduled_at = now() - interval '1 minute' WHERE id = $1").bind(overdue.id).execute(db.store.pool()).await.unwrap();
         let scheduler = Scheduler { interval: Duration::from_secs(60), batch: 100 };
-        assert_eq!(scheduler.next_wait(&db.store).await, MIN_WAIT);
+        assert_eq!(scheduler.next_wait(&db.store).await, rebound_queue::store::SCHEDULER_MIN_WAIT);
     }
 }
