@@ -115,7 +115,9 @@ macro_rules! evid {
 // worker_id); for one job (`$3`), `$one_job` reads the same from its rows (the log is not
 // searchable by job): a job's starts are then its executions' (in-place retries' too, which
 // the log, written by claims, lacks), its scheduling the log row of its insert (at its
-// `created_at`). Before the jobs are
+// `created_at`). Without a job (`$3` null) they look up a key no job has: compared with null,
+// the planner saw a filter it could not index and planned a parallel scan, whose workers were
+// started (200 ms each) although the branch never ran. Before the jobs are
 // joined the id lacks its attempt: a job makes a transition once per row of the log, so that
 // prefix orders it among ids alike.
 macro_rules! logged {
@@ -229,32 +231,32 @@ SELECT * FROM (
            FROM (",
             logged!("active", "job.started", $logged_order,
                 "SELECT a.started_at AS at, a.job_id, a.attempt, a.worker_id FROM job_attempts a
-          WHERE a.job_id = $3 AND a.started_at IS NOT NULL
+          WHERE a.job_id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND a.started_at IS NOT NULL
           UNION
-          SELECT j.started_at, j.id, j.attempt, j.locked_by FROM jobs j WHERE j.id = $3 AND j.started_at IS NOT NULL"),
+          SELECT j.started_at, j.id, j.attempt, j.locked_by FROM jobs j WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.started_at IS NOT NULL"),
             "
      UNION ALL
      ",
             logged!("completed", "job.completed", $logged_order,
-                "SELECT j.completed_at AS at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id FROM jobs j WHERE j.id = $3 AND j.state = 'completed'"),
+                "SELECT j.completed_at AS at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id FROM jobs j WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.state = 'completed'"),
             "
      UNION ALL
      ",
             logged!("cancelled", "job.cancelled", $logged_order,
-                "SELECT j.cancelled_at AS at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id FROM jobs j WHERE j.id = $3 AND j.state = 'cancelled'"),
+                "SELECT j.cancelled_at AS at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id FROM jobs j WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.state = 'cancelled'"),
             "
      UNION ALL
      ",
             logged!("discarded", "job.expired", $logged_order,
                 "SELECT j.discarded_at AS at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id FROM jobs j
-          WHERE j.id = $3 AND j.state = 'discarded' AND j.last_error->>'type' = 'rebound.expired'"),
+          WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.state = 'discarded' AND j.last_error->>'type' = 'rebound.expired'"),
             "
      UNION ALL
      ",
             logged!("scheduled", "job.scheduled", $logged_order,
                 "SELECT l.at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id
           FROM jobs j JOIN job_transitions l ON l.state = 'scheduled' AND l.queue = j.queue AND l.at = j.created_at
-          WHERE j.id = $3 AND j.id = ANY(l.job_ids)"),
+          WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.id = ANY(l.job_ids)"),
             ") f
            JOIN jobs j ON j.id = f.job_id
            CROSS JOIN LATERAL (SELECT CASE f.state WHEN 'active' THEN 'job.started' WHEN 'completed' THEN 'job.completed'
@@ -273,6 +275,9 @@ LIMIT $5"
 }
 
 const NEWEST_FIRST: &str = events_sql!("j.id DESC", "e.seq DESC, e.id DESC", "l.at DESC", "at DESC, id DESC");
+// Since a time, the attempts are read through their BRIN index on `finished_at` and sorted:
+// in id order, the branch walked every attempt older than the window when few were in it.
+const NEWEST_SINCE: &str = events_sql!("j.id DESC", "e.at DESC, e.id DESC", "l.at DESC", "at DESC, id DESC");
 const AFTER: &str = events_sql!("j.id", "e.id", "l.at, u.job_id", "id");
 
 /// Queue event types [`Store::queue_events`] knows.
@@ -331,18 +336,28 @@ pub(crate) fn bind_filter<'q>(sql: &'static str, types: Vec<&'q str>, filter: &'
         .bind(types)
         .bind(&filter.queues)
         .bind(filter.job_id)
-        .bind(since.map(|t| t.to_string()))
+        // Typed, not text: text's cast to timestamptz depends on the session's time zone, so
+        // Postgres would not fold `$4 IS NULL OR at >= $4` and no index would bound the read
+        // (every branch walked its whole index: seconds at 10M jobs).
+        .bind(since.map(jiff_sqlx::Timestamp::from))
         .bind(filter.limit.clamp(1, 10_000))
         .bind(&filter.job_types)
         .bind(filter.after.as_deref())
-        .bind(filter.until.map(|t| t.to_string())))
+        .bind(filter.until.map(jiff_sqlx::Timestamp::from)))
 }
 
 impl Store {
     /// Job events matching `filter`: newest first, or with [`EventFilter::after`] oldest first
     /// from there.
     pub async fn events(&self, filter: &EventFilter) -> Result<Vec<JobEvent>, StoreError> {
-        let sql = if filter.after.is_some() { AFTER } else { NEWEST_FIRST };
+        if !filter.job_types.is_empty() && !self.any_job_of_types(&filter.job_types).await? {
+            return Ok(Vec::new());
+        }
+        let sql = match (&filter.after, filter.since) {
+            (Some(_), _) => AFTER,
+            (None, Some(_)) => NEWEST_SINCE,
+            (None, None) => NEWEST_FIRST,
+        };
         let rows = bind_filter(sql, filter.types.iter().map(String::as_str).collect(), filter)?.fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {
@@ -363,6 +378,12 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// Whether any job of these types exists, by the counters: a filter on types no job has
+    /// would otherwise walk every branch's whole history to find nothing.
+    async fn any_job_of_types(&self, types: &[String]) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM job_count_totals WHERE type = ANY($1))").bind(types).fetch_one(&self.pool).await?)
     }
 
     /// Queue events (`filter.types` from [`QUEUE_EVENT_TYPES`]) matching `filter` like

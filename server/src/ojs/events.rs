@@ -178,10 +178,16 @@ struct Page {
 
 async fn page(state: &AppState, sel: &Selection, after: Option<String>, limit: i64) -> Result<Page, ApiError> {
     let horizon = state.store.event_horizon().await?;
+    // A cursor far behind reads one window at a time: failed attempts are sorted by time,
+    // every one from the cursor on (seconds from weeks back at 10M jobs).
+    let until = match &after {
+        Some(a) => Some(horizon.min(position_time(a).map_err(|_| ApiError::invalid_field("after", "not an event id"))?.saturating_add(EVENT_WINDOW).unwrap_or(horizon))),
+        None => None,
+    };
     // One more than asked for tells whether there are more.
     let filter = EventFilter {
         after: after.clone(),
-        until: after.is_some().then_some(horizon),
+        until,
         limit: limit + 1,
         ..sel.job_filter.clone()
     };
@@ -200,13 +206,15 @@ async fn page(state: &AppState, sel: &Selection, after: Option<String>, limit: i
         all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
     }
     let limit = usize::try_from(limit).unwrap_or(100);
-    let has_more = all.len() > limit;
+    // More beyond this page, or beyond the window it read.
+    let has_more = all.len() > limit || until.is_some_and(|u| u < horizon);
     all.truncate(limit);
     let settled = position_at(horizon);
     let cursor = match (&after, all.last()) {
-        // Oldest first: on from the last one delivered, or, with none, up to the horizon.
+        // Oldest first: on from the last one delivered, or, with none, to the end of what was
+        // read (the window, at most up to the horizon).
         (Some(_), Some(last)) => last.0.clone(),
-        (Some(from), None) => from.clone().max(settled),
+        (Some(from), None) => from.clone().max(position_at(until.unwrap_or(horizon))),
         // Newest first: a poll from the horizon misses nothing still being written (it may
         // repeat some of this page: delivery is at least once, ids deduplicate).
         (None, _) => settled,
@@ -240,6 +248,16 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
         "has_more": page.has_more,
     })))
 }
+
+/// The time in a UUIDv7 (its first 48 bits, milliseconds since the epoch).
+fn id_time(id: &Uuid) -> Option<Timestamp> {
+    let bytes = id.as_bytes();
+    let millis = bytes[..6].iter().fold(0i64, |acc, b| (acc << 8) | i64::from(*b));
+    Timestamp::from_millisecond(millis).ok()
+}
+
+/// The most history one page after a cursor reads; `has_more` says when there is more.
+const EVENT_WINDOW: jiff::SignedDuration = jiff::SignedDuration::from_secs(600);
 
 /// How often an open stream looks for new events.
 const STREAM_POLL: Duration = Duration::from_millis(500);
@@ -292,10 +310,13 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
     };
     let from = match &channel {
         Channel::Job(id) => {
-            state.store.get_job(*id).await?.ok_or_else(|| ApiError::not_found("job", id))?;
+            let job = state.store.get_job(*id).await?.ok_or_else(|| ApiError::not_found("job", id))?;
             sel.job_filter.job_id = Some(*id);
             (sel.crons, sel.queues) = (false, false);
-            resume.unwrap_or_else(|| position_at(Timestamp::UNIX_EPOCH))
+            // From its first event: its enqueue, positioned by its creation or by the time in
+            // its id (client-chosen ids may be older), whichever is earlier.
+            let made = id_time(id).map_or(job.created_at, |t| t.min(job.created_at));
+            resume.unwrap_or_else(|| position_at(made.saturating_sub(jiff::SignedDuration::from_secs(1)).unwrap_or(made)))
         }
         Channel::Queue(name) => {
             sel.job_filter.queues = vec![name.clone()];
@@ -313,9 +334,11 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
         cursor: String,
         pending: std::collections::VecDeque<(String, &'static str, Value)>,
         first: bool,
+        /// The last page said there is more: read on without waiting.
+        behind: bool,
         done: bool,
     }
-    let tail = Tail { state, sel, cursor: from, pending: Default::default(), first: true, done: false };
+    let tail = Tail { state, sel, cursor: from, pending: Default::default(), first: true, behind: false, done: false };
     let events = futures::stream::unfold(tail, move |mut t| {
         let shutdown = shutdown.clone();
         async move {
@@ -332,7 +355,7 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
                 if t.done {
                     return None;
                 }
-                if !t.first {
+                if !t.first && !t.behind {
                     tokio::select! {
                         () = shutdown.cancelled() => return None,
                         () = tokio::time::sleep(STREAM_POLL) => {}
@@ -342,6 +365,7 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
                 match page(&t.state, &t.sel, Some(t.cursor.clone()), 100).await {
                     Ok(p) => {
                         t.cursor = p.cursor;
+                        t.behind = p.has_more;
                         t.pending.extend(p.events);
                     }
                     // The database is away: the stream waits for it rather than ending.

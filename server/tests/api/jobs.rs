@@ -164,7 +164,8 @@ async fn events_are_polled_with_a_cursor_and_streamed_per_job() {
 
     // A cursor passes only settled events (a second old), so polling waits for them.
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    let start = "evt_0000000000000000:";
+    // A minute before the first job: a page reads at most ten minutes of history.
+    let start = format!("evt_{:016}:", (Timestamp::now() - SignedDuration::from_secs(60)).as_microsecond());
     let first = s.get(&format!("/ojs/v1/events?queues=pq&after={start}&limit=2")).await;
     assert_eq!(first.status, StatusCode::OK, "{}", first.text);
     let ids = |r: &Reply| r.body["events"].as_array().expect("events").iter().map(|e| e["id"].as_str().expect("id").to_owned()).collect::<Vec<_>>();
@@ -182,6 +183,12 @@ async fn events_are_polled_with_a_cursor_and_streamed_per_job() {
     let idle = s.get(&format!("/ojs/v1/events?queues=pq&after={}", second.body["cursor"].as_str().expect("cursor"))).await;
     assert!(idle.body["events"].as_array().is_some_and(Vec::is_empty) && idle.body["cursor"].as_str() >= second.body["cursor"].as_str());
 
+    // A cursor far behind reads ten minutes a page: nothing here, more to come, the cursor on.
+    let hour_ago = format!("evt_{:016}:", (Timestamp::now() - SignedDuration::from_secs(3600)).as_microsecond());
+    let r = s.get(&format!("/ojs/v1/events?after={hour_ago}")).await;
+    assert_eq!((r.body["events"].clone(), r.body["has_more"].clone()), (json!([]), json!(true)), "{}", r.text);
+    let moved = r.body["cursor"].as_str().and_then(|c| c.get(4..20)).and_then(|d| d.parse::<i64>().ok()).expect("cursor");
+    assert_eq!(moved - hour_ago[4..20].parse::<i64>().expect("digits"), 600_000_000, "ten minutes on");
     let only_b = s.get(&format!("/ojs/v1/events?job_types=ev.b&after={start}")).await;
     assert_eq!(only_b.body["events"].as_array().map(|e| e.iter().map(|e| e["data"]["job_id"].clone()).collect::<Vec<_>>()), Some(vec![b["id"].clone()]));
     for bad in ["after=12", "after=evt_123:x", "job_types=Not%20A%20Type"] {
