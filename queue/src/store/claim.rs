@@ -139,18 +139,10 @@ pub struct HeldJobs {
     pub busy: Vec<Uuid>,
 }
 
-// `busy` reads by snapshot the rows `mine` skipped: still active and held, so locked by a
-// write that has not committed.
-const HEARTBEAT: &str = "WITH mine AS (
-    SELECT id FROM jobs WHERE id = ANY($1) AND state = 'active' AND ($2::text IS NULL OR locked_by = $2)
-    FOR NO KEY UPDATE SKIP LOCKED
-), extended AS (
-    UPDATE jobs SET lock_expires_at = now() + LEAST(COALESCE($3, visibility_timeout_ms, 30000), 604800000) * interval '1 millisecond'
-    WHERE id = ANY(ARRAY(SELECT id FROM mine))
-    RETURNING id
-)
+const HEARTBEAT: &str = concat!(
+    held_ctes!("($2::text IS NULL OR locked_by = $2)", "COALESCE($3, visibility_timeout_ms, 30000)"),
+    "
 SELECT true, id FROM extended
 UNION ALL
-SELECT false, id FROM jobs
-WHERE id = ANY($1) AND state = 'active' AND ($2::text IS NULL OR locked_by = $2)
-  AND NOT (id = ANY(ARRAY(SELECT id FROM mine)))";
+SELECT false, id FROM busy"
+);

@@ -12,6 +12,28 @@
 // prepared statement's generic plan guessed a twentieth of the table and hashed all of `jobs`
 // and all of `job_attempts` for every batch (a sequential scan of each, at 10M jobs, per
 // pruner pass). An id array is always looked up by key.
+// The CTEs of a heartbeat over the held jobs `$1` (those `$holder` holds): `mine`, the rows it
+// locks without waiting (`SKIP LOCKED`: a row another write holds is skipped, never waited
+// for); `extended`, their new lock expiry `$visibility` from now; `busy`, the held rows it
+// skipped, read by snapshot: still active and held, so locked by a write not yet committed.
+macro_rules! held_ctes {
+    ($holder:literal, $visibility:literal) => {
+        concat!(
+            "WITH mine AS (
+    SELECT id FROM jobs WHERE id = ANY($1) AND state = 'active' AND ", $holder, "
+    FOR NO KEY UPDATE SKIP LOCKED
+), extended AS (
+    UPDATE jobs SET lock_expires_at = now() + LEAST(", $visibility, ", 604800000) * interval '1 millisecond'
+    WHERE id = ANY(ARRAY(SELECT id FROM mine))
+    RETURNING id
+), busy AS (
+    SELECT id FROM jobs WHERE id = ANY($1) AND state = 'active' AND ", $holder, "
+      AND NOT (id = ANY(ARRAY(SELECT id FROM mine)))
+)"
+        )
+    };
+}
+
 macro_rules! delete_with_history {
     ($select_ids:literal) => {
         concat!(

@@ -84,17 +84,8 @@ pub struct BeatReport {
 // extended next time if it is still active then; a job cancelled by that other write is
 // noticed as lost one heartbeat later.
 const BEAT: &str = concat!(
-    "WITH mine AS (
-    SELECT id FROM jobs WHERE id = ANY($1) AND state = 'active' AND locked_by = $2
-    FOR NO KEY UPDATE SKIP LOCKED
-), extended AS (
-    UPDATE jobs SET lock_expires_at = now() + LEAST(COALESCE(visibility_timeout_ms, 30000), 604800000) * interval '1 millisecond'
-    WHERE id = ANY(ARRAY(SELECT id FROM mine))
-    RETURNING id
-), busy AS (
-    SELECT id FROM jobs WHERE id = ANY($1) AND state = 'active' AND locked_by = $2
-      AND NOT (id = ANY(ARRAY(SELECT id FROM mine)))
-), ",
+    held_ctes!("locked_by = $2", "COALESCE(visibility_timeout_ms, 30000)"),
+    ", ",
     release_ctes!(
         "j.locked_by = $2 AND NOT (j.id = ANY($3)) AND j.lock_expires_at <= now()",
         "$7",

@@ -171,7 +171,8 @@ fn cursor(field: &str, raw: &str) -> Result<String, ApiError> {
 /// horizon, so a cursor never passes an event still being written). Also answers where an
 /// `after` poll continues from and whether the page was cut short.
 struct Page {
-    events: Vec<(String, &'static str, Value)>,
+    /// (id, ends a job's stream, envelope).
+    events: Vec<(String, bool, Value)>,
     cursor: String,
     has_more: bool,
 }
@@ -194,11 +195,11 @@ async fn page(state: &AppState, sel: &Selection, after: Option<String>, limit: i
     let jobs = if sel.jobs { state.store.events(&filter).await? } else { Vec::new() };
     let crons = if sel.crons { state.store.cron_events(&EventFilter { types: sel.cron_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
     let queues = if sel.queues { state.store.queue_events(&EventFilter { types: sel.queue_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
-    let mut all: Vec<(String, Timestamp, &'static str, Value)> = jobs
+    let mut all: Vec<(String, Timestamp, bool, Value)> = jobs
         .iter()
         .map(|e| (e.id.clone(), e.at, job_terminal(&e.event_type), event_json(e)))
-        .chain(crons.iter().map(|e| (e.id.clone(), e.actual_time, "", cron_event_json(e))))
-        .chain(queues.iter().map(|e| (e.id.clone(), e.at, "", queue_event_json(e))))
+        .chain(crons.iter().map(|e| (e.id.clone(), e.actual_time, false, cron_event_json(e))))
+        .chain(queues.iter().map(|e| (e.id.clone(), e.at, false, queue_event_json(e))))
         .collect();
     if after.is_some() {
         all.sort_by(|a, b| a.0.cmp(&b.0));
@@ -222,12 +223,9 @@ async fn page(state: &AppState, sel: &Selection, after: Option<String>, limit: i
     Ok(Page { events: all.into_iter().map(|(id, _, terminal, v)| (id, terminal, v)).collect(), cursor, has_more })
 }
 
-/// `"terminal"` for the event types after which a job's stream ends.
-fn job_terminal(event_type: &str) -> &'static str {
-    match event_type {
-        "job.completed" | "job.cancelled" | "job.discarded" | "job.dead_lettered" | "job.expired" => "terminal",
-        _ => "",
-    }
+/// Whether a job's stream ends after an event of this type.
+fn job_terminal(event_type: &str) -> bool {
+    matches!(event_type, "job.completed" | "job.cancelled" | "job.discarded" | "job.dead_lettered" | "job.expired")
 }
 
 /// `?types=job.completed,job.failed,cron.triggered&queues=q1,q2&job_types=email.send&job_id=&since=&after=&limit=`:
@@ -332,7 +330,7 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
         state: AppState,
         sel: Selection,
         cursor: String,
-        pending: std::collections::VecDeque<(String, &'static str, Value)>,
+        pending: std::collections::VecDeque<(String, bool, Value)>,
         first: bool,
         /// The last page said there is more: read on without waiting.
         behind: bool,
@@ -344,7 +342,7 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
         async move {
             loop {
                 if let Some((id, terminal, v)) = t.pending.pop_front() {
-                    if ends_at_terminal && !terminal.is_empty() {
+                    if ends_at_terminal && terminal {
                         t.pending.clear();
                         t.done = true;
                     }
