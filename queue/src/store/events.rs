@@ -525,10 +525,11 @@ mod tests {
         assert_eq!(recent.iter().map(|e| e.job_id).collect::<Vec<_>>(), vec![gone.id]);
 
         // The pruner ages the log out with the jobs.
-        sqlx::query("UPDATE job_transitions SET at = at - interval '2 days' WHERE state = 'completed'").execute(s.pool()).await.unwrap();
+        sqlx::query("UPDATE job_transitions SET at = at - interval '2 days' WHERE state IN ('completed', 'active')").execute(s.pool()).await.unwrap();
         let report = s.prune(&crate::store::PruneConfig::default()).await.unwrap();
-        assert_eq!(report.transitions, 2);
+        assert_eq!(report.transitions, 4, "two completions and two claims, with the completed jobs' retention");
         assert!(s.events(&filter(&["job.completed"], &[])).await.unwrap().is_empty());
+        assert!(s.events(&filter(&["job.started"], &[])).await.unwrap().is_empty());
         assert_eq!(s.events(&filter(&["job.cancelled"], &[])).await.unwrap().len(), 1);
         // Cancellations go with the discarded jobs' retention (a week by default).
         sqlx::query("UPDATE job_transitions SET at = at - interval '8 days' WHERE state = 'cancelled'").execute(s.pool()).await.unwrap();
