@@ -1,7 +1,8 @@
 //! Job events, read back from what the store already records: `jobs.created_at` (enqueued),
 //! `job_attempts` (failed, retrying, discarded, dead-lettered, released, snoozed) and
 //! `job_transitions` (started, completed, cancelled, expired, scheduled: one row per statement,
-//! queue and transition, written by a trigger; see its migrations). Events from every process
+//! queue and transition, written by a trigger; see its migrations) and `job_heartbeats`
+//! (heartbeat: one row per heartbeat statement, queue and holder). Events from every process
 //! (server, workers) appear alike.
 
 use jiff::Timestamp;
@@ -15,10 +16,11 @@ use uuid::Uuid;
 use super::{Store, StoreError, ts, ts_opt};
 
 /// Every event type [`Store::events`] knows.
-pub const EVENT_TYPES: [&str; 12] = [
+pub const EVENT_TYPES: [&str; 13] = [
     "job.enqueued",
     "job.scheduled",
     "job.started",
+    "job.heartbeat",
     "job.completed",
     "job.failed",
     "job.retrying",
@@ -79,6 +81,8 @@ pub struct JobEvent {
     pub max_attempts: Option<i32>,
     /// When it is due to run (`job.scheduled`).
     pub scheduled_at: Option<Timestamp>,
+    /// The new deadline of the job's lock (`job.heartbeat`).
+    pub visible_until: Option<Timestamp>,
 }
 
 /// How long an event is held back from cursors (`after`) at least. Events are positioned by
@@ -169,7 +173,8 @@ SELECT * FROM (
              || ':job.enqueued:' || j.id || ':0') COLLATE \"C\" AS id,
             'job.enqueued'::text AS type, j.created_at AS at, j.id AS job_id, j.type AS job_type, j.queue,
             NULL::int AS attempt, NULL::bigint AS duration_ms, NULL::jsonb AS error, NULL::text AS worker_id,
-            NULL::timestamptz AS next_retry_at, NULL::int AS max_attempts, NULL::timestamptz AS scheduled_at
+            NULL::timestamptz AS next_retry_at, NULL::int AS max_attempts, NULL::timestamptz AS scheduled_at,
+            NULL::timestamptz AS visible_until
      FROM jobs j
      WHERE (cardinality($1::text[]) = 0 OR 'job.enqueued' = ANY($1))
        AND (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
@@ -186,7 +191,7 @@ SELECT * FROM (
      ORDER BY ", $enqueued_order, " LIMIT $5)
     UNION ALL
     (SELECT e.id, e.type, e.at, e.job_id, e.job_type, e.queue, e.attempt, e.duration_ms, e.error, e.worker_id,
-            e.next_retry_at, e.max_attempts, NULL::timestamptz
+            e.next_retry_at, e.max_attempts, NULL::timestamptz, NULL::timestamptz
      FROM (SELECT ", evid!("(e0.at + (e0.n - 1) * interval '1 microsecond')", "e0.type || ':' || e0.job_id || ':' || e0.attempt"), " AS id, e0.* FROM (
          SELECT k.type, k.n, a.finished_at AS at, a.job_id, j.type AS job_type, j.queue, a.attempt,
                 (EXTRACT(EPOCH FROM (a.finished_at - a.started_at)) * 1000)::bigint AS duration_ms,
@@ -221,7 +226,7 @@ SELECT * FROM (
     UNION ALL
     -- The log's transitions (see `logged!`); the jobs are looked up by key.
     (SELECT g.id, g.type, g.at, g.job_id, g.job_type, g.queue, g.attempt, g.duration_ms, g.error, g.worker_id,
-            NULL::timestamptz, NULL::int, g.scheduled_at
+            NULL::timestamptz, NULL::int, g.scheduled_at, NULL::timestamptz
      FROM (SELECT ", evid!("f.at", "t.type || ':' || j.id || ':' || COALESCE(t.attempt, 0)"), " AS id, t.type, f.at, j.id AS job_id,
                   j.type AS job_type, j.queue, t.attempt,
                   CASE WHEN f.state = 'completed' THEN (EXTRACT(EPOCH FROM (j.completed_at - j.started_at)) * 1000)::bigint END AS duration_ms,
@@ -267,6 +272,35 @@ SELECT * FROM (
      WHERE ($7::text IS NULL OR g.id > $7)
        AND ($4::timestamptz IS NULL OR g.at >= $4::timestamptz)
        AND ($8::timestamptz IS NULL OR g.at < $8::timestamptz))
+    UNION ALL
+    -- Heartbeats, from their own log (see migrations/…_job_heartbeats.sql), over every queue
+    -- or the asked-for ones by time; for one job, its queue's since the job was created.
+    (SELECT h.id, 'job.heartbeat'::text, h.at, h.job_id, j.type, j.queue, h.attempt, NULL::bigint, NULL::jsonb, h.worker_id,
+            NULL::timestamptz, NULL::int, NULL::timestamptz, h.visible_until
+     FROM ((SELECT ", evid!("l.at", "'job.heartbeat:' || u.job_id || ':' || u.attempt"), " AS id,
+                   l.at, u.job_id, u.attempt, l.worker_id, u.visible_until
+            FROM job_heartbeats l CROSS JOIN LATERAL unnest(l.job_ids, l.attempts, l.visible_until) AS u(job_id, attempt, visible_until)
+            WHERE (cardinality($1::text[]) = 0 OR 'job.heartbeat' = ANY($1)) AND $3::uuid IS NULL
+              AND (cardinality($2::text[]) = 0 OR l.queue = ANY($2))
+              AND ($4::timestamptz IS NULL OR l.at >= $4::timestamptz)
+              AND ($8::timestamptz IS NULL OR l.at < $8::timestamptz)
+              AND ($7::text IS NULL OR ", evid!("l.at", "'job.heartbeat:' || u.job_id || ':' || u.attempt"), " > $7)
+              AND (cardinality($6::text[]) = 0 OR EXISTS (SELECT 1 FROM jobs t WHERE t.id = u.job_id AND t.type = ANY($6)))
+            ORDER BY ", $logged_order, " LIMIT $5)
+           UNION ALL
+           (SELECT ", evid!("l.at", "'job.heartbeat:' || u.job_id || ':' || u.attempt"), ",
+                   l.at, u.job_id, u.attempt, l.worker_id, u.visible_until
+            FROM jobs o JOIN job_heartbeats l ON l.queue = o.queue AND l.at >= o.created_at
+            CROSS JOIN LATERAL unnest(l.job_ids, l.attempts, l.visible_until) AS u(job_id, attempt, visible_until)
+            WHERE o.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND u.job_id = o.id
+              AND (cardinality($1::text[]) = 0 OR 'job.heartbeat' = ANY($1))
+              AND ($4::timestamptz IS NULL OR l.at >= $4::timestamptz)
+              AND ($8::timestamptz IS NULL OR l.at < $8::timestamptz)
+              AND ($7::text IS NULL OR ", evid!("l.at", "'job.heartbeat:' || u.job_id || ':' || u.attempt"), " > $7)
+            ORDER BY ", $logged_order, " LIMIT $5)) h
+     JOIN jobs j ON j.id = h.job_id
+     WHERE (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
+       AND (cardinality($6::text[]) = 0 OR j.type = ANY($6)))
 ) events
 ORDER BY ", $order, "
 LIMIT $5"
@@ -375,6 +409,7 @@ impl Store {
                     next_retry_at: ts_opt(r, "next_retry_at")?,
                     max_attempts: r.try_get("max_attempts")?,
                     scheduled_at: ts_opt(r, "scheduled_at")?,
+                    visible_until: ts_opt(r, "visible_until")?,
                 })
             })
             .collect()
@@ -656,4 +691,62 @@ mod tests {
         assert!(s.queue_events(&EventFilter { job_types: vec!["ev.ttl".into()], ..all }).await.unwrap().is_empty());
     }
 
+    #[tokio::test]
+    async fn every_lock_extension_is_a_heartbeat_event() {
+        use crate::store::{WorkerBeat, WorkerRegistration, WorkerStatus};
+        let db = TestDb::new().await;
+        let s = &db.store;
+        let a = s.enqueue(NewJob::new("ev.long", serde_json::json!([])).queue("hb1")).await.unwrap().job;
+        let b = s.enqueue(NewJob::new("ev.other", serde_json::json!([])).queue("hb2")).await.unwrap().job;
+        let idle = s.enqueue(NewJob::new("ev.long", serde_json::json!([])).queue("hb1")).await.unwrap().job;
+        let claim = |w: &str, q: &str| ClaimRequest { worker_id: w.into(), queues: vec![q.into()], limit: 1, visibility_timeout: Duration::from_secs(60) };
+        s.claim(&claim("w1", "hb1")).await.unwrap();
+        s.claim(&claim("w2", "hb2")).await.unwrap();
+        // The worker's own heartbeat, then an OJS one with its own visibility timeout for both
+        // jobs (any holder), then one for a job nobody holds: that extends nothing.
+        let reg = WorkerRegistration { id: "w1".into(), host: "h".into(), pid: 1, queues: vec!["hb1".into()], concurrency: 1, version: "t".into() };
+        s.register_worker(&reg).await.unwrap();
+        let beat = WorkerBeat { worker_id: "w1", held: &[a.id], known: &[a.id], running: 1, status: WorkerStatus::Ready, detail: None };
+        assert_eq!(s.worker_beat(&beat).await.unwrap().extended, vec![a.id]);
+        let held = s.heartbeat(None, &[a.id, b.id], Some(Duration::from_secs(600))).await.unwrap();
+        assert_eq!(held.extended.len(), 2);
+        assert!(s.heartbeat(None, &[idle.id], None).await.unwrap().extended.is_empty());
+
+        let until = Some(Timestamp::now() + jiff::SignedDuration::from_secs(60));
+        let beats = EventFilter { types: vec!["job.heartbeat".into()], after: Some(position_at(Timestamp::UNIX_EPOCH)), until, limit: 100, ..Default::default() };
+        let all = s.events(&beats).await.unwrap();
+        let seen: Vec<(Uuid, Option<i32>, Option<&str>, &str)> =
+            all.iter().map(|e| (e.job_id, e.attempt, e.worker_id.as_deref(), e.queue.as_str())).collect();
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert_eq!(seen[0], (a.id, Some(1), Some("w1"), "hb1"));
+        assert!(seen[1..].contains(&(a.id, Some(1), Some("w1"), "hb1")) && seen[1..].contains(&(b.id, Some(1), Some("w2"), "hb2")), "{seen:?}");
+        assert!(all.windows(2).all(|w| w[0].id < w[1].id));
+        // Each event carries the deadline its extension set: the job's lock as it stands after
+        // the last one, ten minutes on.
+        let lock = s.job(b.id).await.unwrap().lock_expires_at.unwrap();
+        let last_b = all.iter().rfind(|e| e.job_id == b.id).unwrap();
+        assert_eq!(last_b.visible_until, Some(lock));
+        assert!(lock > last_b.at + jiff::SignedDuration::from_secs(590));
+        let first = all[0].visible_until.unwrap();
+        assert!(first > all[0].at + jiff::SignedDuration::from_secs(55) && first < all[0].at + jiff::SignedDuration::from_secs(65), "the job's own timeout: {first}");
+
+        // By queue, by job type, by job (cursor or newest first), and not when not asked for.
+        let in_hb2 = s.events(&EventFilter { queues: vec!["hb2".into()], ..beats.clone() }).await.unwrap();
+        assert_eq!(in_hb2.iter().map(|e| e.job_id).collect::<Vec<_>>(), vec![b.id]);
+        let long = s.events(&EventFilter { job_types: vec!["ev.long".into()], ..beats.clone() }).await.unwrap();
+        assert_eq!(long.iter().map(|e| e.job_id).collect::<Vec<_>>(), vec![a.id, a.id]);
+        let of_a = s.events(&EventFilter { job_id: Some(a.id), ..beats.clone() }).await.unwrap();
+        assert_eq!(of_a.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), all.iter().filter(|e| e.job_id == a.id).map(|e| e.id.as_str()).collect::<Vec<_>>());
+        let newest_of_a = s.events(&EventFilter { job_id: Some(a.id), types: vec!["job.heartbeat".into()], limit: 1, ..Default::default() }).await.unwrap();
+        assert_eq!(newest_of_a.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), [of_a[1].id.as_str()]);
+        let rest = s.events(&EventFilter { after: Some(all[0].id.clone()), ..beats.clone() }).await.unwrap();
+        assert_eq!(rest.len(), 2);
+        let started = s.events(&EventFilter { types: vec!["job.started".into()], ..beats.clone() }).await.unwrap();
+        assert!(started.iter().all(|e| e.event_type == "job.started") && started.len() == 2);
+
+        // The pruner ages the log out with the completed jobs' retention.
+        sqlx::query("UPDATE job_heartbeats SET at = at - interval '2 days'").execute(s.pool()).await.unwrap();
+        assert_eq!(s.prune(&crate::store::PruneConfig::default()).await.unwrap().heartbeats, 3, "one row per statement, queue and holder");
+        assert!(s.events(&beats).await.unwrap().is_empty());
+    }
 }

@@ -77,6 +77,9 @@ pub struct PruneReport {
     /// expiries and scheduled enqueues), aged out with the completed (starts and scheduled
     /// enqueues too) or the discarded jobs' retention.
     pub transitions: u64,
+    /// Rows of `job_heartbeats` (`job.heartbeat` events), aged out with the completed jobs'
+    /// retention.
+    pub heartbeats: u64,
 }
 
 /// Leadership held through a session-level advisory lock on a dedicated connection. If the
@@ -377,7 +380,16 @@ impl Store {
         .execute(&self.pool)
         .await?
         .rows_affected();
-        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, transitions })
+        let heartbeats = sqlx::query(
+            "DELETE FROM job_heartbeats WHERE id = ANY(ARRAY(
+                 SELECT id FROM job_heartbeats WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2))",
+        )
+        .bind(millis(cfg.completed_after))
+        .bind(cfg.batch)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, transitions, heartbeats })
     }
 
     /// Deletes the policy snapshots no attempt refers to any more (their jobs were pruned).

@@ -15,7 +15,8 @@
 // The CTEs of a heartbeat over the held jobs `$1` (those `$holder` holds): `mine`, the rows it
 // locks without waiting (`SKIP LOCKED`: a row another write holds is skipped, never waited
 // for); `extended`, their new lock expiry `$visibility` from now; `busy`, the held rows it
-// skipped, read by snapshot: still active and held, so locked by a write not yet committed.
+// skipped, read by snapshot: still active and held, so locked by a write not yet committed;
+// and `beaten`, which logs the extensions for `job.heartbeat` events.
 macro_rules! held_ctes {
     ($holder:literal, $visibility:literal) => {
         concat!(
@@ -25,7 +26,11 @@ macro_rules! held_ctes {
 ), extended AS (
     UPDATE jobs SET lock_expires_at = now() + LEAST(", $visibility, ", 604800000) * interval '1 millisecond'
     WHERE id = ANY(ARRAY(SELECT id FROM mine))
-    RETURNING id
+    RETURNING id, queue, attempt, locked_by, lock_expires_at
+), beaten AS (
+    -- OJS `job.heartbeat` events (see migrations/…_job_heartbeats.sql).
+    INSERT INTO job_heartbeats (queue, worker_id, job_ids, attempts, visible_until)
+    SELECT queue, locked_by, array_agg(id), array_agg(attempt), array_agg(lock_expires_at) FROM extended GROUP BY queue, locked_by
 ), busy AS (
     SELECT id FROM jobs WHERE id = ANY($1) AND state = 'active' AND ", $holder, "
       AND NOT (id = ANY(ARRAY(SELECT id FROM mine)))

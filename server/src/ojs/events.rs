@@ -39,7 +39,7 @@ fn event_json(e: &JobEvent) -> Value {
     if let Some(w) = &e.worker_id {
         data.insert("worker_id".into(), Value::String(w.clone()));
     }
-    for (key, t) in [("next_retry_at", e.next_retry_at), ("scheduled_at", e.scheduled_at)] {
+    for (key, t) in [("next_retry_at", e.next_retry_at), ("scheduled_at", e.scheduled_at), ("visible_until", e.visible_until)] {
         if let Some(t) = t {
             data.insert(key.into(), Value::String(t.to_string()));
         }

@@ -126,12 +126,20 @@ async fn events_record_what_happened() {
     let s = TestServer::new().await;
     let job = s.enqueue(json!({"type": "ev.job", "args": [], "options": {"queue": "eq", "retry": {"max_attempts": 2, "initial_interval": "PT1H", "max_interval": "PT2H"}}})).await;
     s.fetch("eq").await;
+    let r = s.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "w1", "active_jobs": [job["id"]]})).await;
+    assert_eq!(r.body["jobs_extended"], json!([job["id"]]), "{}", r.text);
     s.post("/ojs/v1/workers/nack", json!({"job_id": job["id"], "error": {"code": "e1", "message": "first"}})).await;
     let r = s.get("/ojs/v1/events?queues=eq").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let types: Vec<&str> = r.body["events"].as_array().expect("events").iter().filter_map(|e| e["type"].as_str()).collect();
-    assert_eq!(types, ["job.retrying", "job.failed", "job.started", "job.enqueued"], "newest first");
+    assert_eq!(types, ["job.retrying", "job.failed", "job.heartbeat", "job.started", "job.enqueued"], "newest first");
     assert_eq!(r.body["events"][0]["data"]["error"]["code"], "e1");
+    // OJS job.heartbeat: who extended which attempt, and until when.
+    let beat = &r.body["events"][2]["data"];
+    assert_eq!((&beat["worker_id"], &beat["attempt"], &beat["job_type"]), (&json!("w1"), &json!(1), &json!("ev.job")), "{beat}");
+    let until: jiff::Timestamp = beat["visible_until"].as_str().expect("visible_until").parse().expect("RFC 3339");
+    let at: jiff::Timestamp = r.body["events"][2]["time"].as_str().expect("time").parse().expect("RFC 3339");
+    assert!(until > at, "{until} after {at}");
     let r = s.get("/ojs/v1/events?types=job.completed&queues=eq").await;
     assert_eq!(r.body["events"], json!([]));
     let r = s.get("/ojs/v1/events?queues=other").await;
