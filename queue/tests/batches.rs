@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rebound_queue::outcome::{HandlerError, Outcome};
 use rebound_queue::policy::PolicyPatch;
-use rebound_queue::store::{Actor, ClaimRequest, Completion, Failure, InPlaceEnd, InPlaceRun, KnownRun, RetriedInPlace, StoreError};
+use rebound_queue::store::{Actor, ClaimRequest, Completion, EventFilter, Failure, InPlaceEnd, InPlaceRun, KnownRun, RetriedInPlace, StoreError};
 use rebound_queue::testing::TestDb;
 use rebound_queue::{JobState, NewJob, Store};
 use serde_json::json;
@@ -316,4 +316,14 @@ async fn retries_in_place_record_every_failure_and_stay_guarded() {
     assert!(s.attempts(claimed[2].id).await.unwrap().is_empty(), "a refused run records no failure");
     assert!(s.attempts(claimed[3].id).await.unwrap().is_empty());
     assert_eq!(s.job(claimed[3].id).await.unwrap().attempt, 1);
+
+    // Every start is a `job.started` in the all-jobs events, each at its own time: the claim's
+    // for the first attempts, the in-place ones for the rest (none for the refused runs).
+    let starts = EventFilter { types: vec!["job.started".into()], limit: 100, ..Default::default() };
+    let mut seen: Vec<(Uuid, Option<i32>, jiff::Timestamp)> = s.events(&starts).await.unwrap().into_iter().map(|e| (e.job_id, e.attempt, e.at)).collect();
+    seen.sort_by_key(|&(id, attempt, _)| (claimed.iter().position(|c| c.id == id), attempt));
+    let mut expected: Vec<(Uuid, Option<i32>, jiff::Timestamp)> = claimed.iter().map(|c| (c.id, Some(1), claimed_at)).collect();
+    expected.extend([(claimed[0].id, Some(2), at(5)), (claimed[0].id, Some(3), at(10)), (claimed[1].id, Some(2), at(5))]);
+    expected.sort_by_key(|&(id, attempt, _)| (claimed.iter().position(|c| c.id == id), attempt));
+    assert_eq!(seen, expected);
 }

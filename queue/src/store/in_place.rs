@@ -86,7 +86,7 @@ WITH input AS (
     FROM input i
     -- Looked up by key whatever the statistics say (see the same guard in fail.rs).
     WHERE j.id = i.id AND j.state = (SELECT 'active'::job_state) AND j.attempt = i.stored_attempt
-    RETURNING j.id
+    RETURNING j.id, j.queue
 ), retried AS (
     SELECT * FROM unnest($10::uuid[], $11::int4[], $12::int8[], $13::int8[], $14::text[], $15::text[],
                          $16::jsonb[], $17::int4[])
@@ -105,6 +105,14 @@ WITH input AS (
     LEFT JOIN policies p ON p.policy_index = r.policy_index
     -- History is read in row order: number the rows in attempt order.
     ORDER BY r.job_id, r.attempt
+), started AS (
+    -- The executions started in place (every one after the stored attempt's) go into the
+    -- events' log of starts, which claims write (`job.started`), each at its own start.
+    INSERT INTO job_transitions (at, queue, state, job_ids, attempts, worker_id)
+    SELECT 'epoch'::timestamptz + s.started_at * interval '1 microsecond', u.queue, 'active', ARRAY[s.job_id], ARRAY[s.attempt], i.worker_id
+    FROM (SELECT job_id, attempt, started_at FROM retried UNION ALL SELECT id, new_attempt, started_at FROM input) s
+    JOIN updated u ON u.id = s.job_id JOIN input i ON i.id = s.job_id
+    WHERE s.attempt > i.stored_attempt
 )
 SELECT id FROM updated
 UNION ALL
