@@ -580,6 +580,31 @@ async fn audit_entries_age_out() {
 }
 
 #[tokio::test]
+async fn cron_runs_age_out_but_each_cron_keeps_its_latest_and_its_waiting_runs() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    // `every` ran at 40, 35 and 31 days ago (one of them still waiting to enqueue) and 1 hour
+    // ago; `rare` last ran 40 days ago.
+    sqlx::query(
+        "INSERT INTO cron_runs (cron_name, scheduled_for, fired_at, outcome)
+         SELECT c, now() - d * interval '1 day', now() - d * interval '1 day', o
+         FROM (VALUES ('every', 40, 'enqueued'), ('every', 35, 'waiting'), ('every', 31, 'skipped'),
+                      ('every', 0.04, 'enqueued'), ('rare', 40, 'enqueued')) AS v(c, d, o)",
+    )
+    .execute(s.pool())
+    .await
+    .unwrap();
+    assert_eq!(s.prune(&PruneConfig::default()).await.unwrap().cron_runs, 2);
+    let left: Vec<(String, String)> = sqlx::query_as("SELECT cron_name, outcome FROM cron_runs ORDER BY cron_name, scheduled_for")
+        .fetch_all(s.pool())
+        .await
+        .unwrap();
+    let row = |c: &str, o: &str| (c.to_owned(), o.to_owned());
+    assert_eq!(left, vec![row("every", "waiting"), row("every", "enqueued"), row("rare", "enqueued")]);
+    assert_eq!(s.prune(&PruneConfig::default()).await.unwrap().cron_runs, 0);
+}
+
+#[tokio::test]
 async fn pruning_respects_retention_and_keeps_recent_dead_letters() {
     let db = TestDb::new().await;
     let s = &db.store;

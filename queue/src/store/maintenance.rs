@@ -351,12 +351,15 @@ impl Store {
         sqlx::query("DELETE FROM job_throughput WHERE minute < now() - interval '2 days'").execute(&self.pool).await?;
         let cron_runs = sqlx::query(
             // Each cron keeps its latest run (the Cron page's last outcome) and any run still
-            // waiting to enqueue, however old.
-            "DELETE FROM cron_runs WHERE (cron_name, scheduled_for) IN (
-                 SELECT x.cron_name, x.scheduled_for FROM cron_runs x
+            // waiting to enqueue, however old. Rows are matched by their tuple ids: matched by
+            // their composite key (`IN`), the generic plan hashed the batch and read the whole
+            // table to probe it (3 000 000 runs: 420 ms a pass, against 30 ms). A run updated
+            // meanwhile has moved and is left to the next pass.
+            "DELETE FROM cron_runs WHERE ctid = ANY(ARRAY(
+                 SELECT x.ctid FROM cron_runs x
                  WHERE x.fired_at < now() - $1 * interval '1 millisecond' AND x.outcome <> 'waiting'
                    AND x.scheduled_for < (SELECT max(y.scheduled_for) FROM cron_runs y WHERE y.cron_name = x.cron_name)
-                 ORDER BY x.fired_at LIMIT $2)",
+                 ORDER BY x.fired_at LIMIT $2))",
         )
         .bind(millis(cfg.cron_runs_after))
         .bind(cfg.batch)
