@@ -261,6 +261,36 @@ async fn a_queue_stream_delivers_new_events_and_resumes_after_the_last_one_seen(
 }
 
 #[tokio::test]
+async fn streams_end_when_the_server_shuts_down() {
+    use futures::StreamExt;
+    let s = TestServer::new().await;
+    let job = s.enqueue(json!({"type": "ev.wait", "args": [], "options": {"queue": "down"}})).await;
+    let id = job["id"].as_str().expect("id").to_owned();
+    // A queue's stream, and a job's that would run until the job finishes (it never does).
+    let mut bodies = Vec::new();
+    for path in ["/ojs/v1/queues/down/events".to_owned(), format!("/ojs/v1/jobs/{id}/events")] {
+        let res = s.open(&path, &[]).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        bodies.push(res.into_body().into_data_stream());
+    }
+    async fn drain(body: &mut axum::body::BodyDataStream, within: Duration) -> Result<(), tokio::time::error::Elapsed> {
+        tokio::time::timeout(within, async {
+            while let Some(chunk) = body.next().await {
+                chunk.expect("a chunk");
+            }
+        })
+        .await
+    }
+    for body in &mut bodies {
+        assert!(drain(body, Duration::from_millis(1200)).await.is_err(), "the stream stays open while the server runs");
+    }
+    s.state.shutdown.cancel();
+    for body in &mut bodies {
+        assert!(drain(body, Duration::from_secs(5)).await.is_ok(), "a stream ends within a poll of the shutdown, so a graceful stop need not wait for its clients");
+    }
+}
+
+#[tokio::test]
 async fn headers_request_ids_and_location() {
     let s = TestServer::new().await;
     let r = s
