@@ -338,18 +338,17 @@ impl Store {
             .execute(&self.pool)
             .await?
             .rows_affected();
-        let audit = sqlx::query(
-            "DELETE FROM audit_log WHERE id = ANY(ARRAY(
-                 SELECT id FROM audit_log WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2))",
-        )
-        .bind(millis(cfg.audit_after))
-        .bind(cfg.batch)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
+        let audit = self
+            .delete_aged(
+                "DELETE FROM audit_log WHERE id = ANY(ARRAY(
+                     SELECT id FROM audit_log WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2))",
+                cfg.audit_after,
+                cfg.batch,
+            )
+            .await?;
         // The charts show a day; two are kept.
         sqlx::query("DELETE FROM job_throughput WHERE minute < now() - interval '2 days'").execute(&self.pool).await?;
-        let cron_runs = sqlx::query(
+        let cron_runs = self.delete_aged(
             // Each cron keeps its latest run (the Cron page's last outcome) and any run still
             // waiting to enqueue, however old. Rows are matched by their tuple ids: matched by
             // their composite key (`IN`), the generic plan hashed the batch and read the whole
@@ -360,12 +359,10 @@ impl Store {
                  WHERE x.fired_at < now() - $1 * interval '1 millisecond' AND x.outcome <> 'waiting'
                    AND x.scheduled_for < (SELECT max(y.scheduled_for) FROM cron_runs y WHERE y.cron_name = x.cron_name)
                  ORDER BY x.fired_at LIMIT $2))",
+            cfg.cron_runs_after,
+            cfg.batch,
         )
-        .bind(millis(cfg.cron_runs_after))
-        .bind(cfg.batch)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
+        .await?;
         // By (state, at), each state with its jobs' retention; ids matched as an array (see
         // delete_with_history).
         let transitions = sqlx::query(
@@ -383,16 +380,21 @@ impl Store {
         .execute(&self.pool)
         .await?
         .rows_affected();
-        let heartbeats = sqlx::query(
-            "DELETE FROM job_heartbeats WHERE id = ANY(ARRAY(
-                 SELECT id FROM job_heartbeats WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2))",
-        )
-        .bind(millis(cfg.completed_after))
-        .bind(cfg.batch)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
+        let heartbeats = self
+            .delete_aged(
+                "DELETE FROM job_heartbeats WHERE id = ANY(ARRAY(
+                     SELECT id FROM job_heartbeats WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2))",
+                cfg.completed_after,
+                cfg.batch,
+            )
+            .await?;
         Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, transitions, heartbeats })
+    }
+
+    /// Runs a retention delete whose `$1` is the age (ms) past which rows go and `$2` the
+    /// batch; returns the rows deleted.
+    async fn delete_aged(&self, sql: &'static str, age: Duration, batch: i64) -> Result<u64, StoreError> {
+        Ok(sqlx::query(sql).bind(millis(age)).bind(batch).execute(&self.pool).await?.rows_affected())
     }
 
     /// Deletes the policy snapshots no attempt refers to any more (their jobs were pruned).
