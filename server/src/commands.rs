@@ -44,12 +44,9 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
         // server fails pages and API calls with bare request ids. /readyz says so too.
         let store = store.clone();
         tokio::spawn(async move {
-            loop {
-                match store.pending_migrations().await {
-                    Ok(pending) if pending.is_empty() => return,
-                    Ok(pending) => return tracing::error!("{}", Store::schema_behind(&pending, "server")),
-                    Err(_) => tokio::time::sleep(std::time::Duration::from_secs(2)).await,
-                }
+            let never = tokio_util::sync::CancellationToken::new();
+            if let Some(message) = store.schema_behind_once_up("server", std::time::Duration::from_secs(2), &never).await {
+                tracing::error!("{message}");
             }
         });
     }

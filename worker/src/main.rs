@@ -179,18 +179,9 @@ async fn run(cli: Cli, config: WorkerConfig, url: String) -> anyhow::Result<()> 
     if !cli.migrate {
         let (store, behind, shutdown) = (store.clone(), behind.clone(), shutdown.clone());
         tokio::spawn(async move {
-            loop {
-                if let Ok(pending) = store.pending_migrations().await {
-                    if !pending.is_empty() {
-                        let _ = behind.set(Store::schema_behind(&pending, "worker"));
-                        shutdown.cancel();
-                    }
-                    return;
-                }
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-                }
+            if let Some(message) = store.schema_behind_once_up("worker", Duration::from_secs(2), &shutdown).await {
+                let _ = behind.set(message);
+                shutdown.cancel();
             }
         });
     }

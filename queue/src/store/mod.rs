@@ -268,6 +268,21 @@ impl Store {
         )
     }
 
+    /// For a binary started while its database may still be down: asks every `retry` until
+    /// the database answers, then returns [`Store::schema_behind`]'s message for `binary` if
+    /// the schema is behind it, `None` if it is in step or `stop` fires first.
+    pub async fn schema_behind_once_up(&self, binary: &str, retry: Duration, stop: &tokio_util::sync::CancellationToken) -> Option<String> {
+        loop {
+            if let Ok(pending) = self.pending_migrations().await {
+                return (!pending.is_empty()).then(|| Store::schema_behind(&pending, binary));
+            }
+            tokio::select! {
+                () = stop.cancelled() => return None,
+                () = tokio::time::sleep(retry) => {}
+            }
+        }
+    }
+
     /// A job by id.
     pub async fn get_job(&self, id: Uuid) -> Result<Option<Job>, StoreError> {
         let row = sqlx::query("SELECT * FROM jobs WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
