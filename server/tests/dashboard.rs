@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use rebound_queue::outcome::{HandlerError, Outcome};
-use rebound_queue::store::{AuditFilter, ClaimRequest, Failure, Role};
+use rebound_queue::store::{AuditFilter, ClaimRequest, Failure, ProgressReport, Role};
 use rebound_queue::{Job, JobState, NewJob, PolicyPatch};
 use rebound_server::auth::hash_token;
 use rebound_server::dashboard_auth::SESSION_COOKIE;
@@ -161,6 +161,24 @@ async fn pages_render_without_javascript() {
     }
     let missing = d.get("/jobs/01a203c3-1a5d-733f-b465-1a65fa697edd", Some(&b)).await;
     assert!(missing.text.contains("not found"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_job_shows_its_latest_progress() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Viewer).await;
+    let job = d.db.store.enqueue(NewJob::new("report.build", json!([]))).await.expect("enqueue").job;
+    let claim = ClaimRequest { worker_id: "w1".into(), queues: vec!["default".into()], limit: 1, visibility_timeout: Duration::from_secs(60) };
+    assert_eq!(d.db.store.claim(&claim).await.expect("claim").len(), 1);
+    let b = d.sign_in("olivia", "correct horse").await;
+    assert!(!d.get(&format!("/jobs/{}", job.id), Some(&b)).await.text.contains("Progress"), "no report yet");
+    for (pct, msg) in [(10.0, "started"), (62.5, "rows <6 250> of 10 000")] {
+        let report = ProgressReport { job_id: job.id, attempt: None, worker_id: None, percentage: pct, message: Some(msg.into()), data: None };
+        d.db.store.report_progress(&report).await.expect("progress");
+    }
+    let page = d.get(&format!("/jobs/{}", job.id), Some(&b)).await;
+    assert!(page.text.contains("62.5%: rows &lt;6 250&gt; of 10 000 (attempt 1,"), "the latest report, escaped: {}", page.text);
+    assert!(!page.text.contains("started"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

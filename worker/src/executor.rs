@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use jiff::{SignedDuration, Timestamp};
 use rebound_queue::outcome::NextStep;
 use rebound_queue::store::{InPlaceEnd, InPlaceRun, KnownRun, RetriedInPlace};
-use rebound_queue::{HandlerError, Job, Outcome, RetryPolicy};
+use rebound_queue::{HandlerError, Job, Outcome, RetryPolicy, Store};
 use serde_json::json;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
@@ -50,15 +50,17 @@ pub struct InPlaceRetries {
 pub struct Dispatcher(Arc<Executor>);
 
 /// What every job's task shares.
-struct Executor {
-    registry: Arc<HandlerRegistry>,
-    completer: CompleterHandle,
-    worker_id: Arc<str>,
-    default_timeout: Duration,
+pub(crate) struct Executor {
+    pub(crate) registry: Arc<HandlerRegistry>,
+    pub(crate) completer: CompleterHandle,
+    pub(crate) worker_id: Arc<str>,
+    pub(crate) default_timeout: Duration,
     /// Fired when the shutdown grace period is over.
-    abort: CancellationToken,
-    tracker: TaskTracker,
-    in_place: InPlaceRetries,
+    pub(crate) abort: CancellationToken,
+    pub(crate) tracker: TaskTracker,
+    pub(crate) in_place: InPlaceRetries,
+    /// For handlers' progress reports.
+    pub(crate) store: Store,
 }
 
 /// Database time for a job's executions: the claim's timestamp plus what this process's
@@ -80,16 +82,8 @@ impl JobClock {
 }
 
 impl Dispatcher {
-    pub fn new(
-        registry: Arc<HandlerRegistry>,
-        completer: CompleterHandle,
-        worker_id: Arc<str>,
-        default_timeout: Duration,
-        abort: CancellationToken,
-        tracker: TaskTracker,
-        in_place: InPlaceRetries,
-    ) -> Self {
-        Dispatcher(Arc::new(Executor { registry, completer, worker_id, default_timeout, abort, tracker, in_place }))
+    pub(crate) fn new(executor: Executor) -> Self {
+        Dispatcher(Arc::new(executor))
     }
 
     /// Runs `job` on its own task, holding `slot` (a unit of its queue's concurrency) until
@@ -209,7 +203,7 @@ impl Executor {
         let timeout = self.timeout_for(&job);
         let handler = registration.handler.clone();
         let cancel = CancellationToken::new();
-        let ctx = JobContext::new(job.clone(), self.worker_id.clone(), cancel.clone());
+        let ctx = JobContext::new(job.clone(), self.worker_id.clone(), cancel.clone(), Some(self.store.clone()));
         tracing::debug!(job_id = %id, job_type = %job.job_type, attempt, "running job");
 
         let started = std::time::Instant::now();

@@ -14,7 +14,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use rebound_queue::{HandlerError, Job, Outcome};
+use rebound_queue::store::{ProgressReport, StoreError};
+use rebound_queue::{HandlerError, Job, Outcome, Store};
 use serde_json::Value;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use uuid::Uuid;
@@ -41,11 +42,35 @@ pub struct JobContext {
     job: Arc<Job>,
     worker_id: Arc<str>,
     cancel: CancellationToken,
+    /// Where progress reports go (none in handler unit tests).
+    store: Option<Store>,
 }
 
 impl JobContext {
-    pub(crate) fn new(job: Arc<Job>, worker_id: Arc<str>, cancel: CancellationToken) -> Self {
-        JobContext { job, worker_id, cancel }
+    pub(crate) fn new(job: Arc<Job>, worker_id: Arc<str>, cancel: CancellationToken, store: Option<Store>) -> Self {
+        JobContext { job, worker_id, cancel, store }
+    }
+
+    /// Reports how far this execution has got (`percentage` from 0 to 100, and what to show
+    /// with it): kept with the job (its dashboard page, `GET /ojs/v1/jobs/{id}/progress`) and
+    /// emitted as a `job.progress` event. One write, not retried: a report lost to a database
+    /// blip is only missing, the job is unaffected, and the error says why. Refused
+    /// ([`StoreError::Conflict`]) once the job is no longer this worker's, and for a
+    /// percentage out of range or an over-long message ([`StoreError::Invalid`]).
+    pub async fn progress(&self, percentage: f64, message: Option<&str>) -> Result<(), StoreError> {
+        let report = ProgressReport {
+            job_id: self.job.id,
+            // Not the attempt: one retried in place runs before its failure is written.
+            attempt: None,
+            worker_id: Some(self.worker_id.to_string()),
+            percentage,
+            message: message.map(str::to_owned),
+            data: None,
+        };
+        match &self.store {
+            Some(store) => store.report_progress(&report).await.map(drop),
+            None => report.validate(),
+        }
     }
 
     /// The whole stored job (envelope, options, attempt count, …).
@@ -133,5 +158,5 @@ pub fn non_retryable(error_type: impl Into<String>, message: impl Into<String>) 
 pub(crate) fn test_context(job_type: &str, args: Value, attempt: i32) -> JobContext {
     let mut job = rebound_queue::NewJob::new(job_type, args).into_job(Uuid::now_v7(), rebound_queue::JobState::Active, 3, jiff::Timestamp::now());
     job.attempt = attempt;
-    JobContext::new(Arc::new(job), Arc::from("test-worker"), CancellationToken::new())
+    JobContext::new(Arc::new(job), Arc::from("test-worker"), CancellationToken::new(), None)
 }

@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::claimer::Claimer;
 use crate::completer::{Completer, CompleterReport};
-use crate::executor::{Dispatcher, InPlaceRetries};
+use crate::executor::{Dispatcher, Executor, InPlaceRetries};
 use crate::handler::Handler;
 use crate::health::Health;
 use crate::heartbeat::Heartbeat;
@@ -230,7 +230,16 @@ impl Worker {
         let tracker = TaskTracker::new();
         let policies = Arc::new(LivePolicies::new());
         let in_place = InPlaceRetries { enabled: s.retry_in_place, write_after: s.in_place_write_after, policies: policies.clone(), stopping: shutdown.clone() };
-        let dispatcher = Dispatcher::new(self.registry.clone(), results, Arc::from(self.id.as_str()), s.job_timeout, abort.clone(), tracker.clone(), in_place);
+        let dispatcher = Dispatcher::new(Executor {
+            registry: self.registry.clone(),
+            completer: results,
+            worker_id: Arc::from(self.id.as_str()),
+            default_timeout: s.job_timeout,
+            abort: abort.clone(),
+            tracker: tracker.clone(),
+            in_place,
+            store: self.store.clone(),
+        });
         let wakes: HashMap<String, Arc<Notify>> = self.queues.iter().map(|(q, _)| (q.clone(), Arc::new(Notify::new()))).collect();
         let notifier = Notifier {
             store: self.store.clone(),

@@ -361,3 +361,39 @@ async fn builder_rejects_bad_queues_and_patterns() {
     let w = Worker::builder(store).queue("default", 1).handler("a.*", noop()).configure(|s| s.worker_id = Some("me".into())).build().unwrap();
     assert_eq!(w.id(), "me");
 }
+
+#[tokio::test]
+async fn handlers_report_progress_while_they_run() {
+    let db = TestDb::new().await;
+    let worker = quick(Worker::builder(db.store.clone()))
+        .queue("default", 2)
+        .handler(
+            "lib.progress",
+            handler_fn(|job| async move {
+                for (pct, msg) in [(25.0, "a quarter"), (75.0, "most")] {
+                    job.progress(pct, Some(msg)).await.map_err(|e| Outcome::Retry(HandlerError::new("lib.progress_failed", e.to_string())))?;
+                }
+                // Out of range: refused by name, and the job runs on.
+                let refused = job.progress(120.0, None).await.err().map(|e| e.to_string());
+                Ok(Some(json!({ "refused": refused })))
+            }),
+        )
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+    let id = db.store.enqueue(NewJob::new("lib.progress", json!([]))).await.unwrap().job.id;
+    let done = wait_state(&db.store, id, JobState::Completed).await;
+    assert!(done.result.as_ref().and_then(|r| r["refused"].as_str()).is_some_and(|r| r.contains("percentage")), "{:?}", done.result);
+    let latest = db.store.latest_progress(id).await.unwrap().expect("a report");
+    assert_eq!((latest.percentage, latest.message.as_deref(), latest.attempt), (75.0, Some("most"), 1));
+    assert_eq!(latest.worker_id, done.locked_by, "reported by the worker that ran it");
+    let events = db
+        .store
+        .events(&rebound_queue::store::EventFilter { types: vec!["job.progress".into()], job_id: Some(id), limit: 10, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(events.iter().map(|e| e.progress_percent).collect::<Vec<_>>(), [Some(75.0), Some(25.0)]);
+    shutdown.cancel();
+    run.await.unwrap();
+}

@@ -105,7 +105,13 @@ pub async fn load_job(id: String) -> Result<JobDetail, AppError> {
         Ok(patch) => store.effective_policy(&job.job_type, patch.as_ref()).await.map_err(AppError::from),
         Err(e) => Err(AppError::from(e)),
     };
-    Ok(detail::build(&job, &attempts, resolved, now))
+    let mut detail = detail::build(&job, &attempts, resolved, now);
+    if let Some(p) = store.latest_progress(id).await? {
+        let at = When::of(p.at, now);
+        let message = p.message.map(|m| format!(": {m}")).unwrap_or_default();
+        detail.envelope.push(("Progress".into(), format!("{}%{message} (attempt {}, {} ({}))", p.percentage, p.attempt, at.at, at.relative)));
+    }
+    Ok(detail)
 }
 
 /// Retry now, cancel, discard or re-drive one job.

@@ -2,7 +2,8 @@
 //! `job_attempts` (failed, retrying, discarded, dead-lettered, released, snoozed) and
 //! `job_transitions` (started, completed, cancelled, expired, scheduled: one row per statement,
 //! queue and transition, written by a trigger; see its migrations) and `job_heartbeats`
-//! (heartbeat: one row per heartbeat statement, queue and holder). Events from every process
+//! (heartbeat: one row per heartbeat statement, queue and holder) and `job_progress`
+//! (progress: a row per report). Events from every process
 //! (server, workers) appear alike.
 
 use jiff::Timestamp;
@@ -16,11 +17,12 @@ use uuid::Uuid;
 use super::{Store, StoreError, ts, ts_opt};
 
 /// Every event type [`Store::events`] knows.
-pub const EVENT_TYPES: [&str; 13] = [
+pub const EVENT_TYPES: [&str; 14] = [
     "job.enqueued",
     "job.scheduled",
     "job.started",
     "job.heartbeat",
+    "job.progress",
     "job.completed",
     "job.failed",
     "job.retrying",
@@ -83,6 +85,10 @@ pub struct JobEvent {
     pub scheduled_at: Option<Timestamp>,
     /// The new deadline of the job's lock (`job.heartbeat`).
     pub visible_until: Option<Timestamp>,
+    /// 0 to 100 (`job.progress`).
+    pub progress_percent: Option<f64>,
+    /// What the handler said with it (`job.progress`).
+    pub progress_message: Option<String>,
 }
 
 /// How long an event is held back from cursors (`after`) at least. Events are positioned by
@@ -165,7 +171,7 @@ macro_rules! logged {
 // `job.discarded`, `job.dead_lettered`), the second positioned a microsecond later so that
 // ids keep them in that order.
 macro_rules! events_sql {
-    ($enqueued_order:literal, $attempts_order:literal, $logged_order:literal, $order:literal) => {
+    ($enqueued_order:literal, $attempts_order:literal, $logged_order:literal, $progress_order:literal, $order:literal) => {
         concat!(
             "
 SELECT * FROM (
@@ -174,7 +180,7 @@ SELECT * FROM (
             'job.enqueued'::text AS type, j.created_at AS at, j.id AS job_id, j.type AS job_type, j.queue,
             NULL::int AS attempt, NULL::bigint AS duration_ms, NULL::jsonb AS error, NULL::text AS worker_id,
             NULL::timestamptz AS next_retry_at, NULL::int AS max_attempts, NULL::timestamptz AS scheduled_at,
-            NULL::timestamptz AS visible_until
+            NULL::timestamptz AS visible_until, NULL::float8 AS progress_percent, NULL::text AS progress_message
      FROM jobs j
      WHERE (cardinality($1::text[]) = 0 OR 'job.enqueued' = ANY($1))
        AND (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
@@ -191,7 +197,7 @@ SELECT * FROM (
      ORDER BY ", $enqueued_order, " LIMIT $5)
     UNION ALL
     (SELECT e.id, e.type, e.at, e.job_id, e.job_type, e.queue, e.attempt, e.duration_ms, e.error, e.worker_id,
-            e.next_retry_at, e.max_attempts, NULL::timestamptz, NULL::timestamptz
+            e.next_retry_at, e.max_attempts, NULL::timestamptz, NULL::timestamptz, NULL::float8, NULL::text
      FROM (SELECT ", evid!("(e0.at + (e0.n - 1) * interval '1 microsecond')", "e0.type || ':' || e0.job_id || ':' || e0.attempt"), " AS id, e0.* FROM (
          SELECT k.type, k.n, a.finished_at AS at, a.job_id, j.type AS job_type, j.queue, a.attempt,
                 (EXTRACT(EPOCH FROM (a.finished_at - a.started_at)) * 1000)::bigint AS duration_ms,
@@ -226,7 +232,7 @@ SELECT * FROM (
     UNION ALL
     -- The log's transitions (see `logged!`); the jobs are looked up by key.
     (SELECT g.id, g.type, g.at, g.job_id, g.job_type, g.queue, g.attempt, g.duration_ms, g.error, g.worker_id,
-            NULL::timestamptz, NULL::int, g.scheduled_at, NULL::timestamptz
+            NULL::timestamptz, NULL::int, g.scheduled_at, NULL::timestamptz, NULL::float8, NULL::text
      FROM (SELECT ", evid!("f.at", "t.type || ':' || j.id || ':' || COALESCE(t.attempt, 0)"), " AS id, t.type, f.at, j.id AS job_id,
                   j.type AS job_type, j.queue, t.attempt,
                   CASE WHEN f.state = 'completed' THEN (EXTRACT(EPOCH FROM (j.completed_at - j.started_at)) * 1000)::bigint END AS duration_ms,
@@ -276,7 +282,7 @@ SELECT * FROM (
     -- Heartbeats, from their own log (see migrations/…_job_heartbeats.sql), over every queue
     -- or the asked-for ones by time; for one job, its queue's since the job was created.
     (SELECT h.id, 'job.heartbeat'::text, h.at, h.job_id, j.type, j.queue, h.attempt, NULL::bigint, NULL::jsonb, h.worker_id,
-            NULL::timestamptz, NULL::int, NULL::timestamptz, h.visible_until
+            NULL::timestamptz, NULL::int, NULL::timestamptz, h.visible_until, NULL::float8, NULL::text
      FROM ((SELECT ", evid!("l.at", "'job.heartbeat:' || u.job_id || ':' || u.attempt"), " AS id,
                    l.at, u.job_id, u.attempt, l.worker_id, u.visible_until
             FROM job_heartbeats l CROSS JOIN LATERAL unnest(l.job_ids, l.attempts, l.visible_until) AS u(job_id, attempt, visible_until)
@@ -301,6 +307,22 @@ SELECT * FROM (
      JOIN jobs j ON j.id = h.job_id
      WHERE (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
        AND (cardinality($6::text[]) = 0 OR j.type = ANY($6)))
+    UNION ALL
+    -- Progress reports, a row each (see migrations/…_job_progress.sql): over every queue or
+    -- the asked-for ones by time; for one job, by the job.
+    (SELECT p.eid, 'job.progress'::text, p.at, p.job_id, j.type, j.queue, p.attempt, NULL::bigint, NULL::jsonb, p.worker_id,
+            NULL::timestamptz, NULL::int, NULL::timestamptz, NULL::timestamptz, p.percentage, p.message
+     FROM (SELECT ", evid!("r.at", "'job.progress:' || r.job_id || ':' || r.attempt || ':' || r.id"), " AS eid, r.*
+           FROM job_progress r
+           WHERE (cardinality($1::text[]) = 0 OR 'job.progress' = ANY($1))
+             AND ($3::uuid IS NULL OR r.job_id = $3)
+             AND (cardinality($2::text[]) = 0 OR r.queue = ANY($2))
+             AND ($4::timestamptz IS NULL OR r.at >= $4::timestamptz)
+             AND ($8::timestamptz IS NULL OR r.at < $8::timestamptz)
+             AND ($7::text IS NULL OR ", evid!("r.at", "'job.progress:' || r.job_id || ':' || r.attempt || ':' || r.id"), " > $7)
+             AND (cardinality($6::text[]) = 0 OR EXISTS (SELECT 1 FROM jobs t WHERE t.id = r.job_id AND t.type = ANY($6)))
+           ORDER BY ", $progress_order, " LIMIT $5) p
+     JOIN jobs j ON j.id = p.job_id)
 ) events
 ORDER BY ", $order, "
 LIMIT $5"
@@ -308,11 +330,11 @@ LIMIT $5"
     };
 }
 
-const NEWEST_FIRST: &str = events_sql!("j.id DESC", "e.seq DESC, e.id DESC", "l.at DESC", "at DESC, id DESC");
+const NEWEST_FIRST: &str = events_sql!("j.id DESC", "e.seq DESC, e.id DESC", "l.at DESC", "r.at DESC", "at DESC, id DESC");
 // Since a time, the attempts are read through their BRIN index on `finished_at` and sorted:
 // in id order, the branch walked every attempt older than the window when few were in it.
-const NEWEST_SINCE: &str = events_sql!("j.id DESC", "e.at DESC, e.id DESC", "l.at DESC", "at DESC, id DESC");
-const AFTER: &str = events_sql!("j.id", "e.id", "l.at, u.job_id", "id");
+const NEWEST_SINCE: &str = events_sql!("j.id DESC", "e.at DESC, e.id DESC", "l.at DESC", "r.at DESC", "at DESC, id DESC");
+const AFTER: &str = events_sql!("j.id", "e.id", "l.at, u.job_id", "r.at, eid", "id");
 
 /// Queue event types [`Store::queue_events`] knows.
 pub const QUEUE_EVENT_TYPES: [&str; 2] = ["queue.paused", "queue.resumed"];
@@ -410,6 +432,8 @@ impl Store {
                     max_attempts: r.try_get("max_attempts")?,
                     scheduled_at: ts_opt(r, "scheduled_at")?,
                     visible_until: ts_opt(r, "visible_until")?,
+                    progress_percent: r.try_get("progress_percent")?,
+                    progress_message: r.try_get("progress_message")?,
                 })
             })
             .collect()

@@ -80,6 +80,9 @@ pub struct PruneReport {
     /// Rows of `job_heartbeats` (`job.heartbeat` events), aged out with the completed jobs'
     /// retention.
     pub heartbeats: u64,
+    /// Rows of `job_progress` (reports of running jobs), aged out with the completed jobs'
+    /// retention.
+    pub progress: u64,
 }
 
 /// Leadership held through a session-level advisory lock on a dedicated connection. If the
@@ -388,7 +391,15 @@ impl Store {
                 cfg.batch,
             )
             .await?;
-        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, transitions, heartbeats })
+        let progress = self
+            .delete_aged(
+                "DELETE FROM job_progress WHERE id = ANY(ARRAY(
+                     SELECT id FROM job_progress WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2))",
+                cfg.completed_after,
+                cfg.batch,
+            )
+            .await?;
+        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, transitions, heartbeats, progress })
     }
 
     /// Runs a retention delete whose `$1` is the age (ms) past which rows go and `$2` the

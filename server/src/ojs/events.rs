@@ -47,6 +47,12 @@ fn event_json(e: &JobEvent) -> Value {
     if let Some(n) = e.max_attempts {
         data.insert("max_attempts".into(), json!(n));
     }
+    if let Some(p) = e.progress_percent {
+        data.insert("progress_percent".into(), json!(p));
+    }
+    if let Some(m) = &e.progress_message {
+        data.insert("progress_message".into(), Value::String(m.clone()));
+    }
     json!({
         "specversion": "1.0",
         "id": e.id,

@@ -72,6 +72,14 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
     Ok(Json(json!({ "job": job_json_with_errors(&job, &attempts) })))
 }
 
+/// `GET /ojs/v1/jobs/{id}/progress`: the job's latest progress report (0 before any).
+pub async fn progress(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let id = path_uuid(&id)?;
+    state.store.get_job(id).await?.ok_or_else(|| ApiError::not_found("job", id))?;
+    let latest = state.store.latest_progress(id).await?;
+    Ok(Json(super::workers::progress_json(id, latest.as_ref())))
+}
+
 /// `DELETE /ojs/v1/jobs/{id}`: cancels a job that has not finished; 409 if it has.
 pub async fn cancel(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let id = path_uuid(&id)?;

@@ -79,18 +79,18 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
                 "not_implemented": ["per-job keyed limits (options.rate_limit)", "on_limit reschedule/drop", "dynamic limits", "rate_limit.* events", "X-RateLimit-* headers"],
             },
             "events": {
-                "implemented": ["job.enqueued, job.scheduled, job.started, job.heartbeat (worker and API heartbeats, with visible_until), job.completed, job.failed, job.retrying, job.discarded, job.expired, job.cancelled",
+                "implemented": ["job.enqueued, job.scheduled, job.started, job.heartbeat (worker and API heartbeats, with visible_until), job.progress, job.completed, job.failed, job.retrying, job.discarded, job.expired, job.cancelled",
                                 "rebound's job.dead_lettered, job.released, job.snoozed; queue.paused, queue.resumed; cron.triggered, cron.skipped",
                                 "GET /events: filters types, queues, job_types, job_id, since; newest first, or polled oldest first with after, cursor and has_more",
                                 "Server-Sent Events: /events/stream?channel=job:<id>|queue:<name>, /jobs/{id}/events (ends when the job finishes), /queues/{name}/events, Last-Event-ID resume"],
-                "not_implemented": ["job.progress, worker.* and workflow events", "WebSocket and gRPC subscriptions", "webhooks"],
+                "not_implemented": ["worker.* and workflow events", "WebSocket and gRPC subscriptions", "webhooks"],
                 "notes": "events are read back from what the store records; a cursor passes an event only once it is settled (a second old, and no transaction that could still write an earlier one is open)",
             },
             "cron": {
-                "implemented": ["5/6-field expressions, names, L W #, @yearly…@hourly", "IANA time zones", "overlap skip/allow/cancel_previous/enqueue",
+                "implemented": ["5/6-field expressions, names, L W #, @yearly…@hourly", "@every <duration> (1 s at least), anchored to its registration", "IANA time zones", "overlap skip/allow/cancel_previous/enqueue",
                                 "register (upsert)/list/get/delete/PATCH enabled", "pause/resume/trigger", "exactly-once ticks across processes"],
                 "implemented_events": ["cron.triggered", "cron.skipped (overlap_skip)"],
-                "not_implemented": ["@every", "cron.skipped for disabled or DST-skipped ticks"],
+                "not_implemented": ["cron.skipped for disabled or DST-skipped ticks"],
             },
         },
         "endpoints": {

@@ -46,6 +46,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/workers/ack", post(workers::ack))
         .route("/v1/workers/nack", post(workers::nack))
         .route("/v1/workers/heartbeat", post(workers::heartbeat))
+        .route("/v1/workers/progress", post(workers::progress))
+        .route("/v1/jobs/{id}/progress", get(jobs::progress))
         .route("/v1/dead-letter", get(dead_letter::list).delete(dead_letter::purge))
         .route("/v1/dead-letter/stats", get(dead_letter::stats))
         .route("/v1/dead-letter/retry", post(dead_letter::retry_matching))

@@ -13,11 +13,10 @@ use super::error::ApiError;
 
 /// Spec endpoints (under `/ojs/v1`) of features this server does not offer, by path prefix,
 /// with the feature's name.
-const UNSUPPORTED: [(&str, &str); 8] = [
+const UNSUPPORTED: [(&str, &str); 7] = [
     ("/workflows", "workflows (OJS level 3)"),
     ("/schemas", "schema registry"),
     ("/admin/schemas", "schema registry"),
-    ("/workers/progress", "progress reporting"),
     ("/webhooks", "webhooks"),
     ("/agents", "agents (labs)"),
     ("/attest", "attestation (labs)"),
@@ -25,8 +24,7 @@ const UNSUPPORTED: [(&str, &str); 8] = [
 ];
 
 /// Job sub-resources of features this server does not offer.
-const UNSUPPORTED_JOB_PARTS: [(&str, &str); 3] =
-    [("progress", "progress reporting"), ("checkpoint", "checkpoints"), ("receipt", "receipts")];
+const UNSUPPORTED_JOB_PARTS: [(&str, &str); 2] = [("checkpoint", "checkpoints"), ("receipt", "receipts")];
 
 /// The unsupported feature a path under `/ojs/v1` belongs to, if any.
 pub fn feature_of(path: &str) -> Option<&'static str> {
@@ -73,7 +71,8 @@ mod tests {
     fn knows_the_features_it_lacks() {
         assert_eq!(feature_of("/ojs/v1/workflows"), Some("workflows (OJS level 3)"));
         assert_eq!(feature_of("/ojs/v1/workflows/019539a4-bbbb-7000-8000-000000000001"), Some("workflows (OJS level 3)"));
-        assert_eq!(feature_of("/ojs/v1/jobs/abc/progress"), Some("progress reporting"));
+        assert_eq!(feature_of("/ojs/v1/jobs/abc/checkpoint"), Some("checkpoints"));
+        assert_eq!(feature_of("/ojs/v1/jobs/abc/progress"), None, "progress is reported and read");
         assert_eq!(feature_of("/ojs/v1/jobs/abc"), None);
         assert_eq!(feature_of("/ojs/v1/workflowsx"), None);
         assert_eq!(feature_of("/ojs/v2/workflows"), None);

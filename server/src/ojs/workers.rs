@@ -1,4 +1,4 @@
-//! The worker protocol: fetch, ack, nack, heartbeat.
+//! The worker protocol: fetch, ack, nack, heartbeat, progress.
 
 use std::time::Duration;
 
@@ -7,7 +7,7 @@ use axum::extract::State;
 use jiff::Timestamp;
 use rebound_queue::job::validate_queue;
 use rebound_queue::outcome::NextStep;
-use rebound_queue::store::{ClaimRequest, Completion, Failure, WorkerRegistration};
+use rebound_queue::store::{ClaimRequest, Completion, Failure, JobProgress, ProgressReport, WorkerRegistration};
 use rebound_queue::{HandlerError, Job, Outcome};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -304,4 +304,46 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
         "jobs_busy": held.busy.iter().map(Uuid::to_string).collect::<Vec<_>>(),
         "server_time": Timestamp::now().to_string(),
     })))
+}
+
+/// A progress report as the API answers it (`progress` is the SDKs' name for `percentage`).
+pub fn progress_json(job_id: Uuid, p: Option<&JobProgress>) -> Value {
+    json!({
+        "job_id": job_id.to_string(),
+        "progress": p.map_or(0.0, |p| p.percentage),
+        "percentage": p.map_or(0.0, |p| p.percentage),
+        "message": p.and_then(|p| p.message.clone()),
+        "data": p.and_then(|p| p.data.clone()),
+        "attempt": p.map(|p| p.attempt),
+        "worker_id": p.and_then(|p| p.worker_id.clone()),
+        "updated_at": p.map(|p| p.at.to_string()),
+    })
+}
+
+/// `POST /ojs/v1/workers/progress` (the SDKs' `reportProgress`): a running job's progress,
+/// `percentage` (or `progress`) from 0 to 100 with an optional `message` and `data`. Kept
+/// (`GET /ojs/v1/jobs/{id}/progress`) and emitted as a `job.progress` event. A job that is not
+/// running is a 409; the report is recorded under the worker holding the job.
+pub async fn progress(State(state): State<AppState>, body: JsonObject) -> Result<Json<Value>, ApiError> {
+    let f = body.fields();
+    let job_id = f.required_uuid("job_id")?;
+    let key = if f.get("percentage").is_some() { "percentage" } else { "progress" };
+    let percentage = match f.get(key) {
+        Some(Value::Number(n)) => n.as_f64().ok_or_else(|| f.error(key, format!("must be a number from 0 to 100, got {n}")))?,
+        Some(v) => return Err(f.error(key, format!("must be a number from 0 to 100, got {}", json_kind(v)))),
+        None => return Err(f.error("percentage", "is required")),
+    };
+    if !(0.0..=100.0).contains(&percentage) {
+        return Err(f.error(key, format!("must be a number from 0 to 100, got {percentage}")));
+    }
+    let report = ProgressReport {
+        job_id,
+        attempt: None,
+        worker_id: None,
+        percentage,
+        message: f.str("message")?.map(str::to_owned),
+        data: f.get("data").cloned(),
+    };
+    let kept = state.store.report_progress(&report).await?;
+    Ok(Json(progress_json(job_id, Some(&kept))))
 }

@@ -153,7 +153,7 @@ async fn cancel_answers_the_previous_state() {
 #[tokio::test]
 async fn unsupported_features_answer_422_unsupported() {
     let s = TestServer::new().await;
-    for (method, path) in [("POST", "/ojs/v1/workflows"), ("GET", "/ojs/v1/workflows/019539a4-bbbb-7000-8000-000000000001"), ("GET", "/ojs/v1/schemas"), ("POST", "/ojs/v1/workers/progress")] {
+    for (method, path) in [("POST", "/ojs/v1/workflows"), ("GET", "/ojs/v1/workflows/019539a4-bbbb-7000-8000-000000000001"), ("GET", "/ojs/v1/schemas"), ("GET", "/ojs/v1/jobs/019539a4-bbbb-7000-8000-000000000001/checkpoint")] {
         let r = s.call(method, path, Some(json!({}))).await;
         assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")), "{method} {path}: {}", r.text);
         r.assert_ojs_error(path);
@@ -163,6 +163,49 @@ async fn unsupported_features_answer_422_unsupported() {
     let r = s.raw("GET", "/ojs/v1/health", &[("ojs-version", "2.0")], Vec::new()).await;
     assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")), "{}", r.text);
     assert_eq!(s.raw("GET", "/ojs/v1/health", &[("ojs-version", "1.0")], Vec::new()).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn progress_is_reported_read_back_and_an_event() {
+    let s = TestServer::new().await;
+    let job = s.enqueue(json!({"type": "p.job", "args": [], "options": {"queue": "pq"}})).await;
+    let path = format!("/ojs/v1/jobs/{}/progress", id(&job));
+    let r = s.get(&path).await;
+    assert_eq!((r.status, &r.body["progress"], &r.body["updated_at"]), (StatusCode::OK, &json!(0.0), &Value::Null), "none yet: {}", r.text);
+    // Not running yet: a conflict.
+    let r = s.post("/ojs/v1/workers/progress", json!({"job_id": job["id"], "percentage": 10})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+    s.fetch("pq").await;
+    // As the SDKs send it (`reportProgress(transport, id, 40, "rows", {rows: 40})`).
+    let r = s.post("/ojs/v1/workers/progress", json!({"job_id": job["id"], "percentage": 40, "message": "rows", "data": {"rows": 40}})).await;
+    assert_eq!((r.status, &r.body["progress"], &r.body["worker_id"]), (StatusCode::OK, &json!(40.0), &json!("w1")), "{}", r.text);
+    let r = s.post("/ojs/v1/workers/progress", json!({"job_id": job["id"], "progress": 62.5})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = s.get(&path).await;
+    assert_eq!((&r.body["percentage"], &r.body["message"], &r.body["attempt"]), (&json!(62.5), &Value::Null, &json!(1)), "the latest: {}", r.text);
+    // Bad reports are refused by field, and keep nothing.
+    for (body, field) in [
+        (json!({"job_id": job["id"]}), "percentage"),
+        (json!({"job_id": job["id"], "percentage": 101}), "percentage"),
+        (json!({"job_id": job["id"], "percentage": "50"}), "percentage"),
+        (json!({"job_id": job["id"], "progress": -1}), "progress"),
+        (json!({"job_id": job["id"], "percentage": 5, "message": 7}), "message"),
+        (json!({"job_id": job["id"], "percentage": 5, "message": "x".repeat(1001)}), "message"),
+        (json!({"job_id": job["id"], "percentage": 5, "data": "y".repeat(20_000)}), "data"),
+        (json!({"job_id": "nope", "percentage": 5}), "job_id"),
+        (json!({"percentage": 5}), "job_id"),
+    ] {
+        let r = s.post("/ojs/v1/workers/progress", body).await;
+        assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some(field)), "{}", r.text);
+    }
+    assert_eq!(s.get(&path).await.body["percentage"], json!(62.5));
+    assert_eq!(s.get("/ojs/v1/jobs/019539a4-bbbb-7000-8000-000000000001/progress").await.status, StatusCode::NOT_FOUND);
+    // OJS job.progress events.
+    let r = s.get("/ojs/v1/events?types=job.progress").await;
+    let data: Vec<&Value> = r.body["events"].as_array().expect("events").iter().map(|e| &e["data"]).collect();
+    assert_eq!(data.len(), 2, "{}", r.text);
+    assert_eq!((&data[0]["progress_percent"], &data[1]["progress_percent"], &data[1]["progress_message"]), (&json!(62.5), &json!(40.0), &json!("rows")));
+    assert_eq!((&data[0]["worker_id"], &data[0]["attempt"], &data[0]["job_type"]), (&json!("w1"), &json!(1), &json!("p.job")));
 }
 
 #[tokio::test]

@@ -28,6 +28,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import ojs
+from ojs.progress import report_progress
 from ojs.subscribe import SSEEvent, subscribe_job, subscribe_queue
 
 ACCEPT_JSON = {"Accept": "application/json"}
@@ -109,7 +110,10 @@ async def worker_run(url: str, client: ojs.Client, q: str) -> None:
     @worker.register("scenario.slow")
     async def slow(ctx: ojs.JobContext):
         runs[ctx.job.id] += 1
-        await asyncio.sleep(3)
+        await asyncio.sleep(1.5)
+        # The SDK's progress reporting, through the worker's own transport.
+        await report_progress(ctx._transport, ctx.job_id, 50, message="half way", data={"slept": 1.5})
+        await asyncio.sleep(1.5)
         return {"slept": 3}
 
     @worker.register("scenario.fail")
@@ -149,6 +153,9 @@ async def worker_run(url: str, client: ojs.Client, q: str) -> None:
         for j in slow_jobs:
             check(runs[j.id] == 1, f"slow job {j.id} ran once (heartbeats kept its claim), ran {runs[j.id]}")
             check((await client.get_job(j.id)).attempt == 1, "one attempt")
+            with urllib.request.urlopen(f"{url}/ojs/v1/jobs/{j.id}/progress", timeout=10) as res:  # noqa: S310 (loopback URL)
+                progress = json.load(res)
+            check(progress["progress"] == 50 and progress["message"] == "half way" and progress["data"] == {"slept": 1.5}, f"progress kept: {progress}")
         for j in failing:
             check(runs[j.id] == 3, f"failing job {j.id} ran max_attempts=3 times, ran {runs[j.id]}")
         stats = await client.queue_stats(q)
@@ -165,6 +172,8 @@ async def worker_run(url: str, client: ojs.Client, q: str) -> None:
 
     await wait_until("the queue's subscription saw every completion and dead letter", all_followed, timeout=15)
     check(len(followed_of("job.failed")) == len(failing), "and each failed attempt that was retried")
+    check(followed_of("job.progress") == {j.id for j in slow_jobs}, "and each slow job's progress")
+    check(followed_of("job.heartbeat") >= {j.id for j in slow_jobs}, "and the heartbeats that kept the slow jobs' claims")
     check(all(e.id.startswith("evt_") and e.data["specversion"] == "1.0" for e in followed), "SSE ids and OJS envelopes")
     follower.cancel()
     # A finished job's subscription replays its events and ends.
@@ -172,7 +181,8 @@ async def worker_run(url: str, client: ojs.Client, q: str) -> None:
         return [e.type async for e in subscribe_job(url, slow_jobs[0].id)]
 
     kinds = await asyncio.wait_for(job_events(), 20)
-    check(kinds == ["job.enqueued", "job.started", "job.completed"], f"the job's subscription: {kinds}")
+    check(kinds[:2] == ["job.enqueued", "job.started"] and kinds[-1] == "job.completed", f"the job's subscription: {kinds}")
+    check("job.progress" in kinds and set(kinds[2:-1]) <= {"job.heartbeat", "job.progress"}, f"with its heartbeats and progress between: {kinds}")
 
     # Dead letters, paged by offset as the SDK does.
     seen: list[str] = []
