@@ -85,6 +85,17 @@ pub struct PruneReport {
     pub progress: u64,
 }
 
+// A retention delete of `$table`'s rows older than `$1` ms by its `at`, `$2` at most, oldest
+// first (by its index on `at`); ids matched as an array (see delete_with_history).
+macro_rules! aged_by_at {
+    ($table:literal) => {
+        concat!(
+            "DELETE FROM ", $table, " WHERE id = ANY(ARRAY(
+                 SELECT id FROM ", $table, " WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2))"
+        )
+    };
+}
+
 /// Leadership held through a session-level advisory lock on a dedicated connection. If the
 /// process dies, Postgres closes the session and the lock passes to another process.
 pub struct Leadership {
@@ -341,14 +352,7 @@ impl Store {
             .execute(&self.pool)
             .await?
             .rows_affected();
-        let audit = self
-            .delete_aged(
-                "DELETE FROM audit_log WHERE id = ANY(ARRAY(
-                     SELECT id FROM audit_log WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2))",
-                cfg.audit_after,
-                cfg.batch,
-            )
-            .await?;
+        let audit = self.delete_aged(aged_by_at!("audit_log"), cfg.audit_after, cfg.batch).await?;
         // The charts show a day; two are kept.
         sqlx::query("DELETE FROM job_throughput WHERE minute < now() - interval '2 days'").execute(&self.pool).await?;
         let cron_runs = self.delete_aged(
@@ -383,22 +387,8 @@ impl Store {
         .execute(&self.pool)
         .await?
         .rows_affected();
-        let heartbeats = self
-            .delete_aged(
-                "DELETE FROM job_heartbeats WHERE id = ANY(ARRAY(
-                     SELECT id FROM job_heartbeats WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2))",
-                cfg.completed_after,
-                cfg.batch,
-            )
-            .await?;
-        let progress = self
-            .delete_aged(
-                "DELETE FROM job_progress WHERE id = ANY(ARRAY(
-                     SELECT id FROM job_progress WHERE at < now() - $1 * interval '1 millisecond' ORDER BY at LIMIT $2))",
-                cfg.completed_after,
-                cfg.batch,
-            )
-            .await?;
+        let heartbeats = self.delete_aged(aged_by_at!("job_heartbeats"), cfg.completed_after, cfg.batch).await?;
+        let progress = self.delete_aged(aged_by_at!("job_progress"), cfg.completed_after, cfg.batch).await?;
         Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, transitions, heartbeats, progress })
     }
 
