@@ -111,12 +111,15 @@ pub async fn run(args: PeerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A config for the worker binary: its defaults, the two no-op types, no pruning.
+/// A config for the worker binary: its defaults, the two no-op types, no pruning. For
+/// experiments (never the comparison's figures, which are at the defaults), the TOML in
+/// `REBOUND_BENCH_WORKER_TOML` is put first, e.g. `[worker]\nclaim_batch_max = 1000`.
 fn worker_config(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
     let path = dir.join("bench-worker.toml");
+    let extra = std::env::var("REBOUND_BENCH_WORKER_TOML").unwrap_or_default();
     std::fs::write(
         &path,
-        format!("[prune]\nenabled = false\n\n[handlers.\"{NOOP}\"]\nkind = \"demo\"\nbehaviour = \"noop\"\n\n[handlers.\"{FLAKY}\"]\nkind = \"demo\"\nbehaviour = \"flaky\"\n"),
+        format!("{extra}\n[prune]\nenabled = false\n\n[handlers.\"{NOOP}\"]\nkind = \"demo\"\nbehaviour = \"noop\"\n\n[handlers.\"{FLAKY}\"]\nkind = \"demo\"\nbehaviour = \"flaky\"\n"),
     )?;
     Ok(path)
 }
