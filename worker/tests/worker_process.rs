@@ -87,6 +87,11 @@ async fn a_thousand_jobs_each_run_exactly_once() {
     let status = worker.exit_within(Duration::from_secs(30)).await.expect("worker exits after SIGTERM");
     assert_eq!(status.code(), Some(0));
     assert!(db.store.workers().await.unwrap().is_empty(), "the worker deregisters on the way out");
+    // Its coming and going are OJS worker events; a clean stop says so.
+    let events = db.store.worker_events(&rebound_queue::store::EventFilter { limit: 10, ..Default::default() }).await.unwrap();
+    let kinds: Vec<(&str, Option<&str>)> = events.iter().map(|e| (e.event_type.as_str(), e.data["reason"].as_str())).collect();
+    assert_eq!(kinds, [("worker.stopped", Some("shutdown")), ("worker.started", None)]);
+    assert!(events[0].data["uptime_ms"].as_i64().is_some_and(|ms| ms > 0));
 }
 
 #[tokio::test]

@@ -372,6 +372,42 @@ ORDER BY ", $order, " LIMIT $5"
 const QUEUE_EVENTS_NEWEST_FIRST: &str = queue_events_sql!("at DESC, id DESC");
 const QUEUE_EVENTS_AFTER: &str = queue_events_sql!("id");
 
+/// Worker event types [`Store::worker_events`] knows.
+pub const WORKER_EVENT_TYPES: [&str; 2] = ["worker.started", "worker.stopped"];
+
+/// A worker registered or went away (logged by a trigger on `workers`; see its migration).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WorkerEvent {
+    /// Unique, stable, and a cursor like [`JobEvent::id`]: `evt_<µs>:<type>:<worker>:<n>`.
+    pub id: String,
+    /// One of [`WORKER_EVENT_TYPES`].
+    pub event_type: String,
+    pub at: Timestamp,
+    pub worker_id: String,
+    /// The event's OJS data: `queues`, `concurrency` (started); `reason` (`shutdown` or
+    /// `heartbeat_timeout`), `uptime_ms`, `active_jobs` (stopped).
+    pub data: Value,
+}
+
+macro_rules! worker_events_sql {
+    ($order:literal) => {
+        concat!(
+            "SELECT * FROM (
+    SELECT ", evid!("w.at", "w.type || ':' || w.worker_id || ':' || w.id"), " AS id, w.type, w.at, w.worker_id, w.data
+    FROM worker_events w
+    WHERE $3::uuid IS NULL AND cardinality($6::text[]) = 0 AND cardinality($2::text[]) = 0
+      AND (cardinality($1::text[]) = 0 OR w.type = ANY($1))
+      AND ($4::timestamptz IS NULL OR w.at >= $4::timestamptz)
+      AND ($8::timestamptz IS NULL OR w.at < $8::timestamptz)
+) e
+WHERE ($7::text IS NULL OR e.id > $7)
+ORDER BY ", $order, " LIMIT $5"
+        )
+    };
+}
+const WORKER_EVENTS_NEWEST_FIRST: &str = worker_events_sql!("at DESC, id DESC");
+const WORKER_EVENTS_AFTER: &str = worker_events_sql!("id");
+
 /// Where a cursor's reading starts: the later of `since` and the cursor's time.
 fn reading_from(filter: &EventFilter) -> Result<Option<Timestamp>, StoreError> {
     Ok(match &filter.after {
@@ -461,6 +497,25 @@ impl Store {
                     at: ts(r, "at")?,
                     queue: r.try_get("queue")?,
                     actor: r.try_get("actor")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Worker events (`filter.types` from [`WORKER_EVENT_TYPES`]) matching `filter` like
+    /// [`Store::events`]. None for a filter naming queues, a job or job types: workers are
+    /// none of those.
+    pub async fn worker_events(&self, filter: &EventFilter) -> Result<Vec<WorkerEvent>, StoreError> {
+        let sql = if filter.after.is_some() { WORKER_EVENTS_AFTER } else { WORKER_EVENTS_NEWEST_FIRST };
+        let rows = bind_filter(sql, filter.types.iter().map(String::as_str).collect(), filter)?.fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(WorkerEvent {
+                    id: r.try_get("id")?,
+                    event_type: r.try_get("type")?,
+                    at: ts(r, "at")?,
+                    worker_id: r.try_get("worker_id")?,
+                    data: r.try_get("data")?,
                 })
             })
             .collect()
@@ -713,6 +768,38 @@ mod tests {
         assert_eq!(s.queue_events(&resumed).await.unwrap().len(), 1);
         assert!(s.queue_events(&EventFilter { queues: vec!["elsewhere".into()], ..all.clone() }).await.unwrap().is_empty());
         assert!(s.queue_events(&EventFilter { job_types: vec!["ev.ttl".into()], ..all }).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn workers_coming_and_going_are_events() {
+        use crate::store::WorkerRegistration;
+        let db = TestDb::new().await;
+        let s = &db.store;
+        let reg = |id: &str| WorkerRegistration { id: id.into(), host: "h1".into(), pid: 7, queues: vec!["q1".into(), "q2".into()], concurrency: 10, version: "t".into() };
+        s.register_worker(&reg("w1")).await.unwrap();
+        s.register_worker(&reg("w1")).await.unwrap();
+        s.register_worker(&reg("w2")).await.unwrap();
+        s.deregister_worker("w1").await.unwrap();
+        // w2 went silent long ago and is removed (by an operator or the pruner).
+        sqlx::query("UPDATE workers SET last_heartbeat_at = now() - interval '2 days' WHERE id = 'w2'").execute(s.pool()).await.unwrap();
+        assert_eq!(s.prune(&crate::store::PruneConfig::default()).await.unwrap().workers, 1);
+
+        let until = Some(Timestamp::now() + jiff::SignedDuration::from_secs(60));
+        let all = EventFilter { after: Some(position_at(Timestamp::UNIX_EPOCH)), until, limit: 100, ..Default::default() };
+        let seen = s.worker_events(&all).await.unwrap();
+        let kinds: Vec<(&str, &str)> = seen.iter().map(|e| (e.event_type.as_str(), e.worker_id.as_str())).collect();
+        assert_eq!(kinds, [("worker.started", "w1"), ("worker.started", "w2"), ("worker.stopped", "w1"), ("worker.stopped", "w2")], "registering again is no new start");
+        assert_eq!((&seen[0].data["queues"], &seen[0].data["concurrency"]), (&serde_json::json!(["q1", "q2"]), &serde_json::json!(10)));
+        assert_eq!((seen[2].data["reason"].as_str(), seen[3].data["reason"].as_str()), (Some("shutdown"), Some("heartbeat_timeout")));
+        assert!(seen[2].data["uptime_ms"].as_i64().is_some_and(|ms| ms >= 0));
+        assert!(seen.windows(2).all(|w| w[0].id < w[1].id));
+        let stopped = s.worker_events(&EventFilter { types: vec!["worker.stopped".into()], limit: 10, ..Default::default() }).await.unwrap();
+        assert_eq!(stopped.iter().map(|e| e.worker_id.as_str()).collect::<Vec<_>>(), ["w2", "w1"], "newest first");
+        assert_eq!(s.worker_events(&EventFilter { after: Some(seen[1].id.clone()), ..all.clone() }).await.unwrap().len(), 2);
+        assert!(s.worker_events(&EventFilter { queues: vec!["q1".into()], ..all.clone() }).await.unwrap().is_empty(), "not queue events");
+        sqlx::query("UPDATE worker_events SET at = at - interval '2 days'").execute(s.pool()).await.unwrap();
+        assert_eq!(s.prune(&crate::store::PruneConfig::default()).await.unwrap().worker_events, 4);
+        assert!(s.worker_events(&all).await.unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -83,6 +83,9 @@ pub struct PruneReport {
     /// Rows of `job_progress` (reports of running jobs), aged out with the completed jobs'
     /// retention.
     pub progress: u64,
+    /// Rows of `worker_events` (workers started and stopped), aged out with the completed
+    /// jobs' retention.
+    pub worker_events: u64,
 }
 
 // A retention delete of `$table`'s rows older than `$1` ms by its `at`, `$2` at most, oldest
@@ -389,7 +392,8 @@ impl Store {
         .rows_affected();
         let heartbeats = self.delete_aged(aged_by_at!("job_heartbeats"), cfg.completed_after, cfg.batch).await?;
         let progress = self.delete_aged(aged_by_at!("job_progress"), cfg.completed_after, cfg.batch).await?;
-        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, transitions, heartbeats, progress })
+        let worker_events = self.delete_aged(aged_by_at!("worker_events"), cfg.completed_after, cfg.batch).await?;
+        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, transitions, heartbeats, progress, worker_events })
     }
 
     /// Runs a retention delete whose `$1` is the age (ms) past which rows go and `$2` the

@@ -121,7 +121,7 @@ pub use cron::{CRON_EVENT_TYPES, CronEvent, CronJob, CronPass, CronSpec, CronTem
 pub use cancel::{BULK_LIMIT, JobSelection};
 pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveOverride, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};
-pub use events::{EVENT_SETTLE, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, position_at, position_time};
+pub use events::{EVENT_SETTLE, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, WORKER_EVENT_TYPES, WorkerEvent, position_at, position_time};
 pub use fail::{Failure, FailureResult, KnownRun};
 pub use listing::{ErrorGroup, JobCount, JobFilter, Page, SEARCH_WINDOW, Stats, StatsRow};
 pub use maintenance::{Leadership, PruneConfig, PruneReport, RescueReport};
@@ -323,7 +323,7 @@ impl Store {
     /// Wipes every job, attempt, policy, queue setting, maintenance mode and audit entry. Used by the OJS
     /// conformance runner's reset endpoint, which exists only in the server's `--test-mode`.
     pub async fn reset_all(&self) -> Result<(), StoreError> {
-        sqlx::query("TRUNCATE jobs, job_attempts, policy_snapshots, retry_policies, retry_policy_versions, queues, audit_log, workers, cron_jobs, cron_runs, maintenance")
+        sqlx::query("TRUNCATE jobs, job_attempts, policy_snapshots, retry_policies, retry_policy_versions, queues, audit_log, workers, worker_events, cron_jobs, cron_runs, maintenance")
             .execute(&self.pool)
             .await?;
         Ok(())

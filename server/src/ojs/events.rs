@@ -12,7 +12,8 @@ use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;
 use rebound_queue::job::{validate_queue, validate_type};
 use rebound_queue::store::{
-    CRON_EVENT_TYPES, CronEvent, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, position_at, position_time,
+    CRON_EVENT_TYPES, CronEvent, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, WORKER_EVENT_TYPES, WorkerEvent, position_at,
+    position_time,
 };
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -61,6 +62,18 @@ fn event_json(e: &JobEvent) -> Value {
         "time": e.at.to_string(),
         "subject": e.job_id.to_string(),
         "data": data,
+    })
+}
+
+fn worker_event_json(e: &WorkerEvent) -> Value {
+    json!({
+        "specversion": "1.0",
+        "id": e.id,
+        "type": e.event_type,
+        "source": "ojs://rebound/workers",
+        "time": e.at.to_string(),
+        "subject": e.worker_id,
+        "data": e.data,
     })
 }
 
@@ -118,21 +131,23 @@ struct Selection {
     job_filter: EventFilter,
     cron_types: Vec<String>,
     queue_types: Vec<String>,
+    worker_types: Vec<String>,
     jobs: bool,
     crons: bool,
     queues: bool,
+    workers: bool,
 }
 
 fn selection(q: &QueryParams) -> Result<Selection, ApiError> {
     let mut types = q.list("types");
     types.extend(q.list("type"));
-    let known = |t: &&str| EVENT_TYPES.contains(t) || CRON_EVENT_TYPES.contains(t) || QUEUE_EVENT_TYPES.contains(t);
+    let known = |t: &&str| EVENT_TYPES.contains(t) || CRON_EVENT_TYPES.contains(t) || QUEUE_EVENT_TYPES.contains(t) || WORKER_EVENT_TYPES.contains(t);
     if let Some(bad) = types.iter().find(|t| !known(t)) {
-        let all: Vec<&str> = EVENT_TYPES.iter().chain(CRON_EVENT_TYPES.iter()).chain(QUEUE_EVENT_TYPES.iter()).copied().collect();
+        let all: Vec<&str> = EVENT_TYPES.iter().chain(CRON_EVENT_TYPES.iter()).chain(QUEUE_EVENT_TYPES.iter()).chain(WORKER_EVENT_TYPES.iter()).copied().collect();
         return Err(ApiError::invalid_field("types", format!("unknown event type {bad:?}; expected one of {}", all.join(", "))));
     }
     let of = |group: &[&str]| -> Vec<String> { types.iter().filter(|t| group.contains(t)).map(|t| (*t).to_owned()).collect() };
-    let (job_types_asked, cron_types, queue_types) = (of(&EVENT_TYPES), of(&CRON_EVENT_TYPES), of(&QUEUE_EVENT_TYPES));
+    let (job_types_asked, cron_types, queue_types, worker_types) = (of(&EVENT_TYPES), of(&CRON_EVENT_TYPES), of(&QUEUE_EVENT_TYPES), of(&WORKER_EVENT_TYPES));
     let mut queues = q.list("queues");
     queues.extend(q.list("queue"));
     for queue in &queues {
@@ -154,8 +169,10 @@ fn selection(q: &QueryParams) -> Result<Selection, ApiError> {
         jobs: everything || !job_types_asked.is_empty(),
         crons: everything || !cron_types.is_empty(),
         queues: everything || !queue_types.is_empty(),
+        workers: everything || !worker_types.is_empty(),
         cron_types,
         queue_types,
+        worker_types,
         job_filter: EventFilter {
             types: job_types_asked,
             queues: queues.into_iter().map(str::to_owned).collect(),
@@ -201,11 +218,13 @@ async fn page(state: &AppState, sel: &Selection, after: Option<String>, limit: i
     let jobs = if sel.jobs { state.store.events(&filter).await? } else { Vec::new() };
     let crons = if sel.crons { state.store.cron_events(&EventFilter { types: sel.cron_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
     let queues = if sel.queues { state.store.queue_events(&EventFilter { types: sel.queue_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
+    let workers = if sel.workers { state.store.worker_events(&EventFilter { types: sel.worker_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
     let mut all: Vec<(String, Timestamp, bool, Value)> = jobs
         .iter()
         .map(|e| (e.id.clone(), e.at, job_terminal(&e.event_type), event_json(e)))
         .chain(crons.iter().map(|e| (e.id.clone(), e.actual_time, false, cron_event_json(e))))
         .chain(queues.iter().map(|e| (e.id.clone(), e.at, false, queue_event_json(e))))
+        .chain(workers.iter().map(|e| (e.id.clone(), e.at, false, worker_event_json(e))))
         .collect();
     if after.is_some() {
         all.sort_by(|a, b| a.0.cmp(&b.0));
@@ -316,7 +335,7 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
         Channel::Job(id) => {
             let job = state.store.get_job(*id).await?.ok_or_else(|| ApiError::not_found("job", id))?;
             sel.job_filter.job_id = Some(*id);
-            (sel.crons, sel.queues) = (false, false);
+            (sel.crons, sel.queues, sel.workers) = (false, false, false);
             // From its first event: its enqueue, positioned by its creation or by the time in
             // its id (client-chosen ids may be older), whichever is earlier.
             let made = id_time(id).map_or(job.created_at, |t| t.min(job.created_at));

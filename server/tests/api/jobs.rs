@@ -144,6 +144,18 @@ async fn events_record_what_happened() {
     assert_eq!(r.body["events"], json!([]));
     let r = s.get("/ojs/v1/events?queues=other").await;
     assert_eq!(r.body["events"], json!([]));
+    // The fetching worker registered (OJS worker.started), with the server's other events.
+    let r = s.get("/ojs/v1/events?types=worker.started,worker.stopped").await;
+    let workers: Vec<(&str, &str, &str)> = r.body["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| Some((e["type"].as_str()?, e["subject"].as_str()?, e["source"].as_str()?)))
+        .collect();
+    assert_eq!(workers, [("worker.started", "w1", "ojs://rebound/workers")], "{}", r.text);
+    assert_eq!(r.body["events"][0]["data"]["worker_id"], "w1");
+    let r = s.get("/ojs/v1/events?queues=eq&types=worker.started").await;
+    assert_eq!(r.body["events"], json!([]), "worker events belong to no queue");
 }
 
 /// The `(event, id)` pairs of a Server-Sent Events text.
