@@ -341,56 +341,60 @@ fn check_config_accepts_the_example_and_rejects_a_missing_url() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("database.url"));
 }
 
+/// A systemd notification socket (`NOTIFY_SOCKET`) that a worker process reports to, and what
+/// it has said so far.
+struct NotifySocket {
+    _scratch: Scratch,
+    path: String,
+    socket: std::os::unix::net::UnixDatagram,
+    heard: String,
+}
+
+impl NotifySocket {
+    fn new(name: &str) -> NotifySocket {
+        let scratch = Scratch::new(name);
+        let path = scratch.file("notify.sock");
+        let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        NotifySocket { path: path.display().to_string(), _scratch: scratch, socket, heard: String::new() }
+    }
+
+    /// Reads until the worker has said `needle` (30 s at most between messages).
+    fn hear(&mut self, needle: &str) {
+        let mut buf = [0u8; 4096];
+        while !self.heard.contains(needle) {
+            let n = self.socket.recv(&mut buf).unwrap_or_else(|e| panic!("no {needle} from the worker ({e}); heard: {}", self.heard));
+            self.heard.push_str(&String::from_utf8_lossy(&buf[..n]));
+            self.heard.push('\n');
+        }
+    }
+}
+
 #[tokio::test]
 async fn systemd_hears_ready_watchdog_and_stopping() {
-    use std::os::unix::net::UnixDatagram;
     let db = TestDb::new().await;
-    let scratch = Scratch::new("notify");
-    let socket_path = scratch.file("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).unwrap();
-    socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut notify = NotifySocket::new("notify");
     let config = format!("{}\n[handlers.\"demo.succeed\"]\nkind = \"demo\"\n", fast_config("", "default = 1", ""));
-    let socket_env = socket_path.display().to_string();
-    let mut worker = WorkerProcess::start_with_env(&db.url, &config, &[], &[("NOTIFY_SOCKET", &socket_env), ("WATCHDOG_USEC", "400000")]);
-
-    let mut heard = String::new();
-    let mut buf = [0u8; 4096];
-    let mut recv_until = |needle: &str, heard: &mut String| {
-        while !heard.contains(needle) {
-            let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("no {needle} from the worker ({e}); heard: {heard}"));
-            heard.push_str(&String::from_utf8_lossy(&buf[..n]));
-            heard.push('\n');
-        }
-    };
-    recv_until("READY=1", &mut heard);
-    recv_until("WATCHDOG=1", &mut heard);
+    let mut worker = WorkerProcess::start_with_env(&db.url, &config, &[], &[("NOTIFY_SOCKET", &notify.path), ("WATCHDOG_USEC", "400000")]);
+    notify.hear("READY=1");
+    notify.hear("WATCHDOG=1");
     worker.signal("TERM");
-    recv_until("STOPPING=1", &mut heard);
+    notify.hear("STOPPING=1");
     let status = worker.exit_within(Duration::from_secs(20)).await.expect("exits");
     assert_eq!(status.code(), Some(0));
 }
 
 #[tokio::test]
 async fn an_operators_terminate_tells_systemd_it_is_stopping() {
-    use std::os::unix::net::UnixDatagram;
     let db = TestDb::new().await;
-    let scratch = Scratch::new("notify-terminate");
-    let socket_path = scratch.file("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).unwrap();
-    socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut notify = NotifySocket::new("notify-terminate");
     let config = format!("{}\n[handlers.\"demo.succeed\"]\nkind = \"demo\"\n", fast_config("heartbeat_interval = \"100ms\"", "default = 1", ""));
-    let socket_env = socket_path.display().to_string();
-    let mut worker = WorkerProcess::start_with_env(&db.url, &config, &[], &[("NOTIFY_SOCKET", &socket_env)]);
+    let mut worker = WorkerProcess::start_with_env(&db.url, &config, &[], &[("NOTIFY_SOCKET", &notify.path)]);
     wait_registered(&db.store, &worker).await;
     let pid = worker.pid() as i32;
     let id = db.store.workers().await.unwrap().into_iter().find(|w| w.pid == pid).expect("registered").id;
     assert!(db.store.request_worker_state(&id, "terminate", &Actor::new("ops")).await.unwrap());
-    let mut heard = String::new();
-    let mut buf = [0u8; 4096];
-    while !heard.contains("STOPPING=1") {
-        let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("no STOPPING=1 from the worker ({e}); heard: {heard}"));
-        heard.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
+    notify.hear("STOPPING=1");
     assert_eq!(worker.exit_within(Duration::from_secs(20)).await.expect("exits").code(), Some(0));
 }
 
