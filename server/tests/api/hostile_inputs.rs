@@ -45,6 +45,7 @@ fn table() -> Vec<Case> {
     let ack = "/ojs/v1/workers/ack";
     let nack = "/ojs/v1/workers/nack";
     let beat = "/ojs/v1/workers/heartbeat";
+    let progress = "/ojs/v1/workers/progress";
     let policy = "/ojs/v1/admin/policies/email.send";
     let preview = "/ojs/v1/admin/policies/preview";
     let some_id = "019539a4-0000-7000-8000-000000000000";
@@ -132,6 +133,11 @@ fn table() -> Vec<Case> {
         case("heartbeat job a number", "POST", beat, json!({"worker_id": "w", "active_jobs": [1]}), 400, "active_jobs[0]"),
         case("heartbeat job not a UUID", "POST", beat, json!({"worker_id": "w", "active_jobs": ["x"]}), 400, "active_jobs[0]"),
         case("heartbeat negative visibility", "POST", beat, json!({"worker_id": "w", "visibility_timeout_ms": -1}), 400, "visibility_timeout_ms"),
+        case("progress without a job", "POST", progress, json!({"percentage": 5}), 400, "job_id"),
+        case("progress job not a UUID", "POST", progress, json!({"job_id": "x", "percentage": 5}), 400, "job_id"),
+        case("progress a string", "POST", progress, json!({"job_id": some_id, "percentage": "5"}), 400, "percentage"),
+        case("progress above 100", "POST", progress, json!({"job_id": some_id, "progress": 1e300}), 400, "progress"),
+        case("progress message an object", "POST", progress, json!({"job_id": some_id, "percentage": 5, "message": {}}), 400, "message"),
         // Job paths and listings.
         get("job id not a UUID", "/ojs/v1/jobs/not-a-uuid", 400, "id"),
         Case { method: "DELETE", ..get("cancel id not a UUID", "/ojs/v1/jobs/42", 400, "id") },
@@ -217,6 +223,7 @@ fn table() -> Vec<Case> {
         case("NUL in nack details", "POST", nack, json!({"job_id": some_id, "error": {"code": "x", "message": "m", "details": {"trace": ["\u{0}"]}}}), 400, "error.details.trace[0]"),
         case("NUL in a nack code", "POST", nack, json!({"job_id": some_id, "error": {"code": "x\u{0}", "message": "m"}}), 400, "error.code"),
         case("NUL in the heartbeat worker id", "POST", beat, json!({"worker_id": "w\u{0}", "active_jobs": []}), 400, "worker_id"),
+        case("NUL in a progress message", "POST", progress, json!({"job_id": some_id, "percentage": 5, "message": "a\u{0}b"}), 400, "message"),
         case("NUL in the heartbeat state", "POST", beat, json!({"worker_id": "w", "state": "\u{0}"}), 400, "state"),
         case("NUL in a cron name", "POST", "/ojs/v1/cron", json!({"name": "c\u{0}", "expression": "* * * * *", "job_template": {"type": "a", "args": []}}), 400, "name"),
         case("NUL in cron job args", "POST", "/ojs/v1/cron", json!({"name": "c", "expression": "* * * * *", "job_template": {"type": "a", "args": ["\u{0}"]}}), 400, "job_template.args[0]"),
@@ -367,6 +374,8 @@ async fn state_conflicts_and_missing_jobs() {
         ("POST", format!("/ojs/v1/dead-letter/{missing}/retry"), Some(json!({}))),
         ("DELETE", format!("/ojs/v1/dead-letter/{missing}"), None),
         ("POST", format!("/ojs/v1/jobs/{missing}/activate"), Some(json!({}))),
+        ("POST", "/ojs/v1/workers/progress".to_owned(), Some(json!({"job_id": missing, "percentage": 5}))),
+        ("GET", format!("/ojs/v1/jobs/{missing}/progress"), None),
         ("GET", "/ojs/v1/admin/policies/never.saved".to_owned(), None),
         ("DELETE", "/ojs/v1/admin/policies/never.saved".to_owned(), None),
     ] {
