@@ -8,7 +8,7 @@ use rebound_queue::job::{OnConflict, UniqueSpec};
 use rebound_queue::outcome::{HandlerError, Outcome};
 use rebound_queue::policy::PolicyPatch;
 use rebound_queue::store::{
-    Actor, AuditFilter, ClaimRequest, Completion, EnqueueOutcome, EventFilter, Failure, JobFilter, JobSelection, Notification, PruneConfig,
+    Actor, AuditFilter, ClaimRequest, Completion, EnqueueOutcome, EventFilter, Failure, JobFilter, JobSelection, Notification, ProgressReport, PruneConfig,
     RedriveBudget, RedriveOptions, StoreError,
 };
 use rebound_queue::testing::TestDb;
@@ -474,6 +474,8 @@ async fn dead_letters_are_redriven_by_id_or_filter_and_purged() {
     claim_one(s, "default").await; // ids[2] (fresh)
     let again = claim_one(s, "default").await;
     assert_eq!(again.id, ids[0]);
+    let report = ProgressReport { job_id: ids[0], attempt: None, worker_id: None, percentage: 40.0, message: None, data: None };
+    s.report_progress(&report).await.unwrap();
     let r = s.fail(&failure(ids[0], "smtp.rejected")).await.unwrap();
     assert_eq!(r.job.state, JobState::Discarded);
 
@@ -488,6 +490,7 @@ async fn dead_letters_are_redriven_by_id_or_filter_and_purged() {
     assert_eq!(s.purge_dead_letters(&JobSelection::Ids(vec![ids[0]]), &actor, None).await.unwrap(), 1);
     assert!(s.get_job(ids[0]).await.unwrap().is_none());
     assert!(s.attempts(ids[0]).await.unwrap().is_empty());
+    assert!(s.latest_progress(ids[0]).await.unwrap().is_none(), "its progress reports go with it");
 }
 
 #[tokio::test]

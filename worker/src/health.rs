@@ -49,8 +49,9 @@ impl Health {
         }
     }
 
-    /// The status to report, and what is wrong if anything.
-    pub fn status(&self, stopping: bool, unwritten_results: usize) -> (WorkerStatus, Option<String>) {
+    /// The status to report, and what is wrong if anything. Stopping and quiet say what the
+    /// worker is doing on purpose and win over degraded; the detail is kept either way.
+    pub fn status(&self, stopping: bool, quiet: bool, unwritten_results: usize) -> (WorkerStatus, Option<String>) {
         let f = self.failing();
         let mut problems = Vec::new();
         if let Some(e) = &f.claims {
@@ -62,6 +63,8 @@ impl Health {
         let detail = (!problems.is_empty()).then(|| problems.join("; "));
         let status = if stopping {
             WorkerStatus::Stopping
+        } else if quiet {
+            WorkerStatus::Quiet
         } else if detail.is_some() {
             WorkerStatus::Degraded
         } else {
@@ -76,19 +79,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn degraded_while_anything_fails_and_stopping_wins() {
+    fn degraded_while_anything_fails_and_stopping_or_quiet_wins() {
         let h = Health::default();
-        assert_eq!(h.status(false, 0), (WorkerStatus::Ready, None));
+        assert_eq!(h.status(false, false, 0), (WorkerStatus::Ready, None));
+        assert_eq!(h.status(false, true, 0), (WorkerStatus::Quiet, None));
         h.claims_failing(&"connection refused");
         h.results_failing(&"connection refused");
-        let (status, detail) = h.status(false, 12);
+        let (status, detail) = h.status(false, false, 12);
         assert_eq!(status, WorkerStatus::Degraded);
         let detail = detail.unwrap_or_default();
         assert!(detail.contains("claims failing: connection refused") && detail.contains("12 job results waiting"), "{detail}");
         h.claims_ok();
-        assert_eq!(h.status(false, 12).0, WorkerStatus::Degraded);
-        assert_eq!(h.status(true, 12).0, WorkerStatus::Stopping);
+        assert_eq!(h.status(false, false, 12).0, WorkerStatus::Degraded);
+        let (status, detail) = h.status(false, true, 12);
+        assert_eq!(status, WorkerStatus::Quiet);
+        assert!(detail.is_some_and(|d| d.contains("12 job results waiting")), "a quiet worker still says what fails");
+        assert_eq!(h.status(true, true, 12).0, WorkerStatus::Stopping);
         h.results_ok();
-        assert_eq!(h.status(false, 0), (WorkerStatus::Ready, None));
+        assert_eq!(h.status(false, false, 0), (WorkerStatus::Ready, None));
     }
 }

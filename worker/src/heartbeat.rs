@@ -79,7 +79,7 @@ impl Heartbeat {
         let held = self.running.snapshot();
         let held_ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
         let known = self.running.known();
-        let (status, detail) = self.health.status(self.stopping.load(Ordering::Relaxed), self.backlog.len());
+        let (status, detail) = self.health.status(self.stopping.load(Ordering::Relaxed), self.quiet.is_cancelled(), self.backlog.len());
         let beat = WorkerBeat {
             worker_id: &self.registration.id,
             held: &held_ids,

@@ -88,7 +88,8 @@ async fn a_thousand_jobs_each_run_exactly_once() {
     assert_eq!(status.code(), Some(0));
     assert!(db.store.workers().await.unwrap().is_empty(), "the worker deregisters on the way out");
     // Its coming and going are OJS worker events; a clean stop says so.
-    let events = db.store.worker_events(&rebound_queue::store::EventFilter { limit: 10, ..Default::default() }).await.unwrap();
+    let comings_and_goings = vec!["worker.started".to_string(), "worker.stopped".to_string()];
+    let events = db.store.worker_events(&rebound_queue::store::EventFilter { types: comings_and_goings, limit: 10, ..Default::default() }).await.unwrap();
     let kinds: Vec<(&str, Option<&str>)> = events.iter().map(|e| (e.event_type.as_str(), e.data["reason"].as_str())).collect();
     assert_eq!(kinds, [("worker.stopped", Some("shutdown")), ("worker.started", None)]);
     assert!(events[0].data["uptime_ms"].as_i64().is_some_and(|ms| ms > 0));
@@ -180,6 +181,16 @@ async fn an_operator_quiets_the_worker_then_terminates_it() {
     let untouched = db.store.job(later.id).await.unwrap();
     assert_eq!((untouched.state, untouched.attempt), (JobState::Available, 0), "a quiet worker claims nothing");
     assert!(worker.running(), "quiet is not a shutdown");
+    // It says so at its next heartbeat: the row's status, and one OJS worker.quiet event.
+    let row = db.store.workers().await.unwrap().into_iter().find(|w| w.pid == pid).expect("registered");
+    assert_eq!(row.status, rebound_queue::store::WorkerStatus::Quiet);
+    let of = |t: &str| rebound_queue::store::EventFilter { types: vec![t.to_string()], limit: 100, ..Default::default() };
+    let quiet = db.store.worker_events(&of("worker.quiet")).await.unwrap();
+    assert_eq!(quiet.len(), 1, "{quiet:?}");
+    assert_eq!((quiet[0].worker_id.as_str(), quiet[0].data["reason"].as_str()), (id.as_str(), Some("quiet")));
+    let beats = db.store.worker_events(&of("worker.heartbeat")).await.unwrap();
+    assert!(beats.len() >= 2, "a heartbeat event per beat: {beats:?}");
+    assert_eq!((beats[0].data["status"].as_str(), &beats[0].data["queues"]), (Some("quiet"), &json!(["default"])));
 
     assert!(db.store.request_worker_state(&id, "terminate", &Actor::new("ops")).await.unwrap());
     let status = worker.exit_within(Duration::from_secs(20)).await.expect("terminate exits");
@@ -187,6 +198,7 @@ async fn an_operator_quiets_the_worker_then_terminates_it() {
     assert!(worker.log_text().contains("asked this worker to terminate"));
     assert!(db.store.workers().await.unwrap().iter().all(|w| w.pid != pid), "deregistered on the way out");
     assert_eq!(db.store.job(later.id).await.unwrap().state, JobState::Available);
+    assert_eq!(db.store.worker_events(&of("worker.quiet")).await.unwrap().len(), 1, "draining after quiet is the same quiet spell");
 }
 
 #[tokio::test]

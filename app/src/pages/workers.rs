@@ -27,6 +27,8 @@ pub struct WorkerRow {
     pub silent_for: String,
     pub stale: bool,
     pub stopping: bool,
+    /// The worker said it claims nothing more (SIGTSTP, or it heard an operator's `quiet`).
+    pub quiet: bool,
     /// What the worker last said is failing (claims, result writes), if anything.
     pub degraded: Option<String>,
     /// What an operator asked of it: `quiet` or `terminate`.
@@ -55,6 +57,7 @@ pub async fn workers() -> Result<Vec<WorkerRow>, AppError> {
             started: When::of(w.started_at, now),
             last_heartbeat: When::of(w.last_heartbeat_at, now),
             stopping: w.stopping,
+            quiet: w.status == rebound_queue::store::WorkerStatus::Quiet,
             degraded: (w.status == rebound_queue::store::WorkerStatus::Degraded)
                 .then(|| w.status_detail.unwrap_or_else(|| "degraded".to_string())),
             requested: w.requested_state,
@@ -112,6 +115,8 @@ pub fn WorkersPage() -> impl IntoView {
                                             view! { <span class="tag stale" title="no heartbeat for over a minute">"stale"</span> }.into_any()
                                         } else if w.stopping {
                                             view! { <span class="tag stopping">"stopping"</span> }.into_any()
+                                        } else if w.quiet {
+                                            view! { <span class="tag stopping" title="it claims nothing more; its running jobs finish">"quiet"</span> }.into_any()
                                         } else if let Some(asked) = w.requested.clone() {
                                             let (tag, title) = if asked == "quiet" {
                                                 ("quiet", "an operator asked it to claim nothing more")

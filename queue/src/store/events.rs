@@ -373,9 +373,10 @@ const QUEUE_EVENTS_NEWEST_FIRST: &str = queue_events_sql!("at DESC, id DESC");
 const QUEUE_EVENTS_AFTER: &str = queue_events_sql!("id");
 
 /// Worker event types [`Store::worker_events`] knows.
-pub const WORKER_EVENT_TYPES: [&str; 2] = ["worker.started", "worker.stopped"];
+pub const WORKER_EVENT_TYPES: [&str; 4] = ["worker.started", "worker.heartbeat", "worker.quiet", "worker.stopped"];
 
-/// A worker registered or went away (logged by a trigger on `workers`; see its migration).
+/// A worker registered, beat, went quiet or went away (logged by triggers on `workers` and by
+/// the heartbeat statements; see migrations/…_worker_events.sql and …_worker_liveness_events.sql).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct WorkerEvent {
     /// Unique, stable, and a cursor like [`JobEvent::id`]: `evt_<µs>:<type>:<worker>:<n>`.
@@ -384,8 +385,10 @@ pub struct WorkerEvent {
     pub event_type: String,
     pub at: Timestamp,
     pub worker_id: String,
-    /// The event's OJS data: `queues`, `concurrency` (started); `reason` (`shutdown` or
-    /// `heartbeat_timeout`), `uptime_ms`, `active_jobs` (stopped).
+    /// The event's OJS data, always with `worker_id`: `queues`, `concurrency` (started);
+    /// `active_jobs`, `queues`, `concurrency`, `status` (heartbeat); `active_jobs`, `reason`
+    /// (`quiet` or `shutdown`) (quiet); `reason` (`shutdown` or `heartbeat_timeout`),
+    /// `uptime_ms`, `active_jobs` (stopped).
     pub data: Value,
 }
 
@@ -800,6 +803,60 @@ mod tests {
         sqlx::query("UPDATE worker_events SET at = at - interval '2 days'").execute(s.pool()).await.unwrap();
         assert_eq!(s.prune(&crate::store::PruneConfig::default()).await.unwrap().worker_events, 4);
         assert!(s.worker_events(&all).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn worker_heartbeats_and_quiet_spells_are_events() {
+        use crate::store::{WorkerBeat, WorkerRegistration, WorkerStatus};
+        let db = TestDb::new().await;
+        let s = &db.store;
+        let reg = WorkerRegistration { id: "w1".into(), host: "h1".into(), pid: 7, queues: vec!["q1".into()], concurrency: 4, version: "t".into() };
+        s.register_worker(&reg).await.unwrap();
+        let beat = |status| WorkerBeat { worker_id: "w1", held: &[], known: &[], running: 2, status, detail: None };
+        for status in [WorkerStatus::Ready, WorkerStatus::Quiet, WorkerStatus::Stopping] {
+            s.worker_beat(&beat(status)).await.unwrap();
+        }
+        // Registering again (a restart under the same id) is no beat; its drain is a new spell.
+        s.register_worker(&reg).await.unwrap();
+        s.worker_beat(&beat(WorkerStatus::Degraded)).await.unwrap();
+        s.worker_beat(&beat(WorkerStatus::Stopping)).await.unwrap();
+        // An OJS client: its first beat registers it; saying it drains is its quiet spell.
+        assert_eq!(s.ojs_worker_beat("ojs-1", 3, false).await.unwrap(), None);
+        assert!(s.request_worker_state("ojs-1", "quiet", &crate::store::Actor::new("ops")).await.unwrap());
+        assert_eq!(s.ojs_worker_beat("ojs-1", 1, true).await.unwrap().as_deref(), Some("quiet"), "the operator's request is the answer");
+        s.ojs_worker_beat("ojs-1", 0, true).await.unwrap();
+
+        let until = Some(Timestamp::now() + jiff::SignedDuration::from_secs(60));
+        let all = EventFilter { after: Some(position_at(Timestamp::UNIX_EPOCH)), until, limit: 100, ..Default::default() };
+        let seen = s.worker_events(&all).await.unwrap();
+        let kinds: Vec<(&str, &str, Option<&str>)> =
+            seen.iter().map(|e| (e.event_type.as_str(), e.worker_id.as_str(), e.data["status"].as_str().or(e.data["reason"].as_str()))).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("worker.started", "w1", None),
+                ("worker.heartbeat", "w1", Some("ready")),
+                ("worker.heartbeat", "w1", Some("quiet")),
+                ("worker.quiet", "w1", Some("quiet")),
+                ("worker.heartbeat", "w1", Some("stopping")),
+                ("worker.heartbeat", "w1", Some("degraded")),
+                ("worker.heartbeat", "w1", Some("stopping")),
+                ("worker.quiet", "w1", Some("shutdown")),
+                // Same statement, same time: events of one moment are ordered by type.
+                ("worker.heartbeat", "ojs-1", Some("ready")),
+                ("worker.started", "ojs-1", None),
+                ("worker.heartbeat", "ojs-1", Some("stopping")),
+                ("worker.quiet", "ojs-1", Some("shutdown")),
+                ("worker.heartbeat", "ojs-1", Some("stopping")),
+            ]
+        );
+        assert_eq!((&seen[1].data["active_jobs"], &seen[1].data["queues"], &seen[1].data["concurrency"]), (&serde_json::json!(2), &serde_json::json!(["q1"]), &serde_json::json!(4)));
+        assert_eq!((&seen[3].data["active_jobs"], &seen[3].data["worker_id"]), (&serde_json::json!(2), &serde_json::json!("w1")));
+        assert_eq!(seen[8].data["active_jobs"], serde_json::json!(3));
+        let ojs = s.workers().await.unwrap().into_iter().find(|w| w.id == "ojs-1").unwrap();
+        assert_eq!((ojs.status, ojs.stopping, ojs.running), (WorkerStatus::Stopping, true, 0));
+        let quiet = s.worker_events(&EventFilter { types: vec!["worker.quiet".into()], limit: 10, ..Default::default() }).await.unwrap();
+        assert_eq!(quiet.len(), 3);
     }
 
     #[tokio::test]

@@ -45,7 +45,8 @@ macro_rules! delete_with_history {
             "WITH gone AS (DELETE FROM jobs WHERE id = ANY(ARRAY(",
             $select_ids,
             ")) RETURNING id),
-history AS (DELETE FROM job_attempts a WHERE a.job_id = ANY(ARRAY(SELECT id FROM gone)))
+history AS (DELETE FROM job_attempts a WHERE a.job_id = ANY(ARRAY(SELECT id FROM gone))),
+reports AS (DELETE FROM job_progress p WHERE p.job_id = ANY(ARRAY(SELECT id FROM gone)))
 SELECT count(*) FROM gone"
         )
     };

@@ -16,6 +16,9 @@ pub enum WorkerStatus {
     Ready,
     /// Up, but claims or result writes are failing (the detail says which).
     Degraded,
+    /// Claiming nothing more (SIGTSTP, or an operator's `quiet`); running jobs finish and the
+    /// process stays up until it is stopped.
+    Quiet,
     /// Draining after a shutdown signal: no new claims.
     Stopping,
 }
@@ -25,6 +28,7 @@ impl WorkerStatus {
         match self {
             WorkerStatus::Ready => "ready",
             WorkerStatus::Degraded => "degraded",
+            WorkerStatus::Quiet => "quiet",
             WorkerStatus::Stopping => "stopping",
         }
     }
@@ -32,6 +36,7 @@ impl WorkerStatus {
     fn parse(s: &str) -> WorkerStatus {
         match s {
             "degraded" => WorkerStatus::Degraded,
+            "quiet" => WorkerStatus::Quiet,
             "stopping" => WorkerStatus::Stopping,
             _ => WorkerStatus::Ready,
         }
@@ -71,6 +76,26 @@ pub struct BeatReport {
     pub directive: Option<String>,
 }
 
+// What a heartbeat's `beat` CTE (the worker's row, updated or upserted) returns, and the CTE
+// `beat_logged` that logs it as an OJS `worker.heartbeat` event (see
+// migrations/…_worker_liveness_events.sql): written by the beat itself, so a lost beat
+// leaves no event and a committed one always has one.
+macro_rules! beat_returning {
+    () => {
+        "id, running, queues, concurrency, status, requested_state"
+    };
+}
+macro_rules! beat_logged {
+    () => {
+        "beat_logged AS (
+    INSERT INTO worker_events (worker_id, type, data)
+    SELECT id, 'worker.heartbeat', jsonb_build_object('worker_id', id, 'active_jobs', running, 'queues', to_jsonb(queues),
+                                                       'concurrency', concurrency, 'status', status)
+    FROM beat
+)"
+    };
+}
+
 // One statement, so a worker's row is never fresher than its jobs' locks, and a lost claim's
 // jobs are handed back by the next heartbeat after their lock lapses even if the worker never
 // noticed the claim fail: the rescuer, which must count the attempt, is never their only way
@@ -96,8 +121,8 @@ const BEAT: &str = concat!(
     SET last_heartbeat_at = now(), running = $4, stopping = ($5 = 'stopping'), status = $5, status_detail = $6,
         status_since = CASE WHEN status = $5 THEN status_since ELSE now() END
     WHERE id = $2
-    RETURNING requested_state
-)
+    RETURNING ", beat_returning!(), "
+), ", beat_logged!(), "
 SELECT 'extended' AS what, id, NULL::text AS directive FROM extended
 UNION ALL SELECT 'busy', id, NULL FROM busy
 UNION ALL SELECT 'released', id, NULL FROM released WHERE (SELECT count(*) FROM woken) >= 0
@@ -190,15 +215,34 @@ impl Store {
         Ok(report)
     }
 
-    /// Records a worker's heartbeat and how many jobs it is running.
-    pub async fn worker_heartbeat(&self, id: &str, running: i32, stopping: bool) -> Result<(), StoreError> {
-        sqlx::query("UPDATE workers SET last_heartbeat_at = now(), running = $2, stopping = $3 WHERE id = $1")
-            .bind(id)
-            .bind(running)
-            .bind(stopping)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+    /// An OJS API worker's heartbeat (`POST /ojs/v1/workers/heartbeat`): registers the worker
+    /// if it is new, records its beat, how many jobs it runs and whether it is draining
+    /// (`stopping`), logs the `worker.heartbeat` event, and answers what an operator asked of
+    /// it ([`Store::request_worker_state`]). One statement; the job locks are extended apart
+    /// ([`Store::heartbeat`]), as the protocol allows beats from any holder.
+    pub async fn ojs_worker_beat(&self, id: &str, running: i32, stopping: bool) -> Result<Option<String>, StoreError> {
+        let status = if stopping { WorkerStatus::Stopping } else { WorkerStatus::Ready };
+        let requested: Option<Option<String>> = sqlx::query_scalar(concat!(
+            "WITH beat AS (
+    INSERT INTO workers AS w (id, host, pid, version, running, stopping, status)
+    VALUES ($1, 'ojs-http', 0, 'ojs/1.0', $2, $3 = 'stopping', $3)
+    ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now(), running = EXCLUDED.running, stopping = EXCLUDED.stopping,
+        status = EXCLUDED.status, status_detail = NULL,
+        status_since = CASE WHEN w.status = EXCLUDED.status THEN w.status_since ELSE now() END
+    RETURNING ",
+            beat_returning!(),
+            "
+), ",
+            beat_logged!(),
+            "
+SELECT requested_state FROM beat"
+        ))
+        .bind(id)
+        .bind(running)
+        .bind(status.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(requested.flatten())
     }
 
     /// Removes a worker that stopped cleanly.

@@ -7,7 +7,7 @@ use axum::extract::State;
 use jiff::Timestamp;
 use rebound_queue::job::validate_queue;
 use rebound_queue::outcome::NextStep;
-use rebound_queue::store::{ClaimRequest, Completion, Failure, JobProgress, ProgressReport, WorkerRegistration};
+use rebound_queue::store::{ClaimRequest, Completion, Failure, JobProgress, ProgressReport};
 use rebound_queue::{HandlerError, Job, Outcome};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -277,21 +277,9 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
     } else if held.extended.len() + held.busy.len() < ids.len() {
         warn_lapsed(&state, worker, ids.iter().filter(|id| !held.extended.contains(id) && !held.busy.contains(id))).await;
     }
-    state
-        .store
-        .register_worker(&WorkerRegistration {
-            id: worker.to_owned(),
-            host: "ojs-http".into(),
-            pid: 0,
-            queues: Vec::new(),
-            concurrency: 0,
-            version: "ojs/1.0".into(),
-        })
-        .await?;
     // The worker's own state (graceful shutdown: `quiet` while draining, `terminate` at the end).
     let stopping = matches!(f.str("state")?, Some("quiet" | "terminate" | "terminated" | "stopping"));
-    state.store.worker_heartbeat(worker, i32::try_from(said_running).unwrap_or(i32::MAX), stopping).await?;
-    let requested = state.store.requested_worker_state(worker).await?;
+    let requested = state.store.ojs_worker_beat(worker, i32::try_from(said_running).unwrap_or(i32::MAX), stopping).await?;
     let directive = match requested.as_deref() {
         Some("terminate") => "terminate",
         Some("quiet") => "quiet",

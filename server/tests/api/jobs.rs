@@ -144,7 +144,7 @@ async fn events_record_what_happened() {
     assert_eq!(r.body["events"], json!([]));
     let r = s.get("/ojs/v1/events?queues=other").await;
     assert_eq!(r.body["events"], json!([]));
-    // The fetching worker registered (OJS worker.started), with the server's other events.
+    // The beating worker registered (OJS worker.started), with the server's other events.
     let r = s.get("/ojs/v1/events?types=worker.started,worker.stopped").await;
     let workers: Vec<(&str, &str, &str)> = r.body["events"]
         .as_array()
@@ -156,6 +156,23 @@ async fn events_record_what_happened() {
     assert_eq!(r.body["events"][0]["data"]["worker_id"], "w1");
     let r = s.get("/ojs/v1/events?queues=eq&types=worker.started").await;
     assert_eq!(r.body["events"], json!([]), "worker events belong to no queue");
+    // Its beat was an OJS worker.heartbeat; saying it drains starts its quiet spell.
+    let r = s.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "w1", "active_jobs": [], "state": "quiet"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = s.get("/ojs/v1/events?types=worker.heartbeat,worker.quiet").await;
+    let seen: Vec<(&str, &str, &Value)> = r.body["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| Some((e["type"].as_str()?, e["subject"].as_str()?, &e["data"]["active_jobs"])))
+        .collect();
+    assert_eq!(
+        seen,
+        [("worker.quiet", "w1", &json!(0)), ("worker.heartbeat", "w1", &json!(0)), ("worker.heartbeat", "w1", &json!(1))],
+        "newest first: {}",
+        r.text
+    );
+    assert_eq!(r.body["events"][0]["data"]["reason"], "shutdown");
 }
 
 /// The `(event, id)` pairs of a Server-Sent Events text.
