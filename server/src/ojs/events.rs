@@ -203,14 +203,33 @@ struct Page {
 async fn page(state: &AppState, sel: &Selection, after: Option<String>, limit: i64) -> Result<Page, ApiError> {
     let horizon = state.store.event_horizon().await?;
     // A cursor far behind reads one window at a time: failed attempts are sorted by time,
-    // every one from the cursor on (seconds from weeks back at 10M jobs).
-    let until = match &after {
-        Some(a) => Some(horizon.min(position_time(a).map_err(|_| ApiError::invalid_field("after", "not an event id"))?.saturating_add(EVENT_WINDOW).unwrap_or(horizon))),
-        None => None,
+    // every one from the cursor on (seconds from weeks back at 10M jobs). Windows with nothing
+    // in them are stepped over in this one request, each twice as long as the last (up to
+    // MAX_EVENT_WINDOW) and for at most SKIP_BUDGET, so a cursor from last week catches up in
+    // a few polls instead of a thousand empty ones.
+    let mut after = after;
+    let mut window = EVENT_WINDOW;
+    let skipping_since = std::time::Instant::now();
+    let (all, until) = loop {
+        let until = match &after {
+            Some(a) => Some(horizon.min(position_time(a).map_err(|_| ApiError::invalid_field("after", "not an event id"))?.saturating_add(window).unwrap_or(horizon))),
+            None => None,
+        };
+        let all = read(state, sel, after.clone(), until, limit).await?;
+        let Some(u) = until.filter(|u| all.is_empty() && *u < horizon && skipping_since.elapsed() < SKIP_BUDGET) else {
+            break (all, until);
+        };
+        after = Some(position_at(u));
+        window = window.saturating_mul(2).min(MAX_EVENT_WINDOW);
     };
-    // One more than asked for tells whether there are more.
+    Ok(finish_page(all, after, until, horizon, limit))
+}
+
+/// Every asked-for event source's events after `after` (up to `until`), one more than `limit`
+/// of each (which tells whether there are more), unsorted.
+async fn read(state: &AppState, sel: &Selection, after: Option<String>, until: Option<Timestamp>, limit: i64) -> Result<Vec<(String, Timestamp, bool, Value)>, ApiError> {
     let filter = EventFilter {
-        after: after.clone(),
+        after,
         until,
         limit: limit + 1,
         ..sel.job_filter.clone()
@@ -219,13 +238,17 @@ async fn page(state: &AppState, sel: &Selection, after: Option<String>, limit: i
     let crons = if sel.crons { state.store.cron_events(&EventFilter { types: sel.cron_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
     let queues = if sel.queues { state.store.queue_events(&EventFilter { types: sel.queue_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
     let workers = if sel.workers { state.store.worker_events(&EventFilter { types: sel.worker_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
-    let mut all: Vec<(String, Timestamp, bool, Value)> = jobs
+    Ok(jobs
         .iter()
         .map(|e| (e.id.clone(), e.at, job_terminal(&e.event_type), event_json(e)))
         .chain(crons.iter().map(|e| (e.id.clone(), e.actual_time, false, cron_event_json(e))))
         .chain(queues.iter().map(|e| (e.id.clone(), e.at, false, queue_event_json(e))))
         .chain(workers.iter().map(|e| (e.id.clone(), e.at, false, worker_event_json(e))))
-        .collect();
+        .collect())
+}
+
+/// Orders, cuts and positions what [`read`] found after `after` up to `until`.
+fn finish_page(mut all: Vec<(String, Timestamp, bool, Value)>, after: Option<String>, until: Option<Timestamp>, horizon: Timestamp, limit: i64) -> Page {
     if after.is_some() {
         all.sort_by(|a, b| a.0.cmp(&b.0));
     } else {
@@ -245,7 +268,7 @@ async fn page(state: &AppState, sel: &Selection, after: Option<String>, limit: i
         // repeat some of this page: delivery is at least once, ids deduplicate).
         (None, _) => settled,
     };
-    Ok(Page { events: all.into_iter().map(|(id, _, terminal, v)| (id, terminal, v)).collect(), cursor, has_more })
+    Page { events: all.into_iter().map(|(id, _, terminal, v)| (id, terminal, v)).collect(), cursor, has_more }
 }
 
 /// Whether a job's stream ends after an event of this type.
@@ -281,6 +304,13 @@ fn id_time(id: &Uuid) -> Option<Timestamp> {
 
 /// The most history one page after a cursor reads; `has_more` says when there is more.
 const EVENT_WINDOW: jiff::SignedDuration = jiff::SignedDuration::from_secs(600);
+
+/// The longest window read after empty ones: two hours, so a burst after a long quiet spell
+/// costs one read twelve times the usual, not one over the whole spell.
+const MAX_EVENT_WINDOW: jiff::SignedDuration = jiff::SignedDuration::from_secs(7200);
+
+/// How long one request steps over empty windows before it answers with the cursor moved on.
+const SKIP_BUDGET: Duration = Duration::from_millis(250);
 
 /// How often an open stream looks for new events.
 const STREAM_POLL: Duration = Duration::from_millis(500);
