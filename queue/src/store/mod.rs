@@ -348,6 +348,11 @@ pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connection settings every Rebound process uses. `application_name` defaults to the
 /// program's name so operators can tell workers from servers in `pg_stat_activity`; a URL
 /// that sets its own wins.
+///
+/// JIT compilation is off: every statement Rebound runs is bounded by an index and takes
+/// milliseconds, but at 10M jobs the planner's estimates for some (a dead-letter search over
+/// its window, say) pass `jit_above_cost`, and compiling then took 20 ms of a 6 ms query,
+/// putting those dashboard pages over their 100 ms budget.
 pub fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
     let mut options: PgConnectOptions = url.parse()?;
     if options.get_application_name().is_none() {
@@ -355,7 +360,7 @@ pub fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
         options = options.application_name(program.as_deref().unwrap_or("rebound"));
     }
     let idle_ms = IDLE_IN_TRANSACTION_TIMEOUT.as_millis();
-    Ok(options.options([("idle_in_transaction_session_timeout", format!("{idle_ms}"))]))
+    Ok(options.options([("idle_in_transaction_session_timeout", format!("{idle_ms}")), ("jit", "off".to_string())]))
 }
 
 fn pool_options(max_connections: u32) -> PgPoolOptions {

@@ -305,9 +305,11 @@ fn id_time(id: &Uuid) -> Option<Timestamp> {
 /// The most history one page after a cursor reads; `has_more` says when there is more.
 const EVENT_WINDOW: jiff::SignedDuration = jiff::SignedDuration::from_secs(600);
 
-/// The longest window read after empty ones: two hours, so a burst after a long quiet spell
-/// costs one read twelve times the usual, not one over the whole spell.
-const MAX_EVENT_WINDOW: jiff::SignedDuration = jiff::SignedDuration::from_secs(7200);
+/// The longest window read after empty ones: six hours, so a burst after a long quiet spell
+/// costs one read of at most six hours of failed attempts (they are sorted; the other kinds
+/// are read in order up to the limit), not one over the whole spell. At 10M jobs an empty
+/// window costs about 10 ms, so one poll steps over about six days.
+const MAX_EVENT_WINDOW: jiff::SignedDuration = jiff::SignedDuration::from_secs(6 * 3600);
 
 /// How long one request steps over empty windows before it answers with the cursor moved on.
 const SKIP_BUDGET: Duration = Duration::from_millis(250);
