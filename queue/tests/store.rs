@@ -494,6 +494,59 @@ async fn dead_letters_are_redriven_by_id_or_filter_and_purged() {
 }
 
 #[tokio::test]
+async fn dead_letters_retried_deleted_and_pruned_are_events() {
+    use rebound_queue::store::BulkReport;
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let ops = Actor::new("ops");
+    let mut dead = Vec::new();
+    for (queue, t) in [("dq1", "mail.send"), ("dq1", "mail.send"), ("dq2", "pay.charge"), ("dq2", "pay.charge")] {
+        let id = s.enqueue(NewJob::new(t, json!([])).queue(queue)).await.unwrap().job.id;
+        claim_one(s, queue).await;
+        let outcome = Outcome::DeadLetter(HandlerError::new("smtp.rejected", "no"));
+        s.fail(&Failure { id, attempt: None, worker_id: None, outcome, error_code: None }).await.unwrap();
+        dead.push(id);
+    }
+    // A finished job that is no dead letter: deleting it is no dead-letter event.
+    let plain = s.enqueue(NewJob::new("mail.send", json!([])).queue("dq1")).await.unwrap().job.id;
+    claim_one(s, "dq1").await;
+    s.complete(&Completion { id: plain, attempt: None, worker_id: None, result: None }).await.unwrap();
+
+    let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: ops.clone(), reason: None };
+    assert_eq!(s.redrive(&JobSelection::Ids(vec![dead[0]]), &opts).await.unwrap(), 1);
+    assert_eq!(s.purge_dead_letters(&JobSelection::Ids(vec![dead[1]]), &Actor::new("ann"), None).await.unwrap(), 1);
+    let report: BulkReport = s.delete_finished_jobs(&JobSelection::Ids(vec![dead[2], plain]), &ops).await.unwrap();
+    assert_eq!(report.succeeded, 2);
+    sqlx::query("UPDATE jobs SET dead_lettered_at = now() - interval '400 days' WHERE id = $1").bind(dead[3]).execute(s.pool()).await.unwrap();
+    assert_eq!(s.prune(&PruneConfig::default()).await.unwrap().dead_letters, 1);
+
+    let until = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(60));
+    let all = EventFilter { after: Some(rebound_queue::store::position_at(jiff::Timestamp::UNIX_EPOCH)), until, limit: 100, ..Default::default() };
+    let seen = s.dead_letter_events(&all).await.unwrap();
+    type Seen<'a> = (&'a str, &'a str, Option<Uuid>, Option<&'a str>, i64);
+    let got: Vec<Seen> = seen.iter().map(|e| (e.event_type.as_str(), e.queue.as_str(), e.job_id, e.actor.as_deref(), e.count)).collect();
+    assert_eq!(
+        got,
+        [
+            ("dead_letter.retried", "dq1", Some(dead[0]), Some("ops"), 1),
+            ("dead_letter.deleted", "dq1", Some(dead[1]), Some("ann"), 1),
+            ("dead_letter.deleted", "dq2", Some(dead[2]), Some("ops"), 1),
+            ("dead_letter.pruned", "dq2", None, None, 1),
+        ]
+    );
+    assert_eq!(seen[2].job_type.as_deref(), Some("pay.charge"));
+    let of = |f: EventFilter| async move { s.dead_letter_events(&f).await.unwrap().into_iter().map(|e| e.event_type).collect::<Vec<_>>() };
+    assert_eq!(of(EventFilter { types: vec!["dead_letter.deleted".into()], limit: 10, ..Default::default() }).await, ["dead_letter.deleted"; 2], "newest first");
+    assert_eq!(of(EventFilter { queues: vec!["dq2".into()], ..all.clone() }).await, ["dead_letter.deleted", "dead_letter.pruned"]);
+    assert_eq!(of(EventFilter { job_id: Some(dead[3]), ..all.clone() }).await, ["dead_letter.pruned"], "a prune matches the jobs it removed");
+    assert_eq!(of(EventFilter { job_types: vec!["mail.send".into()], ..all.clone() }).await, ["dead_letter.retried", "dead_letter.deleted"]);
+    assert_eq!(of(EventFilter { after: Some(seen[1].id.clone()), ..all.clone() }).await.len(), 2);
+    sqlx::query("UPDATE dead_letter_log SET at = at - interval '2 days'").execute(s.pool()).await.unwrap();
+    assert_eq!(s.prune(&PruneConfig::default()).await.unwrap().dead_letter_events, 4, "one log row per statement and queue");
+    assert!(s.dead_letter_events(&all).await.unwrap().is_empty());
+}
+
+#[tokio::test]
 async fn listing_filters_and_keyset_pages() {
     let db = TestDb::new().await;
     let s = &db.store;

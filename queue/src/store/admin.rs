@@ -66,7 +66,7 @@ impl Store {
             actor,
             "job.bulk_delete",
             &[JobState::Completed, JobState::Cancelled, JobState::Discarded],
-            delete_with_history!("SELECT id FROM jobs WHERE id = ANY($1) AND state IN ('completed', 'cancelled', 'discarded')"),
+            delete_with_history!("SELECT id FROM jobs WHERE id = ANY($1) AND state IN ('completed', 'cancelled', 'discarded')", "'deleted'", "$2"),
         )
         .await
     }
@@ -79,7 +79,8 @@ impl Store {
         let (ok, refused): (Vec<_>, Vec<_>) = states.into_iter().partition(|(_, s)| eligible.contains(s));
         let ids: Vec<Uuid> = ok.iter().map(|(id, _)| *id).collect();
         let succeeded = if apply.starts_with("WITH gone") {
-            sqlx::query_scalar::<_, i64>(apply).bind(&ids).fetch_one(&mut *tx).await? as u64
+            // A deletion logs its dead letters by who deleted them (see delete_with_history).
+            sqlx::query_scalar::<_, i64>(apply).bind(&ids).bind(&actor.name).fetch_one(&mut *tx).await? as u64
         } else {
             let mut queues: Vec<String> = sqlx::query_scalar(apply).bind(&ids).fetch_all(&mut *tx).await?;
             let n = queues.len() as u64;
@@ -121,12 +122,15 @@ impl Store {
         let deleted = sqlx::query_scalar::<_, i64>(delete_with_history!(
             "SELECT id FROM jobs WHERE queue = $1 AND state = ANY($2)
                AND ($3::timestamptz IS NULL OR COALESCE(completed_at, cancelled_at, discarded_at, created_at) < $3::timestamptz)
-             LIMIT $4"
+             LIMIT $4",
+            "'deleted'",
+            "$5"
         ))
         .bind(queue)
         .bind(states)
         .bind(older_than.map(|t| t.to_string()))
         .bind(BULK_LIMIT)
+        .bind(&actor.name)
         .fetch_one(&mut *tx)
         .await? as u64;
         let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();

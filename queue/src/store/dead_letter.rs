@@ -136,8 +136,9 @@ impl Store {
     pub async fn purge_dead_letters(&self, sel: &JobSelection, actor: &Actor, reason: Option<&str>) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
         let ids: Vec<Uuid> = sel.select_ids("j.dead_letter", BULK_LIMIT).build_query_scalar().fetch_all(&mut *tx).await?;
-        let deleted = sqlx::query_scalar::<_, i64>(delete_with_history!("SELECT unnest($1::uuid[])"))
+        let deleted = sqlx::query_scalar::<_, i64>(delete_with_history!("SELECT unnest($1::uuid[])", "'deleted'", "$2"))
             .bind(&ids)
+            .bind(&actor.name)
             .fetch_one(&mut *tx)
             .await? as u64;
         let mut details = sel.describe();
@@ -172,13 +173,18 @@ async fn redrive_in(conn: &mut PgConnection, sel: &JobSelection, opts: &RedriveO
                  updated_at = now()
              FROM picked p
              WHERE j.id = p.id
-             RETURNING j.queue, j.state
+             RETURNING j.id, j.type, j.queue, j.state
+         ), logged AS (
+             -- OJS `dead_letter.retried` events (see migrations/…_dead_letter_events.sql).
+             INSERT INTO dead_letter_log (action, queue, job_ids, job_types, actor)
+             SELECT 'retried', queue, array_agg(id), array_agg(type), $4 FROM moved GROUP BY queue
          )
          SELECT DISTINCT queue FROM moved WHERE state = 'available'",
     )
     .bind(&ids)
     .bind(opts.budget == RedriveBudget::Fresh)
     .bind(opts.stagger.map(millis))
+    .bind(&opts.actor.name)
     .fetch_all(&mut *conn)
     .await?;
     notify_queues(&mut *conn, &queues).await?;

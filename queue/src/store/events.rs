@@ -411,6 +411,61 @@ ORDER BY ", $order, " LIMIT $5"
 const WORKER_EVENTS_NEWEST_FIRST: &str = worker_events_sql!("at DESC, id DESC");
 const WORKER_EVENTS_AFTER: &str = worker_events_sql!("id");
 
+/// Dead-letter event types [`Store::dead_letter_events`] knows (the OJS dead-letter
+/// extension's; a job entering the queue is [`EVENT_TYPES`]' `job.dead_lettered`).
+pub const DEAD_LETTER_EVENT_TYPES: [&str; 3] = ["dead_letter.retried", "dead_letter.deleted", "dead_letter.pruned"];
+
+/// A dead letter re-driven or deleted by an operator (one event per job), or the retention
+/// policy pruning a queue's (one event per pass and queue), from `dead_letter_log`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeadLetterEvent {
+    /// Unique, stable, and a cursor like [`JobEvent::id`].
+    pub id: String,
+    /// One of [`DEAD_LETTER_EVENT_TYPES`].
+    pub event_type: String,
+    pub at: Timestamp,
+    pub queue: String,
+    /// The job (retried, deleted); none for `dead_letter.pruned`.
+    pub job_id: Option<Uuid>,
+    pub job_type: Option<String>,
+    /// Who did it (retried, deleted).
+    pub actor: Option<String>,
+    /// How many jobs: 1, or how many a prune removed.
+    pub count: i64,
+}
+
+macro_rules! dead_letter_events_sql {
+    ($order:literal) => {
+        concat!(
+            "SELECT * FROM (
+    SELECT ", evid!("l.at", "'dead_letter.' || l.action || ':' || u.job_id || ':' || l.id"), " AS id, 'dead_letter.' || l.action AS type,
+           l.at, l.queue, u.job_id, u.job_type, l.actor, 1::bigint AS count
+    FROM dead_letter_log l CROSS JOIN LATERAL unnest(l.job_ids, l.job_types) AS u(job_id, job_type)
+    WHERE l.action IN ('retried', 'deleted')
+      AND ($3::uuid IS NULL OR u.job_id = $3)
+      AND (cardinality($6::text[]) = 0 OR u.job_type = ANY($6))
+      AND (cardinality($2::text[]) = 0 OR l.queue = ANY($2))
+      AND ($4::timestamptz IS NULL OR l.at >= $4::timestamptz)
+      AND ($8::timestamptz IS NULL OR l.at < $8::timestamptz)
+    UNION ALL
+    SELECT ", evid!("l.at", "'dead_letter.pruned:' || l.queue || ':' || l.id"), ", 'dead_letter.pruned', l.at, l.queue, NULL::uuid, NULL::text, NULL::text,
+           cardinality(l.job_ids)::bigint
+    FROM dead_letter_log l
+    WHERE l.action = 'pruned'
+      AND ($3::uuid IS NULL OR $3 = ANY(l.job_ids))
+      AND (cardinality($6::text[]) = 0 OR l.job_types && $6)
+      AND (cardinality($2::text[]) = 0 OR l.queue = ANY($2))
+      AND ($4::timestamptz IS NULL OR l.at >= $4::timestamptz)
+      AND ($8::timestamptz IS NULL OR l.at < $8::timestamptz)
+) e
+WHERE (cardinality($1::text[]) = 0 OR e.type = ANY($1)) AND ($7::text IS NULL OR e.id > $7)
+ORDER BY ", $order, " LIMIT $5"
+        )
+    };
+}
+const DEAD_LETTER_EVENTS_NEWEST_FIRST: &str = dead_letter_events_sql!("at DESC, id DESC");
+const DEAD_LETTER_EVENTS_AFTER: &str = dead_letter_events_sql!("id");
+
 /// Where a cursor's reading starts: the later of `since` and the cursor's time.
 fn reading_from(filter: &EventFilter) -> Result<Option<Timestamp>, StoreError> {
     Ok(match &filter.after {
@@ -519,6 +574,27 @@ impl Store {
                     at: ts(r, "at")?,
                     worker_id: r.try_get("worker_id")?,
                     data: r.try_get("data")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Dead-letter events (`filter.types` from [`DEAD_LETTER_EVENT_TYPES`]) matching `filter`
+    /// like [`Store::events`]. A prune's event matches a job or job type it removed.
+    pub async fn dead_letter_events(&self, filter: &EventFilter) -> Result<Vec<DeadLetterEvent>, StoreError> {
+        let sql = if filter.after.is_some() { DEAD_LETTER_EVENTS_AFTER } else { DEAD_LETTER_EVENTS_NEWEST_FIRST };
+        let rows = bind_filter(sql, filter.types.iter().map(String::as_str).collect(), filter)?.fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetterEvent {
+                    id: r.try_get("id")?,
+                    event_type: r.try_get("type")?,
+                    at: ts(r, "at")?,
+                    queue: r.try_get("queue")?,
+                    job_id: r.try_get("job_id")?,
+                    job_type: r.try_get("job_type")?,
+                    actor: r.try_get("actor")?,
+                    count: r.try_get("count")?,
                 })
             })
             .collect()

@@ -86,6 +86,9 @@ pub struct PruneReport {
     /// Rows of `worker_events` (workers started and stopped), aged out with the completed
     /// jobs' retention.
     pub worker_events: u64,
+    /// Rows of `dead_letter_log` (`dead_letter.*` events), aged out with the completed jobs'
+    /// retention.
+    pub dead_letter_events: u64,
 }
 
 // A retention delete of `$table`'s rows older than `$1` ms by its `at`, `$2` at most, oldest
@@ -331,7 +334,9 @@ impl Store {
                  SELECT id FROM jobs
                  WHERE dead_letter AND queue = q.queue AND dead_lettered_at < now() - $1 * interval '1 millisecond'
                  ORDER BY dead_lettered_at LIMIT $2) x
-             LIMIT $2"
+             LIMIT $2",
+            "'pruned'",
+            "NULL"
         ))
         .bind(millis(cfg.dead_letters_after))
         .bind(cfg.batch)
@@ -344,7 +349,9 @@ impl Store {
              CROSS JOIN LATERAL (
                  SELECT id FROM jobs WHERE dead_letter AND queue = q.queue
                  ORDER BY dead_lettered_at DESC, id DESC OFFSET $1 LIMIT $2) x
-             LIMIT $2"
+             LIMIT $2",
+            "'pruned'",
+            "NULL"
         ))
         .bind(cfg.dead_letters_per_queue)
         .bind(cfg.batch)
@@ -393,7 +400,8 @@ impl Store {
         let heartbeats = self.delete_aged(aged_by_at!("job_heartbeats"), cfg.completed_after, cfg.batch).await?;
         let progress = self.delete_aged(aged_by_at!("job_progress"), cfg.completed_after, cfg.batch).await?;
         let worker_events = self.delete_aged(aged_by_at!("worker_events"), cfg.completed_after, cfg.batch).await?;
-        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, transitions, heartbeats, progress, worker_events })
+        let dead_letter_events = self.delete_aged(aged_by_at!("dead_letter_log"), cfg.completed_after, cfg.batch).await?;
+        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, transitions, heartbeats, progress, worker_events, dead_letter_events })
     }
 
     /// Runs a retention delete whose `$1` is the age (ms) past which rows go and `$2` the

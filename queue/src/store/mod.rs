@@ -39,14 +39,26 @@ macro_rules! held_ctes {
     };
 }
 
+// Deletes the jobs `$select_ids` picks with their attempts and progress reports, and logs the
+// dead letters among them in `dead_letter_log` as `$action` (`'deleted'`, `'pruned'`) by
+// `$actor` (a parameter, or NULL), one row per queue: the OJS `dead_letter.*` events. Returns
+// how many jobs went.
 macro_rules! delete_with_history {
-    ($select_ids:literal) => {
+    ($select_ids:literal, $action:literal, $actor:literal) => {
         concat!(
             "WITH gone AS (DELETE FROM jobs WHERE id = ANY(ARRAY(",
             $select_ids,
-            ")) RETURNING id),
+            ")) RETURNING id, queue, type, dead_letter),
 history AS (DELETE FROM job_attempts a WHERE a.job_id = ANY(ARRAY(SELECT id FROM gone))),
-reports AS (DELETE FROM job_progress p WHERE p.job_id = ANY(ARRAY(SELECT id FROM gone)))
+reports AS (DELETE FROM job_progress p WHERE p.job_id = ANY(ARRAY(SELECT id FROM gone))),
+logged AS (
+    INSERT INTO dead_letter_log (action, queue, job_ids, job_types, actor)
+    SELECT ",
+            $action,
+            ", queue, array_agg(id), array_agg(type), ",
+            $actor,
+            "::text FROM gone WHERE dead_letter GROUP BY queue
+)
 SELECT count(*) FROM gone"
         )
     };
@@ -122,7 +134,10 @@ pub use cron::{CRON_EVENT_TYPES, CronEvent, CronJob, CronPass, CronSpec, CronTem
 pub use cancel::{BULK_LIMIT, JobSelection};
 pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveOverride, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};
-pub use events::{EVENT_SETTLE, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, WORKER_EVENT_TYPES, WorkerEvent, position_at, position_time};
+pub use events::{
+    DEAD_LETTER_EVENT_TYPES, DeadLetterEvent, EVENT_SETTLE, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, WORKER_EVENT_TYPES, WorkerEvent, position_at,
+    position_time,
+};
 pub use fail::{Failure, FailureResult, KnownRun};
 pub use listing::{ErrorGroup, JobCount, JobFilter, Page, SEARCH_WINDOW, Stats, StatsRow};
 pub use maintenance::{Leadership, PruneConfig, PruneReport, RescueReport};

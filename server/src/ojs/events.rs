@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;
 use rebound_queue::job::{validate_queue, validate_type};
 use rebound_queue::store::{
-    CRON_EVENT_TYPES, CronEvent, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, WORKER_EVENT_TYPES, WorkerEvent, position_at,
-    position_time,
+    CRON_EVENT_TYPES, CronEvent, DEAD_LETTER_EVENT_TYPES, DeadLetterEvent, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent,
+    WORKER_EVENT_TYPES, WorkerEvent, position_at, position_time,
 };
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -77,6 +77,32 @@ fn worker_event_json(e: &WorkerEvent) -> Value {
     })
 }
 
+fn dead_letter_event_json(e: &DeadLetterEvent) -> Value {
+    let mut data = json!({ "queue": e.queue });
+    if let Some(m) = data.as_object_mut() {
+        if let Some(id) = e.job_id {
+            m.insert("job_id".into(), Value::String(id.to_string()));
+        }
+        if let Some(t) = &e.job_type {
+            m.insert("job_type".into(), Value::String(t.clone()));
+        }
+        match &e.actor {
+            Some(actor) if e.event_type == "dead_letter.retried" => m.insert("retried_by".into(), Value::String(actor.clone())),
+            Some(actor) => m.insert("deleted_by".into(), Value::String(actor.clone())),
+            None => m.insert("count".into(), json!(e.count)),
+        };
+    }
+    json!({
+        "specversion": "1.0",
+        "id": e.id,
+        "type": e.event_type,
+        "source": "ojs://rebound/dead-letter",
+        "time": e.at.to_string(),
+        "subject": e.job_id.map_or_else(|| e.queue.clone(), |id| id.to_string()),
+        "data": data,
+    })
+}
+
 fn queue_event_json(e: &QueueEvent) -> Value {
     let by = if e.event_type == "queue.paused" { "paused_by" } else { "resumed_by" };
     json!({
@@ -132,22 +158,25 @@ struct Selection {
     cron_types: Vec<String>,
     queue_types: Vec<String>,
     worker_types: Vec<String>,
+    dead_letter_types: Vec<String>,
     jobs: bool,
     crons: bool,
     queues: bool,
     workers: bool,
+    dead_letters: bool,
 }
 
 fn selection(q: &QueryParams) -> Result<Selection, ApiError> {
     let mut types = q.list("types");
     types.extend(q.list("type"));
-    let known = |t: &&str| EVENT_TYPES.contains(t) || CRON_EVENT_TYPES.contains(t) || QUEUE_EVENT_TYPES.contains(t) || WORKER_EVENT_TYPES.contains(t);
-    if let Some(bad) = types.iter().find(|t| !known(t)) {
-        let all: Vec<&str> = EVENT_TYPES.iter().chain(CRON_EVENT_TYPES.iter()).chain(QUEUE_EVENT_TYPES.iter()).chain(WORKER_EVENT_TYPES.iter()).copied().collect();
+    let groups: [&[&str]; 5] = [&EVENT_TYPES, &CRON_EVENT_TYPES, &QUEUE_EVENT_TYPES, &WORKER_EVENT_TYPES, &DEAD_LETTER_EVENT_TYPES];
+    if let Some(bad) = types.iter().find(|t| !groups.iter().any(|g| g.contains(t))) {
+        let all: Vec<&str> = groups.iter().flat_map(|g| g.iter()).copied().collect();
         return Err(ApiError::invalid_field("types", format!("unknown event type {bad:?}; expected one of {}", all.join(", "))));
     }
     let of = |group: &[&str]| -> Vec<String> { types.iter().filter(|t| group.contains(t)).map(|t| (*t).to_owned()).collect() };
     let (job_types_asked, cron_types, queue_types, worker_types) = (of(&EVENT_TYPES), of(&CRON_EVENT_TYPES), of(&QUEUE_EVENT_TYPES), of(&WORKER_EVENT_TYPES));
+    let dead_letter_types = of(&DEAD_LETTER_EVENT_TYPES);
     let mut queues = q.list("queues");
     queues.extend(q.list("queue"));
     for queue in &queues {
@@ -170,6 +199,8 @@ fn selection(q: &QueryParams) -> Result<Selection, ApiError> {
         crons: everything || !cron_types.is_empty(),
         queues: everything || !queue_types.is_empty(),
         workers: everything || !worker_types.is_empty(),
+        dead_letters: everything || !dead_letter_types.is_empty(),
+        dead_letter_types,
         cron_types,
         queue_types,
         worker_types,
@@ -238,12 +269,18 @@ async fn read(state: &AppState, sel: &Selection, after: Option<String>, until: O
     let crons = if sel.crons { state.store.cron_events(&EventFilter { types: sel.cron_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
     let queues = if sel.queues { state.store.queue_events(&EventFilter { types: sel.queue_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
     let workers = if sel.workers { state.store.worker_events(&EventFilter { types: sel.worker_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
+    let dead_letters = if sel.dead_letters {
+        state.store.dead_letter_events(&EventFilter { types: sel.dead_letter_types.clone(), ..filter.clone() }).await?
+    } else {
+        Vec::new()
+    };
     Ok(jobs
         .iter()
         .map(|e| (e.id.clone(), e.at, job_terminal(&e.event_type), event_json(e)))
         .chain(crons.iter().map(|e| (e.id.clone(), e.actual_time, false, cron_event_json(e))))
         .chain(queues.iter().map(|e| (e.id.clone(), e.at, false, queue_event_json(e))))
         .chain(workers.iter().map(|e| (e.id.clone(), e.at, false, worker_event_json(e))))
+        .chain(dead_letters.iter().map(|e| (e.id.clone(), e.at, false, dead_letter_event_json(e))))
         .collect())
 }
 
@@ -277,8 +314,8 @@ fn job_terminal(event_type: &str) -> bool {
 }
 
 /// `?types=job.completed,job.failed,cron.triggered&queues=q1,q2&job_types=email.send&job_id=&since=&after=&limit=`:
-/// job events, cron events (`cron.triggered`, `cron.skipped`) and queue events
-/// (`queue.paused`, `queue.resumed`). Newest first; with `after`
+/// job events, cron events (`cron.triggered`, `cron.skipped`), queue events
+/// (`queue.paused`, `queue.resumed`), worker events and dead-letter events. Newest first; with `after`
 /// (an event id or a `cursor` from an earlier answer) oldest first from there, for polling
 /// (OJS events §6.4): the answer's `cursor` is where the next poll continues and `has_more`
 /// says whether this page was cut at `limit`.
@@ -367,7 +404,7 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
         Channel::Job(id) => {
             let job = state.store.get_job(*id).await?.ok_or_else(|| ApiError::not_found("job", id))?;
             sel.job_filter.job_id = Some(*id);
-            (sel.crons, sel.queues, sel.workers) = (false, false, false);
+            (sel.crons, sel.queues, sel.workers, sel.dead_letters) = (false, false, false, false);
             // From its first event: its enqueue, positioned by its creation or by the time in
             // its id (client-chosen ids may be older), whichever is earlier.
             let made = id_time(id).map_or(job.created_at, |t| t.min(job.created_at));

@@ -64,7 +64,9 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             },
             "dead-letter": {
                 "implemented": ["list (offset or cursor)", "get", "retry", "retry with override (queue, meta, retry, args, priority)", "bulk retry", "delete", "purge", "stats", "retention (worker pruner)"],
-                "not_implemented": ["automatic replay rules", "dead_letter.* events"],
+                "implemented_events": ["dead_letter.retried, dead_letter.deleted (per job, with who did it)", "dead_letter.pruned (per pass and queue, with the count)",
+                                       "a job entering the queue is job.dead_lettered"],
+                "not_implemented": ["automatic replay rules (and so dead_letter.replayed)", "dead_letter.added under that name (it is job.dead_lettered)"],
             },
             "graceful-shutdown": {
                 "implemented": ["worker SIGTERM/SIGINT: stop claiming, drain within shutdown_grace, heartbeats during drain",

@@ -198,6 +198,23 @@ async fn dead_letter_extension_get_bulk_retry_purge_and_stats() {
     let r = s.post(&format!("/ojs/v1/admin/dead-letter/{c}/retry"), json!({})).await;
     assert_eq!(r.body["job"]["state"], "available");
     assert_eq!(s.get("/ojs/v1/dead-letter/stats").await.body["total"], 0);
+    // Each was an OJS dead-letter event, newest first, with who did it.
+    let r = s.get("/ojs/v1/events?types=dead_letter.retried,dead_letter.deleted,dead_letter.pruned").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let seen: Vec<(&str, &str, &str)> = r.body["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| Some((e["type"].as_str()?, e["subject"].as_str()?, e["data"]["queue"].as_str()?)))
+        .collect();
+    assert_eq!(
+        seen,
+        [("dead_letter.retried", c.as_str(), "email"), ("dead_letter.deleted", b.as_str(), "billing"), ("dead_letter.retried", a.as_str(), "billing")],
+        "{}",
+        r.text
+    );
+    assert!(r.body["events"][0]["data"]["retried_by"].is_string() && r.body["events"][1]["data"]["deleted_by"].is_string(), "{}", r.text);
+    assert_eq!(r.body["events"][1]["source"], "ojs://rebound/dead-letter");
 }
 
 #[tokio::test]
