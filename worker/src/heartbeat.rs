@@ -32,6 +32,9 @@ use crate::running::RunningJobs;
 /// The floor of the heartbeat interval, so a tiny visibility timeout cannot spin the loop.
 const MIN_INTERVAL: Duration = Duration::from_millis(50);
 
+/// How long the beat that reports a shutdown may outlast the heartbeats' stop.
+const FINAL_BEAT_GRACE: Duration = Duration::from_secs(2);
+
 pub struct Heartbeat {
     pub store: Store,
     pub registration: WorkerRegistration,
@@ -58,12 +61,33 @@ impl Heartbeat {
 
     /// Beats until `stop` fires.
     pub async fn run(self, stop: CancellationToken) {
+        // Going quiet or shutting down is reported at once, not at the next interval: the
+        // dashboard and the OJS `worker.quiet` event see a drain shorter than an interval too.
+        let (mut quiet_told, mut stopping_told) = (false, false);
+        // The beat that reports the drain must land even when the drain ends first (an idle
+        // worker's takes milliseconds and then stops the heartbeats), but must not hold up
+        // the shutdown for long when the database is away: it gets FINAL_BEAT_GRACE past `stop`.
+        let final_cancel = CancellationToken::new();
+        {
+            let (stop, final_cancel) = (stop.clone(), final_cancel.clone());
+            tokio::spawn(async move {
+                stop.cancelled().await;
+                tokio::time::sleep(FINAL_BEAT_GRACE).await;
+                final_cancel.cancel();
+            });
+        }
         loop {
+            let mut cancel = &stop;
             tokio::select! {
                 _ = stop.cancelled() => return,
+                _ = self.quiet.cancelled(), if !quiet_told => quiet_told = true,
+                _ = self.terminate.cancelled(), if !stopping_told => {
+                    stopping_told = true;
+                    cancel = &final_cancel;
+                }
                 _ = tokio::time::sleep(self.next_interval()) => {}
             }
-            match self.beat(&stop).await {
+            match self.beat(cancel).await {
                 Ok(()) | Err(StoreError::Cancelled) => {}
                 Err(e) => tracing::warn!(error = %e, held = self.running.len(),
                     "could not send the heartbeat (job locks, worker row); trying again at the next one"),
@@ -79,7 +103,9 @@ impl Heartbeat {
         let held = self.running.snapshot();
         let held_ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
         let known = self.running.known();
-        let (status, detail) = self.health.status(self.stopping.load(Ordering::Relaxed), self.quiet.is_cancelled(), self.backlog.len());
+        // The shutdown token fires before the runtime sets `stopping`: either means draining.
+        let stopping = self.stopping.load(Ordering::Relaxed) || self.terminate.is_cancelled();
+        let (status, detail) = self.health.status(stopping, self.quiet.is_cancelled(), self.backlog.len());
         let beat = WorkerBeat {
             worker_id: &self.registration.id,
             held: &held_ids,

@@ -88,10 +88,11 @@ async fn a_thousand_jobs_each_run_exactly_once() {
     assert_eq!(status.code(), Some(0));
     assert!(db.store.workers().await.unwrap().is_empty(), "the worker deregisters on the way out");
     // Its coming and going are OJS worker events; a clean stop says so.
-    let comings_and_goings = vec!["worker.started".to_string(), "worker.stopped".to_string()];
+    // Its drain is reported at once (a beat as SIGTERM arrives), however short it is.
+    let comings_and_goings = ["worker.started", "worker.quiet", "worker.stopped"].map(String::from).to_vec();
     let events = db.store.worker_events(&rebound_queue::store::EventFilter { types: comings_and_goings, limit: 10, ..Default::default() }).await.unwrap();
     let kinds: Vec<(&str, Option<&str>)> = events.iter().map(|e| (e.event_type.as_str(), e.data["reason"].as_str())).collect();
-    assert_eq!(kinds, [("worker.stopped", Some("shutdown")), ("worker.started", None)]);
+    assert_eq!(kinds, [("worker.stopped", Some("shutdown")), ("worker.quiet", Some("shutdown")), ("worker.started", None)]);
     assert!(events[0].data["uptime_ms"].as_i64().is_some_and(|ms| ms > 0));
 }
 
