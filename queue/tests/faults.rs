@@ -138,6 +138,7 @@ async fn a_heartbeat_extends_what_is_held_and_hands_back_lapsed_jobs_it_does_not
         running: 1,
         status: WorkerStatus::Degraded,
         detail: Some("claims failing: test"),
+        usage: Default::default(),
     };
     let report = s.worker_beat(&beat).await.unwrap();
     assert_eq!(report.extended, vec![held]);
@@ -171,7 +172,7 @@ async fn a_heartbeat_never_waits_for_a_held_job_whose_result_is_being_written() 
     let mut tx = write.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE").bind(writing).execute(&mut *tx).await.unwrap();
     let held = [writing, running];
-    let beat = WorkerBeat { worker_id: "w1", held: &held, known: &held, running: 2, status: WorkerStatus::Ready, detail: None };
+    let beat = WorkerBeat { worker_id: "w1", held: &held, known: &held, running: 2, status: WorkerStatus::Ready, detail: None, usage: Default::default() };
     let report = tokio::time::timeout(Duration::from_secs(5), s.worker_beat(&beat))
         .await
         .expect("the heartbeat waited for a row another transaction holds")

@@ -183,7 +183,7 @@ async fn a_running_job_shows_its_latest_progress() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_workers_page_shows_what_a_degraded_worker_reports() {
-    use rebound_queue::store::{WorkerBeat, WorkerRegistration, WorkerStatus};
+    use rebound_queue::store::{ProcessUsage, WorkerBeat, WorkerRegistration, WorkerStatus};
     let d = Dashboard::new().await;
     d.user("victor", "viewer password", Role::Viewer).await;
     let registration = |id: &str| WorkerRegistration {
@@ -204,6 +204,7 @@ async fn the_workers_page_shows_what_a_degraded_worker_reports() {
         running: 0,
         status: WorkerStatus::Degraded,
         detail: Some("12 job results waiting to be written: connection refused"),
+        usage: ProcessUsage { memory_mb: Some(83.4), cpu_percent: Some(12.5) },
     };
     d.db.store.worker_beat(&beat).await.expect("beat");
     let b = d.sign_in("victor", "viewer password").await;
@@ -216,6 +217,9 @@ async fn the_workers_page_shows_what_a_degraded_worker_reports() {
     };
     assert!(row("cut-off-worker").contains("degraded") && row("cut-off-worker").contains("12 job results waiting to be written"), "{}", page.text);
     assert!(!row("healthy-worker").contains("degraded") && row("healthy-worker").contains("live"), "{}", row("healthy-worker"));
+    // What each said it uses: the one that never beat has nothing to show.
+    assert!(row("cut-off-worker").contains("83.4 MiB") && row("cut-off-worker").contains("12.5 %"), "{}", row("cut-off-worker"));
+    assert!(!row("healthy-worker").contains("MiB") && row("healthy-worker").contains("—"), "{}", row("healthy-worker"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

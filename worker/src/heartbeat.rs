@@ -28,6 +28,7 @@ use crate::completer::ResultBacklog;
 use crate::health::Health;
 use crate::orphans::Orphans;
 use crate::running::RunningJobs;
+use crate::usage::UsageMeter;
 
 /// The floor of the heartbeat interval, so a tiny visibility timeout cannot spin the loop.
 const MIN_INTERVAL: Duration = Duration::from_millis(50);
@@ -50,6 +51,8 @@ pub struct Heartbeat {
     pub quiet: CancellationToken,
     /// The worker's shutdown (an operator's `terminate`).
     pub terminate: CancellationToken,
+    /// Memory and CPU, reported with each beat (CPU since the previous one).
+    pub usage: std::sync::Mutex<UsageMeter>,
 }
 
 impl Heartbeat {
@@ -106,6 +109,8 @@ impl Heartbeat {
         // The shutdown token fires before the runtime sets `stopping`: either means draining.
         let stopping = self.stopping.load(Ordering::Relaxed) || self.terminate.is_cancelled();
         let (status, detail) = self.health.status(stopping, self.quiet.is_cancelled(), self.backlog.len());
+        // A poisoned meter only means a panic mid-reading: its state is still two numbers.
+        let usage = self.usage.lock().unwrap_or_else(std::sync::PoisonError::into_inner).sample();
         let beat = WorkerBeat {
             worker_id: &self.registration.id,
             held: &held_ids,
@@ -113,6 +118,7 @@ impl Heartbeat {
             running: i32::try_from(held_ids.len()).unwrap_or(i32::MAX),
             status,
             detail: detail.as_deref(),
+            usage,
         };
         let report = self.retry.run("heartbeat", cancel, || self.store.worker_beat(&beat)).await?;
         if !report.released.is_empty() {

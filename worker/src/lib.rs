@@ -57,6 +57,7 @@ pub mod running;
 pub mod runtime;
 pub mod settings;
 pub mod systemd;
+pub mod usage;
 
 pub use handler::{Handler, HandlerFuture, HandlerResult, JobContext, handler_fn};
 pub use rebound_queue::{HandlerError, Outcome};

@@ -221,6 +221,7 @@ impl Worker {
             orphans: orphans.clone(),
             quiet: self.quiet.clone(),
             terminate: shutdown.clone(),
+            usage: std::sync::Mutex::new(crate::usage::UsageMeter::new()),
         };
         let heartbeat_task = tokio::spawn(heartbeat.run(background_stop.clone()));
 

@@ -192,6 +192,14 @@ async fn an_operator_quiets_the_worker_then_terminates_it() {
     let beats = db.store.worker_events(&of("worker.heartbeat")).await.unwrap();
     assert!(beats.len() >= 2, "a heartbeat event per beat: {beats:?}");
     assert_eq!((beats[0].data["status"].as_str(), &beats[0].data["queues"]), (Some("quiet"), &json!(["default"])));
+    // Every beat says what the process uses: a real process has resident memory, and the CPU
+    // share of an idle worker is small but known.
+    for beat in &beats {
+        let memory = beat.data["memory_mb"].as_f64().unwrap_or_default();
+        let cpu = beat.data["cpu_percent"].as_f64().unwrap_or(-1.0);
+        assert!(memory > 1.0 && (0.0..1_000.0).contains(&cpu), "{:?}", beat.data);
+    }
+    assert!(row.usage.memory_mb.is_some_and(|m| m > 1.0), "the registry shows it too: {:?}", row.usage);
 
     assert!(db.store.request_worker_state(&id, "terminate", &Actor::new("ops")).await.unwrap());
     let status = worker.exit_within(Duration::from_secs(20)).await.expect("terminate exits");

@@ -33,6 +33,9 @@ pub struct WorkerRow {
     pub degraded: Option<String>,
     /// What an operator asked of it: `quiet` or `terminate`.
     pub requested: Option<String>,
+    /// Resident memory and CPU share as its latest heartbeat said ("—" where it did not).
+    pub memory: String,
+    pub cpu: String,
 }
 
 #[server(endpoint = "workers")]
@@ -45,6 +48,8 @@ pub async fn workers() -> Result<Vec<WorkerRow>, AppError> {
         .await?
         .into_iter()
         .map(|w| WorkerRow {
+            memory: w.usage.memory_mb.map_or_else(|| "—".to_string(), |m| format!("{m:.1} MiB")),
+            cpu: w.usage.cpu_percent.map_or_else(|| "—".to_string(), |c| format!("{c:.1} %")),
             stale: w.silent_for_secs > STALE_AFTER_SECS,
             silent_for: crate::time_text::duration_text((w.silent_for_secs.max(0.0) * 1_000.0) as u64 / 1_000 * 1_000),
             id: w.id,
@@ -104,7 +109,7 @@ pub fn WorkersPage() -> impl IntoView {
                             <thead>
                                 <tr>
                                     <th>"Worker"</th><th>"Host"</th><th class="num">"PID"</th><th>"Queues"</th>
-                                    <th class="num">"Running / slots"</th><th>"Started"</th><th>"Last heartbeat"</th><th>"Status"</th><th></th>
+                                    <th class="num">"Running / slots"</th><th class="num" title="Resident memory and CPU (percent of one core since the previous heartbeat), as the worker last reported">"Memory"</th><th class="num">"CPU"</th><th>"Started"</th><th>"Last heartbeat"</th><th>"Status"</th><th></th>
                                 </tr>
                             </thead>
                             <tbody>
@@ -136,6 +141,8 @@ pub fn WorkersPage() -> impl IntoView {
                                                 <td class="num">{w.pid}</td>
                                                 <td>{w.queues.join(", ")}</td>
                                                 <td class="num">{w.running} " / " {w.concurrency}</td>
+                                                <td class="num">{w.memory.clone()}</td>
+                                                <td class="num">{w.cpu.clone()}</td>
                                                 <td title=w.started.at.clone()>{w.started.relative.clone()}</td>
                                                 <td title=w.last_heartbeat.at.clone()>{w.silent_for.clone()} " ago"</td>
                                                 <td>{status}</td>

@@ -883,12 +883,20 @@ mod tests {
 
     #[tokio::test]
     async fn worker_heartbeats_and_quiet_spells_are_events() {
-        use crate::store::{WorkerBeat, WorkerRegistration, WorkerStatus};
+        use crate::store::{ProcessUsage, WorkerBeat, WorkerRegistration, WorkerStatus};
         let db = TestDb::new().await;
         let s = &db.store;
         let reg = WorkerRegistration { id: "w1".into(), host: "h1".into(), pid: 7, queues: vec!["q1".into()], concurrency: 4, version: "t".into() };
         s.register_worker(&reg).await.unwrap();
-        let beat = |status| WorkerBeat { worker_id: "w1", held: &[], known: &[], running: 2, status, detail: None };
+        // The first beat says what the process uses; the others cannot read it (or say nonsense).
+        let beat = |status| {
+            let usage = match status {
+                WorkerStatus::Ready => ProcessUsage { memory_mb: Some(42.5), cpu_percent: Some(3.2) },
+                WorkerStatus::Quiet => ProcessUsage { memory_mb: Some(f64::NAN), cpu_percent: Some(-1.0) },
+                _ => ProcessUsage::default(),
+            };
+            WorkerBeat { worker_id: "w1", held: &[], known: &[], running: 2, status, detail: None, usage }
+        };
         for status in [WorkerStatus::Ready, WorkerStatus::Quiet, WorkerStatus::Stopping] {
             s.worker_beat(&beat(status)).await.unwrap();
         }
@@ -897,10 +905,11 @@ mod tests {
         s.worker_beat(&beat(WorkerStatus::Degraded)).await.unwrap();
         s.worker_beat(&beat(WorkerStatus::Stopping)).await.unwrap();
         // An OJS client: its first beat registers it; saying it drains is its quiet spell.
-        assert_eq!(s.ojs_worker_beat("ojs-1", 3, false).await.unwrap(), None);
+        let client = ProcessUsage { memory_mb: Some(128.0), cpu_percent: None };
+        assert_eq!(s.ojs_worker_beat("ojs-1", 3, false, client).await.unwrap(), None);
         assert!(s.request_worker_state("ojs-1", "quiet", &crate::store::Actor::new("ops")).await.unwrap());
-        assert_eq!(s.ojs_worker_beat("ojs-1", 1, true).await.unwrap().as_deref(), Some("quiet"), "the operator's request is the answer");
-        s.ojs_worker_beat("ojs-1", 0, true).await.unwrap();
+        assert_eq!(s.ojs_worker_beat("ojs-1", 1, true, client).await.unwrap().as_deref(), Some("quiet"), "the operator's request is the answer");
+        s.ojs_worker_beat("ojs-1", 0, true, client).await.unwrap();
 
         let until = Some(Timestamp::now() + jiff::SignedDuration::from_secs(60));
         let all = EventFilter { after: Some(position_at(Timestamp::UNIX_EPOCH)), until, limit: 100, ..Default::default() };
@@ -929,8 +938,20 @@ mod tests {
         assert_eq!((&seen[1].data["active_jobs"], &seen[1].data["queues"], &seen[1].data["concurrency"]), (&serde_json::json!(2), &serde_json::json!(["q1"]), &serde_json::json!(4)));
         assert_eq!((&seen[3].data["active_jobs"], &seen[3].data["worker_id"]), (&serde_json::json!(2), &serde_json::json!("w1")));
         assert_eq!(seen[8].data["active_jobs"], serde_json::json!(3));
+        // Usage is in a beat's event when the beat said it, and only what it could say.
+        assert_eq!((&seen[1].data["memory_mb"], &seen[1].data["cpu_percent"]), (&serde_json::json!(42.5), &serde_json::json!(3.2)));
+        for quiet_or_unknown in [&seen[2], &seen[4]] {
+            let data = quiet_or_unknown.data.as_object().unwrap();
+            assert!(!data.contains_key("memory_mb") && !data.contains_key("cpu_percent"), "{data:?}");
+        }
+        assert_eq!(seen[8].data["memory_mb"].as_f64(), Some(128.0));
+        assert!(seen[8].data.get("cpu_percent").is_none());
         let ojs = s.workers().await.unwrap().into_iter().find(|w| w.id == "ojs-1").unwrap();
         assert_eq!((ojs.status, ojs.stopping, ojs.running), (WorkerStatus::Stopping, true, 0));
+        assert_eq!(ojs.usage, client);
+        // The registry keeps what the latest beat said: w1's last said nothing.
+        let w1 = s.workers().await.unwrap().into_iter().find(|w| w.id == "w1").unwrap();
+        assert_eq!(w1.usage, ProcessUsage::default());
         let quiet = s.worker_events(&EventFilter { types: vec!["worker.quiet".into()], limit: 10, ..Default::default() }).await.unwrap();
         assert_eq!(quiet.len(), 3);
     }
@@ -950,7 +971,7 @@ mod tests {
         // jobs (any holder), then one for a job nobody holds: that extends nothing.
         let reg = WorkerRegistration { id: "w1".into(), host: "h".into(), pid: 1, queues: vec!["hb1".into()], concurrency: 1, version: "t".into() };
         s.register_worker(&reg).await.unwrap();
-        let beat = WorkerBeat { worker_id: "w1", held: &[a.id], known: &[a.id], running: 1, status: WorkerStatus::Ready, detail: None };
+        let beat = WorkerBeat { worker_id: "w1", held: &[a.id], known: &[a.id], running: 1, status: WorkerStatus::Ready, detail: None, usage: Default::default() };
         assert_eq!(s.worker_beat(&beat).await.unwrap().extended, vec![a.id]);
         let held = s.heartbeat(None, &[a.id, b.id], Some(Duration::from_secs(600))).await.unwrap();
         assert_eq!(held.extended.len(), 2);

@@ -148,7 +148,7 @@ pub use progress::{JobProgress, MAX_PROGRESS_DATA, MAX_PROGRESS_MESSAGE, Progres
 pub use maintenance_mode::Maintenance;
 pub use queues::QueueInfo;
 pub use rate_limits::{QueueRateLimit, RateLimitState, Window};
-pub use workers::{BeatReport, WorkerBeat, WorkerInfo, WorkerRegistration, WorkerStatus};
+pub use workers::{BeatReport, ProcessUsage, WorkerBeat, WorkerInfo, WorkerRegistration, WorkerStatus};
 
 /// The migrations, embedded so both binaries can migrate on start.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

@@ -43,6 +43,25 @@ impl WorkerStatus {
     }
 }
 
+/// What a worker process uses, as its heartbeat reports it (the OJS `worker.heartbeat` event's
+/// `memory_mb` and `cpu_percent`). Either is `None` when it could not be read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ProcessUsage {
+    /// Resident memory, in MiB.
+    pub memory_mb: Option<f64>,
+    /// CPU time used since the previous heartbeat over the wall time since then, in percent of
+    /// one core (above 100 when it used several, as `top` counts it).
+    pub cpu_percent: Option<f64>,
+}
+
+impl ProcessUsage {
+    /// Keeps only values a worker could report: finite and not negative.
+    pub fn sane(self) -> ProcessUsage {
+        let ok = |v: Option<f64>| v.filter(|x| x.is_finite() && *x >= 0.0);
+        ProcessUsage { memory_mb: ok(self.memory_mb), cpu_percent: ok(self.cpu_percent) }
+    }
+}
+
 /// One heartbeat of a worker process (see [`Store::worker_beat`]).
 #[derive(Clone, Debug)]
 pub struct WorkerBeat<'a> {
@@ -55,6 +74,7 @@ pub struct WorkerBeat<'a> {
     pub running: i32,
     pub status: WorkerStatus,
     pub detail: Option<&'a str>,
+    pub usage: ProcessUsage,
 }
 
 /// What a heartbeat did.
@@ -82,7 +102,7 @@ pub struct BeatReport {
 // leaves no event and a committed one always has one.
 macro_rules! beat_returning {
     () => {
-        "id, running, queues, concurrency, status, requested_state"
+        "id, running, queues, concurrency, status, requested_state, memory_mb, cpu_percent"
     };
 }
 macro_rules! beat_logged {
@@ -91,6 +111,7 @@ macro_rules! beat_logged {
     INSERT INTO worker_events (worker_id, type, data)
     SELECT id, 'worker.heartbeat', jsonb_build_object('worker_id', id, 'active_jobs', running, 'queues', to_jsonb(queues),
                                                        'concurrency', concurrency, 'status', status)
+           || jsonb_strip_nulls(jsonb_build_object('memory_mb', memory_mb, 'cpu_percent', cpu_percent))
     FROM beat
 )"
     };
@@ -119,7 +140,8 @@ const BEAT: &str = concat!(
     ", beat AS (
     UPDATE workers
     SET last_heartbeat_at = now(), running = $4, stopping = ($5 = 'stopping'), status = $5, status_detail = $6,
-        status_since = CASE WHEN status = $5 THEN status_since ELSE now() END
+        status_since = CASE WHEN status = $5 THEN status_since ELSE now() END,
+        memory_mb = $8, cpu_percent = $9
     WHERE id = $2
     RETURNING ", beat_returning!(), "
 ), ", beat_logged!(), "
@@ -160,6 +182,8 @@ pub struct WorkerInfo {
     pub silent_for_secs: f64,
     /// What an operator asked of it (`quiet`, `terminate`), heard at its next heartbeat.
     pub requested_state: Option<String>,
+    /// What its latest heartbeat said it uses.
+    pub usage: ProcessUsage,
 }
 
 impl Store {
@@ -170,7 +194,7 @@ impl Store {
              VALUES ($1, $2, $3, $4, $5, $6, now(), now())
              ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, queues = EXCLUDED.queues,
                  concurrency = EXCLUDED.concurrency, version = EXCLUDED.version, last_heartbeat_at = now(), stopping = false,
-                 status = 'ready', status_detail = NULL, status_since = now()",
+                 status = 'ready', status_detail = NULL, status_since = now(), memory_mb = NULL, cpu_percent = NULL",
         )
         .bind(&w.id)
         .bind(&w.host)
@@ -188,6 +212,7 @@ impl Store {
     /// records its own heartbeat and status. It never waits for a held job's row that another
     /// transaction is writing (see [`BeatReport::busy`]).
     pub async fn worker_beat(&self, beat: &WorkerBeat<'_>) -> Result<BeatReport, StoreError> {
+        let usage = beat.usage.sane();
         let rows = sqlx::query(BEAT)
             .bind(beat.held)
             .bind(beat.worker_id)
@@ -196,6 +221,8 @@ impl Store {
             .bind(beat.status.as_str())
             .bind(beat.detail)
             .bind(ORPHAN_REASON)
+            .bind(usage.memory_mb)
+            .bind(usage.cpu_percent)
             .fetch_all(&self.pool)
             .await?;
         let mut report = BeatReport::default();
@@ -219,15 +246,17 @@ impl Store {
     /// if it is new, records its beat, how many jobs it runs and whether it is draining
     /// (`stopping`), logs the `worker.heartbeat` event, and answers what an operator asked of
     /// it ([`Store::request_worker_state`]). One statement; the job locks are extended apart
-    /// ([`Store::heartbeat`]), as the protocol allows beats from any holder.
-    pub async fn ojs_worker_beat(&self, id: &str, running: i32, stopping: bool) -> Result<Option<String>, StoreError> {
+    /// ([`Store::heartbeat`]), as the protocol allows beats from any holder. `usage` is what
+    /// the client said of itself, if anything.
+    pub async fn ojs_worker_beat(&self, id: &str, running: i32, stopping: bool, usage: ProcessUsage) -> Result<Option<String>, StoreError> {
+        let usage = usage.sane();
         let status = if stopping { WorkerStatus::Stopping } else { WorkerStatus::Ready };
         let requested: Option<Option<String>> = sqlx::query_scalar(concat!(
             "WITH beat AS (
-    INSERT INTO workers AS w (id, host, pid, version, running, stopping, status)
-    VALUES ($1, 'ojs-http', 0, 'ojs/1.0', $2, $3 = 'stopping', $3)
+    INSERT INTO workers AS w (id, host, pid, version, running, stopping, status, memory_mb, cpu_percent)
+    VALUES ($1, 'ojs-http', 0, 'ojs/1.0', $2, $3 = 'stopping', $3, $4, $5)
     ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now(), running = EXCLUDED.running, stopping = EXCLUDED.stopping,
-        status = EXCLUDED.status, status_detail = NULL,
+        status = EXCLUDED.status, status_detail = NULL, memory_mb = EXCLUDED.memory_mb, cpu_percent = EXCLUDED.cpu_percent,
         status_since = CASE WHEN w.status = EXCLUDED.status THEN w.status_since ELSE now() END
     RETURNING ",
             beat_returning!(),
@@ -240,6 +269,8 @@ SELECT requested_state FROM beat"
         .bind(id)
         .bind(running)
         .bind(status.as_str())
+        .bind(usage.memory_mb)
+        .bind(usage.cpu_percent)
         .fetch_optional(&self.pool)
         .await?;
         Ok(requested.flatten())
@@ -277,6 +308,7 @@ SELECT requested_state FROM beat"
                     status_since: ts(r, "status_since")?,
                     silent_for_secs: r.try_get("silent_for_secs")?,
                     requested_state: r.try_get("requested_state")?,
+                    usage: ProcessUsage { memory_mb: r.try_get("memory_mb")?, cpu_percent: r.try_get("cpu_percent")? },
                 })
             })
             .collect()

@@ -350,6 +350,8 @@ fn worker_json(w: &WorkerInfo) -> Value {
         "started_at": w.started_at.to_string(),
         "last_heartbeat_at": w.last_heartbeat_at.to_string(),
         "version": w.version,
+        "memory_mb": w.usage.memory_mb,
+        "cpu_percent": w.usage.cpu_percent,
     })
 }
 

@@ -197,6 +197,18 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A number (integer or not) within `min..=max`.
+    pub fn f64_in(&self, key: &str, min: f64, max: f64) -> Result<Option<f64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => match n.as_f64() {
+                Some(x) if (min..=max).contains(&x) => Ok(Some(x)),
+                _ => Err(self.error(key, format!("must be between {min} and {max}, got {n}"))),
+            },
+            Some(v) => Err(self.error(key, format!("must be a number, got {}", json_kind(v)))),
+        }
+    }
+
     pub fn object(&self, key: &str) -> Result<Option<Fields<'a>>, ApiError> {
         match self.get(key) {
             None => Ok(None),

@@ -83,10 +83,10 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "events": {
                 "implemented": ["job.enqueued, job.scheduled, job.started, job.heartbeat (worker and API heartbeats, with visible_until), job.progress, job.completed, job.failed, job.retrying, job.discarded, job.expired, job.cancelled",
                                 "rebound's job.dead_lettered, job.released, job.snoozed; queue.paused, queue.resumed; cron.triggered, cron.skipped",
-                                "worker.started, worker.heartbeat (every worker and API heartbeat: active_jobs, queues, status), worker.quiet (SIGTSTP, an operator's quiet, or draining after SIGTERM: reason quiet or shutdown), worker.stopped (reason shutdown or heartbeat_timeout, uptime_ms, active_jobs)",
+                                "worker.started, worker.heartbeat (every worker and API heartbeat: active_jobs, queues, status, and memory_mb and cpu_percent when the worker said them), worker.quiet (SIGTSTP, an operator's quiet, or draining after SIGTERM: reason quiet or shutdown), worker.stopped (reason shutdown or heartbeat_timeout, uptime_ms, active_jobs)",
                                 "GET /events: filters types, queues, job_types, job_id, since; newest first, or polled oldest first with after, cursor and has_more",
                                 "Server-Sent Events: /events/stream?channel=job:<id>|queue:<name>, /jobs/{id}/events (ends when the job finishes), /queues/{name}/events, Last-Event-ID resume"],
-                "not_implemented": ["workflow events", "memory_mb and cpu_percent in worker.heartbeat", "WebSocket and gRPC subscriptions", "webhooks"],
+                "not_implemented": ["workflow events", "WebSocket and gRPC subscriptions", "webhooks"],
                 "notes": "events are read back from what the store records; a cursor passes an event only once it is settled (a second old, and no transaction that could still write an earlier one is open)",
             },
             "cron": {

@@ -7,7 +7,7 @@ use axum::extract::State;
 use jiff::Timestamp;
 use rebound_queue::job::validate_queue;
 use rebound_queue::outcome::NextStep;
-use rebound_queue::store::{ClaimRequest, Completion, Failure, JobProgress, ProgressReport};
+use rebound_queue::store::{ClaimRequest, Completion, Failure, JobProgress, ProcessUsage, ProgressReport};
 use rebound_queue::{HandlerError, Job, Outcome};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -279,7 +279,10 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
     }
     // The worker's own state (graceful shutdown: `quiet` while draining, `terminate` at the end).
     let stopping = matches!(f.str("state")?, Some("quiet" | "terminate" | "terminated" | "stopping"));
-    let requested = state.store.ojs_worker_beat(worker, i32::try_from(said_running).unwrap_or(i32::MAX), stopping).await?;
+    // What the client says it uses (the `worker.heartbeat` event's optional fields): a
+    // petabyte and a thousand cores are bounds no real process passes.
+    let usage = ProcessUsage { memory_mb: f.f64_in("memory_mb", 0.0, 1e9)?, cpu_percent: f.f64_in("cpu_percent", 0.0, 100_000.0)? };
+    let requested = state.store.ojs_worker_beat(worker, i32::try_from(said_running).unwrap_or(i32::MAX), stopping, usage).await?;
     let directive = match requested.as_deref() {
         Some("terminate") => "terminate",
         Some("quiet") => "quiet",

@@ -156,8 +156,16 @@ async fn events_record_what_happened() {
     assert_eq!(r.body["events"][0]["data"]["worker_id"], "w1");
     let r = s.get("/ojs/v1/events?queues=eq&types=worker.started").await;
     assert_eq!(r.body["events"], json!([]), "worker events belong to no queue");
+    // What a client says it uses must be a plausible number, named when it is not.
+    for (field, bad) in [("memory_mb", json!("12 MB")), ("cpu_percent", json!(-3)), ("memory_mb", json!(1e12))] {
+        let r = s.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "w1", "active_jobs": [], field: bad})).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{field} = {bad}: {}", r.text);
+        assert!(r.text.contains(field), "{}", r.text);
+    }
     // Its beat was an OJS worker.heartbeat; saying it drains starts its quiet spell.
-    let r = s.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "w1", "active_jobs": [], "state": "quiet"})).await;
+    let r = s
+        .post("/ojs/v1/workers/heartbeat", json!({"worker_id": "w1", "active_jobs": [], "state": "quiet", "memory_mb": 96.5, "cpu_percent": 7}))
+        .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let r = s.get("/ojs/v1/events?types=worker.heartbeat,worker.quiet").await;
     let seen: Vec<(&str, &str, &Value)> = r.body["events"]
@@ -173,6 +181,13 @@ async fn events_record_what_happened() {
         r.text
     );
     assert_eq!(r.body["events"][0]["data"]["reason"], "shutdown");
+    // The usage it sent is in its beat's event and the admin API's worker; the first beat sent none.
+    let (said, first) = (&r.body["events"][1]["data"], &r.body["events"][2]["data"]);
+    assert_eq!((said["memory_mb"].as_f64(), said["cpu_percent"].as_f64()), (Some(96.5), Some(7.0)), "{said}");
+    assert!(first.get("memory_mb").is_none() && first.get("cpu_percent").is_none(), "{first}");
+    let r = s.get("/ojs/v1/admin/workers/w1").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!((r.body["memory_mb"].as_f64(), r.body["cpu_percent"].as_f64()), (Some(96.5), Some(7.0)), "{}", r.text);
 }
 
 /// The `(event, id)` pairs of a Server-Sent Events text.
