@@ -185,7 +185,7 @@ impl Store {
         if jobs.iter().all(|j| j.unique.is_none()) {
             // One statement is atomic on its own: no BEGIN and COMMIT round trips.
             let mut conn = self.pool.acquire().await?;
-            return insert_many(&mut conn, jobs, &checked).await;
+            return insert_many(&mut conn, jobs, &checked, &[]).await;
         }
         let mut tx = self.begin().await?;
         let out = {
@@ -246,7 +246,14 @@ fn prefix_index(e: StoreError, i: usize) -> StoreError {
 /// is exactly what was stored. Decoding every stored row back would cost the caller more than
 /// the insert itself. A plain INSERT (no `ON CONFLICT`) spares each row a speculative
 /// insertion; a duplicate id fails the statement, and so the whole batch, as it must.
-async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &[Option<i32>]) -> Result<Vec<Enqueued>, StoreError> {
+///
+/// `members` places each job in a workflow (its id and the job's step), or is empty.
+pub(super) async fn insert_many(
+    conn: &mut PgConnection,
+    jobs: Vec<NewJob>,
+    max_attempts: &[Option<i32>],
+    members: &[(Uuid, i32)],
+) -> Result<Vec<Enqueued>, StoreError> {
     let n = jobs.len();
     let ids: Vec<Uuid> = jobs.iter().map(|job| job.id.unwrap_or_else(Uuid::now_v7)).collect();
     let retries: Vec<Option<Value>> = jobs.iter().map(|job| job.retry.as_ref().map(|p| p.to_json())).collect();
@@ -285,25 +292,27 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
         let (timeouts, visibilities, scheduled, expires) = (sparse(timeouts), sparse(visibilities), sparse(scheduled), sparse(expires));
         let (pendings, max_attempts) = (sparse(pendings), sparse(max_attempts.to_vec()));
         let retries = sparse(retries.iter().map(Option::as_ref).collect());
+        let workflow_ids: Vec<Uuid> = members.iter().map(|m| m.0).collect();
+        let workflow_steps: Vec<i32> = members.iter().map(|m| m.1).collect();
         sqlx::query(
             "WITH input AS (
                SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::jsonb[], $7::int2[],
                                     $8::jsonb[], $9::int4[], $10::jsonb[], $11::int8[], $12::int8[], $13::timestamptz[],
-                                    $14::timestamptz[], $15::bool[])
+                                    $14::timestamptz[], $15::bool[], $16::uuid[], $17::int4[])
                       AS t(id, type, queue, args, meta, extra, priority, tags, max_attempts, retry,
-                           timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, pending)
+                           timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, pending, workflow_id, workflow_step)
              ), layers AS (
                SELECT job_type, (policy->>'max_attempts')::int AS max_attempts FROM retry_policies
              )
              INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
-                               timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, enqueued_at)
+                               timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, enqueued_at, workflow_id, workflow_step)
              SELECT i.id, i.type, i.queue, i.args, COALESCE(i.meta, '{}'), COALESCE(i.extra, '{}'), COALESCE(i.priority, 0),
                     CASE WHEN i.tags IS NULL THEN '{}'::text[] ELSE ARRAY(SELECT jsonb_array_elements_text(i.tags)) END,
                     s.state,
                     COALESCE(i.max_attempts, (SELECT l.max_attempts FROM layers l WHERE l.job_type = i.type),
                              (SELECT l.max_attempts FROM layers l WHERE l.job_type = '*'), 3),
                     i.retry, i.timeout_ms, i.visibility_timeout_ms, COALESCE(i.scheduled_at, now()), i.expires_at,
-                    CASE WHEN s.state = 'available' THEN now() END
+                    CASE WHEN s.state = 'available' THEN now() END, i.workflow_id, i.workflow_step
              FROM input i
              CROSS JOIN LATERAL (SELECT CASE WHEN i.pending IS TRUE THEN 'pending'::job_state
                                              WHEN i.scheduled_at > now() THEN 'scheduled'::job_state
@@ -325,6 +334,8 @@ async fn insert_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_attempts: &
         .bind(&scheduled)
         .bind(&expires)
         .bind(&pendings)
+        .bind(&workflow_ids)
+        .bind(&workflow_steps)
         .fetch_all(&mut *conn)
         .await
         .map_err(|e| duplicate_in_batch(e, &ids))?

@@ -1,0 +1,185 @@
+-- OJS workflows (ojs-workflows.md): chains, groups and batches of jobs.
+--
+-- Every job of a workflow is inserted when the workflow is created, so each is validated and
+-- given its defaults once, by the ordinary enqueue: the chain's later steps and the batch's
+-- callbacks wait in `pending` (the OJS step state `waiting`), which nothing claims. What moves a
+-- workflow on is a row trigger on its jobs' state, in the transaction of the write that
+-- finished the job: a chain's next step is activated, with the results before it, by the very
+-- statement that completed the step, so a crash or a lost connection can never complete a
+-- step without starting the next (or start it twice). The trigger's WHEN clause keeps every
+-- job outside a workflow to one null test per updated row.
+CREATE TABLE workflows (
+    id               uuid PRIMARY KEY,
+    type             text NOT NULL CHECK (type IN ('chain', 'group', 'batch')),
+    name             text,
+    state            text NOT NULL DEFAULT 'pending'
+                     CHECK (state IN ('pending', 'running', 'completed', 'failed', 'cancelled')),
+    -- Steps of a chain, or jobs of a group or batch; callbacks are not counted.
+    job_count        integer NOT NULL CHECK (job_count > 0),
+    completed_count  integer NOT NULL DEFAULT 0,
+    failed_count     integer NOT NULL DEFAULT 0,
+    -- A batch's callbacks activated and not yet finished.
+    callbacks_running integer NOT NULL DEFAULT 0,
+    failed_step_index integer,
+    -- {job_id, code, message, attempt, role} of every job that failed for good.
+    errors           jsonb NOT NULL DEFAULT '[]',
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    started_at       timestamptz,
+    finished_at      timestamptz,
+    cancelled_at     timestamptz
+);
+CREATE INDEX workflows_created ON workflows (created_at DESC);
+-- The pruner's: finished workflows by age.
+CREATE INDEX workflows_finished ON workflows (finished_at) WHERE finished_at IS NOT NULL;
+
+-- A job's place in its workflow: its step (chain) or index (group, batch), from 0; a batch's
+-- callbacks are -1 on_complete, -2 on_success, -3 on_failure.
+ALTER TABLE jobs ADD COLUMN workflow_id uuid, ADD COLUMN workflow_step integer;
+CREATE INDEX jobs_workflow ON jobs (workflow_id, workflow_step) WHERE workflow_id IS NOT NULL;
+
+-- The results of the workflow's members before `below`, as an array by index (`parent_results`,
+-- ojs-workflows.md §7: "keyed by the step's index"; an array, as the reference backend sends
+-- it, so `parent_results[0]` reads the first in every language): every step before a chain's
+-- next, or every job of a batch for its callbacks, null where a job did not complete.
+CREATE FUNCTION rebound_workflow_results(wf uuid, below integer) RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT COALESCE(jsonb_agg(CASE WHEN state = 'completed' THEN COALESCE(result, 'null'::jsonb) ELSE 'null'::jsonb END
+                              ORDER BY workflow_step), '[]'::jsonb)
+    FROM jobs WHERE workflow_id = wf AND workflow_step >= 0 AND workflow_step < below
+$$;
+
+-- Hands waiting jobs of a workflow to the workers, with the results they are owed.
+CREATE FUNCTION rebound_workflow_release(wf uuid, steps integer[], results jsonb) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    q text;
+BEGIN
+    FOR q IN
+        UPDATE jobs
+        SET state = CASE WHEN scheduled_at > now() THEN 'scheduled'::job_state ELSE 'available'::job_state END,
+            enqueued_at = CASE WHEN scheduled_at > now() THEN NULL ELSE now() END,
+            extra = extra || jsonb_build_object('parent_results', results),
+            updated_at = now()
+        WHERE workflow_id = wf AND workflow_step = ANY(steps) AND state = 'pending'
+        RETURNING queue
+    LOOP
+        PERFORM pg_notify('rebound_jobs', q);
+    END LOOP;
+END $$;
+
+CREATE FUNCTION rebound_workflow_job_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    w workflows%ROWTYPE;
+    failed boolean := NEW.state IN ('discarded', 'cancelled');
+    error jsonb;
+    was_failed boolean;
+    members_done boolean;
+    fire integer[];
+BEGIN
+    IF NEW.state = 'active' THEN
+        UPDATE workflows SET state = 'running', started_at = now() WHERE id = NEW.workflow_id AND state = 'pending';
+        RETURN NULL;
+    END IF;
+    -- A callback that does not apply is cancelled unrun: that is no failure.
+    IF NOT (NEW.state = 'completed' OR failed) OR (NEW.workflow_step < 0 AND OLD.state = 'pending') THEN
+        RETURN NULL;
+    END IF;
+    -- Concurrent finishes of one workflow's jobs take turns here, so each sees the others'
+    -- counts: the last one is the one that fires what follows, exactly once.
+    SELECT * INTO w FROM workflows WHERE id = NEW.workflow_id FOR UPDATE;
+    IF NOT FOUND OR w.state IN ('completed', 'failed', 'cancelled') THEN
+        RETURN NULL;
+    END IF;
+    IF failed THEN
+        error := jsonb_build_object(
+            'job_id', NEW.id, 'attempt', NEW.attempt,
+            'role', CASE NEW.workflow_step WHEN -1 THEN 'on_complete' WHEN -2 THEN 'on_success' WHEN -3 THEN 'on_failure' ELSE 'job' END,
+            'code', CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE COALESCE(NEW.last_error->>'type', 'failed') END,
+            'message', CASE WHEN NEW.state = 'cancelled' THEN 'the job was cancelled' ELSE COALESCE(NEW.last_error->>'message', '') END);
+    END IF;
+
+    IF NEW.workflow_step < 0 THEN
+        -- A batch's callback: the batch is done when its callbacks are, failed if one failed.
+        UPDATE workflows
+        SET callbacks_running = callbacks_running - 1,
+            errors = CASE WHEN failed THEN errors || jsonb_build_array(error) ELSE errors END,
+            state = CASE WHEN failed THEN 'failed' WHEN callbacks_running > 1 THEN state ELSE 'completed' END,
+            finished_at = CASE WHEN failed OR callbacks_running <= 1 THEN now() END
+        WHERE id = w.id;
+        IF failed THEN
+            UPDATE jobs SET state = 'cancelled', cancelled_at = now(), updated_at = now()
+            WHERE workflow_id = w.id AND state = 'pending';
+        END IF;
+        RETURN NULL;
+    END IF;
+
+    IF w.type = 'chain' THEN
+        IF failed THEN
+            UPDATE workflows
+            SET failed_count = failed_count + 1, failed_step_index = NEW.workflow_step,
+                errors = errors || jsonb_build_array(error), state = 'failed', finished_at = now()
+            WHERE id = w.id;
+            -- The steps after it never run.
+            UPDATE jobs SET state = 'cancelled', cancelled_at = now(), updated_at = now()
+            WHERE workflow_id = w.id AND state = 'pending';
+        ELSIF NEW.workflow_step + 1 >= w.job_count THEN
+            UPDATE workflows SET completed_count = completed_count + 1, state = 'completed', finished_at = now() WHERE id = w.id;
+        ELSE
+            UPDATE workflows SET completed_count = completed_count + 1 WHERE id = w.id;
+            PERFORM rebound_workflow_release(w.id, ARRAY[NEW.workflow_step + 1],
+                                             rebound_workflow_results(w.id, NEW.workflow_step + 1));
+        END IF;
+        RETURN NULL;
+    END IF;
+
+    -- A group's or a batch's job. One that failed for good and was then re-driven by hand
+    -- (a dead letter retried) was counted already: it moves from failed to completed, or
+    -- stays failed, and finishes nothing.
+    was_failed := w.errors @> jsonb_build_array(jsonb_build_object('job_id', NEW.id));
+    IF was_failed THEN
+        IF NOT failed THEN
+            UPDATE workflows
+            SET failed_count = failed_count - 1, completed_count = completed_count + 1,
+                errors = (SELECT COALESCE(jsonb_agg(e), '[]'::jsonb) FROM jsonb_array_elements(errors) e WHERE e->>'job_id' <> NEW.id::text)
+            WHERE id = w.id;
+        END IF;
+        RETURN NULL;
+    END IF;
+    members_done := w.completed_count + w.failed_count + 1 >= w.job_count;
+    IF members_done AND w.type = 'batch' THEN
+        -- on_complete always; on_success when nothing failed; on_failure when anything did.
+        SELECT array_agg(workflow_step) INTO fire FROM jobs
+        WHERE workflow_id = w.id AND state = 'pending'
+          AND workflow_step = ANY(ARRAY[-1, CASE WHEN failed OR w.failed_count > 0 THEN -3 ELSE -2 END]);
+    END IF;
+    UPDATE workflows
+    SET completed_count = completed_count + CASE WHEN failed THEN 0 ELSE 1 END,
+        failed_count = failed_count + CASE WHEN failed THEN 1 ELSE 0 END,
+        errors = CASE WHEN failed THEN errors || jsonb_build_array(error) ELSE errors END,
+        callbacks_running = COALESCE(cardinality(fire), 0),
+        state = CASE WHEN NOT members_done OR COALESCE(cardinality(fire), 0) > 0 THEN state
+                     WHEN failed OR failed_count > 0 THEN 'failed'
+                     ELSE 'completed' END,
+        finished_at = CASE WHEN members_done AND COALESCE(cardinality(fire), 0) = 0 THEN now() END
+    WHERE id = w.id;
+    IF members_done AND w.type = 'batch' THEN
+        IF COALESCE(cardinality(fire), 0) > 0 THEN
+            PERFORM rebound_workflow_release(w.id, fire, rebound_workflow_results(w.id, 2147483647));
+        END IF;
+        -- The callbacks that do not apply never run.
+        UPDATE jobs SET state = 'cancelled', cancelled_at = now(), updated_at = now()
+        WHERE workflow_id = w.id AND state = 'pending';
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER jobs_workflow_changed AFTER UPDATE OF state ON jobs FOR EACH ROW
+    WHEN (NEW.workflow_id IS NOT NULL AND NEW.state IS DISTINCT FROM OLD.state)
+    EXECUTE FUNCTION rebound_workflow_job_changed();
+
+-- Workflows go with everything else when `jobs` is emptied (tests, an operator's reset).
+CREATE FUNCTION workflows_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM workflows;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER jobs_truncate_workflows AFTER TRUNCATE ON jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION workflows_truncated();

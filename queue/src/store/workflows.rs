@@ -1,0 +1,308 @@
+//! OJS workflows (ojs-workflows.md): a chain runs its steps one after another, each given the
+//! results before it; a group runs its jobs side by side; a batch is a group whose callbacks
+//! (`on_complete`, `on_success`, `on_failure`) run once its jobs are done.
+//!
+//! Every job is inserted when the workflow is created, validated and defaulted like any
+//! enqueue. A chain's later steps and a batch's callbacks wait in `pending`. The database moves
+//! a workflow on: a trigger on its jobs' state (migrations/…_workflows.sql) activates the next
+//! step, fires the callbacks and keeps the counts, inside the transaction that finished the
+//! job, so no crash or lost connection can separate the two.
+
+use jiff::Timestamp;
+use serde::Serialize;
+use serde_json::{Value, json};
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::enqueue::{check, insert_many};
+use super::{Store, StoreError, ts, ts_opt};
+use crate::job::{JobState, NewJob};
+
+/// The most jobs (steps or jobs, and callbacks) one workflow may hold: each finish of a member
+/// takes the workflow's row lock, and creating it is one insert.
+pub const MAX_WORKFLOW_JOBS: usize = 10_000;
+
+/// The three OJS primitives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkflowType {
+    Chain,
+    Group,
+    Batch,
+}
+
+impl WorkflowType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkflowType::Chain => "chain",
+            WorkflowType::Group => "group",
+            WorkflowType::Batch => "batch",
+        }
+    }
+
+    fn parse(s: &str) -> Result<WorkflowType, StoreError> {
+        match s {
+            "chain" => Ok(WorkflowType::Chain),
+            "group" => Ok(WorkflowType::Group),
+            "batch" => Ok(WorkflowType::Batch),
+            other => Err(StoreError::invalid("type", format!("unknown workflow type {other:?}"))),
+        }
+    }
+}
+
+/// What a batch runs when its jobs are done.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BatchCallbacks {
+    /// Whatever the outcome.
+    pub on_complete: Option<NewJob>,
+    /// Only when every job completed.
+    pub on_success: Option<NewJob>,
+    /// When any job failed for good.
+    pub on_failure: Option<NewJob>,
+}
+
+/// A callback's place among a workflow's jobs (`workflow_step`), and its OJS name.
+pub const CALLBACKS: [(i32, &str); 3] = [(-1, "on_complete"), (-2, "on_success"), (-3, "on_failure")];
+
+/// A workflow to create.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewWorkflow {
+    /// Client-chosen; generated (UUIDv7) when absent.
+    pub id: Option<Uuid>,
+    pub kind: WorkflowType,
+    pub name: Option<String>,
+    /// A chain's steps in order, or a group's or batch's jobs.
+    pub jobs: Vec<NewJob>,
+    /// A batch's; must be empty for the others.
+    pub callbacks: BatchCallbacks,
+}
+
+/// A workflow and where each of its jobs stands.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Workflow {
+    pub id: Uuid,
+    pub kind: WorkflowType,
+    pub name: Option<String>,
+    /// `pending` (nothing started yet), `running`, `completed`, `failed` or `cancelled`.
+    pub state: String,
+    /// Steps or jobs, callbacks not counted.
+    pub job_count: i32,
+    pub completed_count: i32,
+    pub failed_count: i32,
+    /// The chain step that failed.
+    pub failed_step_index: Option<i32>,
+    /// `{job_id, code, message, attempt, role}` of each job that failed for good.
+    pub errors: Value,
+    pub created_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+    pub cancelled_at: Option<Timestamp>,
+    /// Its jobs by index, then its callbacks (negative `step`s, see [`CALLBACKS`]).
+    pub members: Vec<WorkflowMember>,
+}
+
+impl Workflow {
+    /// Whether it can still change.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.state.as_str(), "completed" | "failed" | "cancelled")
+    }
+}
+
+/// One job of a workflow.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WorkflowMember {
+    /// Its index among the steps or jobs; a callback's is negative (see [`CALLBACKS`]).
+    pub step: i32,
+    pub job_id: Uuid,
+    pub job_type: String,
+    pub state: JobState,
+    pub attempt: i32,
+    pub result: Option<Value>,
+    pub started_at: Option<Timestamp>,
+    pub completed_at: Option<Timestamp>,
+}
+
+impl WorkflowMember {
+    /// The callback's OJS name, if it is one.
+    pub fn callback(&self) -> Option<&'static str> {
+        CALLBACKS.iter().find(|(step, _)| *step == self.step).map(|(_, name)| *name)
+    }
+}
+
+impl Store {
+    /// Creates a workflow and enqueues its jobs in one transaction: a chain's first step and
+    /// every job of a group or batch can run at once; the rest wait. Every job is checked as
+    /// an enqueue would check it (the error names `jobs[i]` or `callbacks.on_…`); unique keys
+    /// and `pending` are refused inside workflows.
+    pub async fn create_workflow(&self, wf: NewWorkflow) -> Result<Workflow, StoreError> {
+        if wf.jobs.is_empty() {
+            return Err(StoreError::invalid("jobs", "a workflow needs at least one job"));
+        }
+        let callbacks: Vec<(i32, &str, NewJob)> = [
+            (CALLBACKS[0], wf.callbacks.on_complete.clone()),
+            (CALLBACKS[1], wf.callbacks.on_success.clone()),
+            (CALLBACKS[2], wf.callbacks.on_failure.clone()),
+        ]
+        .into_iter()
+        .filter_map(|((step, name), job)| job.map(|j| (step, name, j)))
+        .collect();
+        match wf.kind {
+            WorkflowType::Batch if callbacks.is_empty() => {
+                return Err(StoreError::invalid("callbacks", "a batch needs at least one of on_complete, on_success, on_failure"));
+            }
+            WorkflowType::Chain | WorkflowType::Group if !callbacks.is_empty() => {
+                return Err(StoreError::invalid("callbacks", format!("only a batch has callbacks, not a {}", wf.kind.as_str())));
+            }
+            _ => {}
+        }
+        if wf.jobs.len() + callbacks.len() > MAX_WORKFLOW_JOBS {
+            return Err(StoreError::invalid("jobs", format!("a workflow holds at most {MAX_WORKFLOW_JOBS} jobs")));
+        }
+        let id = wf.id.unwrap_or_else(Uuid::now_v7);
+        let job_count = i32::try_from(wf.jobs.len()).map_err(|_| StoreError::invalid("jobs", "too many jobs"))?;
+        let mut jobs = Vec::with_capacity(wf.jobs.len() + callbacks.len());
+        let mut members = Vec::with_capacity(jobs.capacity());
+        let placed = wf.jobs.into_iter().enumerate().map(|(i, job)| (i as i32, format!("jobs[{i}]"), job));
+        let placed = placed.chain(callbacks.into_iter().map(|(step, name, job)| (step, format!("callbacks.{name}"), job)));
+        for (step, field, mut job) in placed {
+            if job.unique.is_some() {
+                return Err(StoreError::invalid(format!("{field}.unique"), "unique jobs are not supported inside a workflow"));
+            }
+            if job.pending {
+                return Err(StoreError::invalid(format!("{field}.pending"), "a workflow decides when its jobs start"));
+            }
+            // A chain's later steps and every callback wait for the workflow to start them.
+            job.pending = step < 0 || (wf.kind == WorkflowType::Chain && step > 0);
+            if let Value::Object(extra) = &mut job.extra {
+                extra.insert("workflow_id".into(), json!(id));
+            }
+            jobs.push(job);
+            members.push((id, step, field));
+        }
+        let mut checked = Vec::with_capacity(jobs.len());
+        for (job, (_, _, field)) in jobs.iter().zip(&members) {
+            checked.push(check(job).map_err(|e| prefixed(e, field))?);
+        }
+        let members: Vec<(Uuid, i32)> = members.into_iter().map(|(id, step, _)| (id, step)).collect();
+        let mut tx = self.begin().await?;
+        let inserted = sqlx::query("INSERT INTO workflows (id, type, name, job_count) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING")
+            .bind(id)
+            .bind(wf.kind.as_str())
+            .bind(&wf.name)
+            .bind(job_count)
+            .execute(&mut *tx)
+            .await?;
+        if inserted.rows_affected() == 0 {
+            return Err(StoreError::Duplicate { reason: format!("a workflow with id {id} already exists"), existing: Some(id) });
+        }
+        insert_many(&mut tx, jobs, &checked, &members).await?;
+        tx.commit().await?;
+        self.workflow(id).await?.ok_or_else(|| StoreError::Missing { what: format!("workflow {id}") })
+    }
+
+    /// The workflow with its jobs, or `None`.
+    pub async fn workflow(&self, id: Uuid) -> Result<Option<Workflow>, StoreError> {
+        let Some(row) = sqlx::query("SELECT * FROM workflows WHERE id = $1").bind(id).fetch_optional(&self.pool).await? else {
+            return Ok(None);
+        };
+        let jobs = sqlx::query(
+            "SELECT id, type, state, attempt, result, started_at, completed_at, workflow_step FROM jobs
+             WHERE workflow_id = $1 ORDER BY workflow_step < 0, abs(workflow_step)",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        let members = jobs
+            .iter()
+            .map(|r| {
+                Ok(WorkflowMember {
+                    step: r.try_get("workflow_step")?,
+                    job_id: r.try_get("id")?,
+                    job_type: r.try_get("type")?,
+                    state: r.try_get("state")?,
+                    attempt: r.try_get("attempt")?,
+                    result: r.try_get("result")?,
+                    started_at: ts_opt(r, "started_at")?,
+                    completed_at: ts_opt(r, "completed_at")?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(Some(Workflow {
+            id: row.try_get("id")?,
+            kind: WorkflowType::parse(row.try_get("type")?)?,
+            name: row.try_get("name")?,
+            state: row.try_get("state")?,
+            job_count: row.try_get("job_count")?,
+            completed_count: row.try_get("completed_count")?,
+            failed_count: row.try_get("failed_count")?,
+            failed_step_index: row.try_get("failed_step_index")?,
+            errors: row.try_get("errors")?,
+            created_at: ts(&row, "created_at")?,
+            started_at: ts_opt(&row, "started_at")?,
+            finished_at: ts_opt(&row, "finished_at")?,
+            cancelled_at: ts_opt(&row, "cancelled_at")?,
+            members,
+        }))
+    }
+
+    /// Cancels a workflow that has not finished: its waiting and queued jobs are cancelled,
+    /// and running ones finish (their results no longer move it). An unknown workflow is
+    /// [`StoreError::Missing`].
+    pub async fn cancel_workflow(&self, id: Uuid) -> Result<WorkflowCancel, StoreError> {
+        let mut tx = self.begin().await?;
+        // The workflow first: its jobs' cancellations then find it finished and move nothing.
+        let done: Option<bool> = sqlx::query_scalar(
+            "WITH before AS (SELECT id, state FROM workflows WHERE id = $1 FOR UPDATE),
+                  cancelled AS (
+                      UPDATE workflows w SET state = 'cancelled', cancelled_at = now(), finished_at = now()
+                      FROM before b WHERE w.id = b.id AND b.state IN ('pending', 'running') RETURNING w.id)
+             SELECT EXISTS (SELECT 1 FROM cancelled) FROM before",
+        )
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        match done {
+            None => return Err(StoreError::Missing { what: format!("workflow {id}") }),
+            Some(true) => {}
+            Some(false) => {
+                // Nothing was written; a failed rollback closes the connection instead.
+                let _ = tx.rollback().await;
+                let wf = self.workflow(id).await?.ok_or_else(|| StoreError::Missing { what: format!("workflow {id}") })?;
+                return Ok(WorkflowCancel::AlreadyFinished(wf));
+            }
+        }
+        sqlx::query(
+            "UPDATE jobs SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL, updated_at = now()
+             WHERE workflow_id = $1 AND state IN ('pending', 'scheduled', 'available', 'retryable')",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let wf = self.workflow(id).await?.ok_or_else(|| StoreError::Missing { what: format!("workflow {id}") })?;
+        Ok(WorkflowCancel::Cancelled(wf))
+    }
+}
+
+/// What [`Store::cancel_workflow`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WorkflowCancel {
+    Cancelled(Workflow),
+    /// It had finished already (completed, failed or cancelled): nothing changed.
+    AlreadyFinished(Workflow),
+}
+
+/// Names the workflow's job in a validation error.
+fn prefixed(e: StoreError, field: &str) -> StoreError {
+    match e {
+        StoreError::InvalidJob(mut v) => {
+            v.field = format!("{field}.{}", v.field);
+            StoreError::InvalidJob(v)
+        }
+        StoreError::InvalidPolicy(mut p) => {
+            p.field = format!("{field}.{}", p.field);
+            StoreError::InvalidPolicy(p)
+        }
+        other => other,
+    }
+}

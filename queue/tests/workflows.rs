@@ -1,0 +1,318 @@
+//! Workflows against a real database: chains pass results on and stop at a failure, groups and
+//! batches finish when all their jobs have, a batch's callbacks fire exactly once even when its
+//! last jobs finish in concurrent statements, cancelling stops what has not run, and a step's
+//! completion and the next step's start survive a lost connection together.
+
+use std::time::Duration;
+
+use rebound_queue::outcome::{HandlerError, Outcome};
+use rebound_queue::store::{
+    BatchCallbacks, ClaimRequest, Completion, Failure, NewWorkflow, StoreError, Workflow, WorkflowCancel, WorkflowType,
+};
+use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, TestDb};
+use rebound_queue::{Job, JobState, NewJob, Store};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+fn claim_req(limit: u32) -> ClaimRequest {
+    ClaimRequest { worker_id: "w1".into(), queues: vec!["default".into()], limit, visibility_timeout: Duration::from_secs(60) }
+}
+
+async fn claim(s: &Store, limit: u32) -> Vec<Job> {
+    s.claim(&claim_req(limit)).await.unwrap()
+}
+
+async fn complete(s: &Store, job: &Job, result: Value) {
+    let done = s
+        .complete_batch(&[Completion { id: job.id, attempt: Some(job.attempt), worker_id: Some("w1".into()), result: Some(result) }])
+        .await
+        .unwrap();
+    assert_eq!(done, vec![job.id]);
+}
+
+/// Fails the job for good (no retries left).
+async fn fail_for_good(s: &Store, job: &Job) {
+    let failure = Failure {
+        id: job.id,
+        attempt: Some(job.attempt),
+        worker_id: Some("w1".into()),
+        outcome: Outcome::Discard(HandlerError::new("step.broken", "it broke")),
+        error_code: None,
+    };
+    s.fail(&failure).await.unwrap();
+}
+
+fn job(t: &str, args: Value) -> NewJob {
+    NewJob::new(t, args)
+}
+
+fn workflow(kind: WorkflowType, jobs: Vec<NewJob>) -> NewWorkflow {
+    NewWorkflow { id: None, kind, name: Some("wf".into()), jobs, callbacks: BatchCallbacks::default() }
+}
+
+async fn get(s: &Store, id: Uuid) -> Workflow {
+    s.workflow(id).await.unwrap().expect("workflow exists")
+}
+
+fn states(wf: &Workflow) -> Vec<(i32, JobState)> {
+    wf.members.iter().map(|m| (m.step, m.state)).collect()
+}
+
+#[tokio::test]
+async fn a_chain_runs_its_steps_in_order_and_passes_every_result_on() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let wf = s.create_workflow(workflow(WorkflowType::Chain, vec![job("c.a", json!([1])), job("c.b", json!([2])), job("c.c", json!([3]))])).await.unwrap();
+    assert_eq!((wf.state.as_str(), wf.job_count, wf.kind), ("pending", 3, WorkflowType::Chain));
+    assert_eq!(states(&wf), [(0, JobState::Available), (1, JobState::Pending), (2, JobState::Pending)]);
+
+    // Only the first step can be claimed; claiming it starts the workflow.
+    let first = claim(s, 10).await;
+    assert_eq!(first.iter().map(|j| j.job_type.as_str()).collect::<Vec<_>>(), ["c.a"]);
+    assert_eq!(first[0].extra["workflow_id"], json!(wf.id), "a workflow's job names it");
+    assert!(first[0].extra.get("parent_results").is_none(), "the first step has no parents");
+    let running = get(s, wf.id).await;
+    assert_eq!(running.state, "running");
+    assert!(running.started_at.is_some());
+
+    complete(s, &first[0], json!({"order": 7})).await;
+    let second = claim(s, 10).await;
+    assert_eq!(second.len(), 1, "the next step, and only it, is ready at once");
+    assert_eq!((second[0].job_type.as_str(), &second[0].extra["parent_results"]), ("c.b", &json!([{"order": 7}])));
+    complete(s, &second[0], json!("charged")).await;
+    let third = claim(s, 10).await;
+    assert_eq!(third[0].extra["parent_results"], json!([{"order": 7}, "charged"]), "every earlier step's result, by index");
+    assert_eq!(get(s, wf.id).await.state, "running");
+    complete(s, &third[0], json!(null)).await;
+
+    let done = get(s, wf.id).await;
+    assert_eq!((done.state.as_str(), done.completed_count, done.failed_count), ("completed", 3, 0));
+    assert!(done.finished_at.is_some());
+    assert_eq!(done.members[0].result, Some(json!({"order": 7})));
+    assert!(claim(s, 10).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_chain_stops_at_a_step_that_fails_for_good_but_not_at_one_that_will_retry() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let wf = s.create_workflow(workflow(WorkflowType::Chain, vec![job("c.a", json!([])), job("c.b", json!([])), job("c.c", json!([]))])).await.unwrap();
+    let a = claim(s, 1).await.remove(0);
+    complete(s, &a, json!(1)).await;
+    let b = claim(s, 1).await.remove(0);
+    // A failure with retries left is no failure of the workflow.
+    let retry = Failure {
+        id: b.id,
+        attempt: Some(b.attempt),
+        worker_id: Some("w1".into()),
+        outcome: Outcome::Retry(HandlerError::new("net.timeout", "slow")),
+        error_code: None,
+    };
+    s.fail(&retry).await.unwrap();
+    assert_eq!(s.job(b.id).await.unwrap().state, JobState::Retryable);
+    assert_eq!(get(s, wf.id).await.state, "running");
+    sqlx::query("UPDATE jobs SET scheduled_at = now() - interval '1 second' WHERE id = $1").bind(b.id).execute(s.pool()).await.unwrap();
+    s.promote_due(10).await.unwrap();
+    let b = claim(s, 1).await.remove(0);
+    fail_for_good(s, &b).await;
+
+    let failed = get(s, wf.id).await;
+    assert_eq!((failed.state.as_str(), failed.completed_count, failed.failed_count, failed.failed_step_index), ("failed", 1, 1, Some(1)));
+    assert_eq!(states(&failed), [(0, JobState::Completed), (1, JobState::Discarded), (2, JobState::Cancelled)]);
+    let error = &failed.errors[0];
+    assert_eq!((&error["job_id"], &error["code"], &error["message"], &error["attempt"]), (&json!(b.id), &json!("step.broken"), &json!("it broke"), &json!(2)));
+    assert!(claim(s, 10).await.is_empty(), "the step after it never runs");
+}
+
+#[tokio::test]
+async fn a_group_finishes_when_all_its_jobs_have_and_fails_if_any_did() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let wf = s.create_workflow(workflow(WorkflowType::Group, (0..3).map(|i| job("g.x", json!([i]))).collect())).await.unwrap();
+    let jobs = claim(s, 10).await;
+    assert_eq!(jobs.len(), 3, "every job of a group runs at once");
+    fail_for_good(s, &jobs[0]).await;
+    let after_failure = get(s, wf.id).await;
+    assert_eq!((after_failure.state.as_str(), after_failure.failed_count), ("running", 1), "the others go on");
+    complete(s, &jobs[1], json!("b")).await;
+    assert_eq!(get(s, wf.id).await.state, "running");
+    complete(s, &jobs[2], json!("c")).await;
+    let done = get(s, wf.id).await;
+    assert_eq!((done.state.as_str(), done.completed_count, done.failed_count), ("failed", 2, 1));
+
+    let ok = s.create_workflow(workflow(WorkflowType::Group, (0..2).map(|i| job("g.y", json!([i]))).collect())).await.unwrap();
+    for j in claim(s, 10).await {
+        complete(s, &j, json!(true)).await;
+    }
+    assert_eq!(get(s, ok.id).await.state, "completed");
+}
+
+fn batch(jobs: usize, callbacks: BatchCallbacks) -> NewWorkflow {
+    NewWorkflow { id: None, kind: WorkflowType::Batch, name: None, jobs: (0..jobs).map(|i| job("b.job", json!([i]))).collect(), callbacks }
+}
+
+fn all_callbacks() -> BatchCallbacks {
+    BatchCallbacks {
+        on_complete: Some(job("b.complete", json!([]))),
+        on_success: Some(job("b.success", json!([]))),
+        on_failure: Some(job("b.failure", json!([]))),
+    }
+}
+
+#[tokio::test]
+async fn a_batch_fires_the_callbacks_its_outcome_calls_for_with_every_result() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let wf = s.create_workflow(batch(2, all_callbacks())).await.unwrap();
+    assert_eq!(states(&wf), [(0, JobState::Available), (1, JobState::Available), (-1, JobState::Pending), (-2, JobState::Pending), (-3, JobState::Pending)]);
+    let jobs = claim(s, 10).await;
+    assert_eq!(jobs.iter().map(|j| j.job_type.as_str()).collect::<Vec<_>>(), ["b.job", "b.job"], "callbacks wait");
+    let (first, second) = if jobs[0].args == json!([0]) { (&jobs[0], &jobs[1]) } else { (&jobs[1], &jobs[0]) };
+    complete(s, first, json!({"sent": 1})).await;
+    fail_for_good(s, second).await;
+
+    let fired = claim(s, 10).await;
+    let mut types: Vec<&str> = fired.iter().map(|j| j.job_type.as_str()).collect();
+    types.sort();
+    assert_eq!(types, ["b.complete", "b.failure"], "on_complete always, on_failure as one failed");
+    for cb in &fired {
+        assert_eq!(cb.extra["parent_results"], json!([{"sent": 1}, null]), "every job's result by index, null for the failed one");
+    }
+    let waiting = get(s, wf.id).await;
+    assert_eq!((waiting.state.as_str(), waiting.failed_count), ("running", 1), "running while its callbacks run");
+    assert_eq!(waiting.members.iter().find(|m| m.step == -2).map(|m| m.state), Some(JobState::Cancelled), "on_success never runs");
+    complete(s, &fired[0], json!("ok")).await;
+    assert_eq!(get(s, wf.id).await.state, "running");
+    complete(s, &fired[1], json!("ok")).await;
+    let done = get(s, wf.id).await;
+    assert_eq!(done.state, "completed", "its callbacks completed (ojs-workflows §8.3)");
+
+    // All jobs succeed: on_success; a callback that fails fails the batch.
+    let wf = s.create_workflow(batch(1, all_callbacks())).await.unwrap();
+    let j = claim(s, 10).await.remove(0);
+    complete(s, &j, json!(5)).await;
+    let mut fired = claim(s, 10).await;
+    fired.sort_by(|a, b| a.job_type.cmp(&b.job_type));
+    assert_eq!(fired.iter().map(|j| j.job_type.as_str()).collect::<Vec<_>>(), ["b.complete", "b.success"]);
+    fail_for_good(s, &fired[1]).await;
+    let failed = get(s, wf.id).await;
+    assert_eq!(failed.state, "failed");
+    assert_eq!(failed.errors[0]["role"], "on_success");
+}
+
+#[tokio::test]
+async fn concurrent_finishes_fire_a_batch_s_callbacks_exactly_once() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let callbacks = BatchCallbacks { on_complete: Some(job("b.complete", json!([]))), ..Default::default() };
+    let wf = s.create_workflow(batch(200, callbacks)).await.unwrap();
+    let jobs = claim(s, 500).await;
+    assert_eq!(jobs.len(), 200);
+    // Four writers finish the jobs side by side, in batches of ten, as workers' completers do.
+    let mut writers = Vec::new();
+    for part in jobs.chunks(50) {
+        let (store, part) = (s.clone(), part.to_vec());
+        writers.push(tokio::spawn(async move {
+            for chunk in part.chunks(10) {
+                let items: Vec<Completion> = chunk
+                    .iter()
+                    .map(|j| Completion { id: j.id, attempt: Some(j.attempt), worker_id: Some("w1".into()), result: Some(json!(j.args[0])) })
+                    .collect();
+                store.complete_batch(&items).await.unwrap();
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let fired = claim(s, 500).await;
+    assert_eq!(fired.len(), 1, "one on_complete");
+    let results = fired[0].extra["parent_results"].as_array().unwrap().clone();
+    assert_eq!(results, (0..200).map(|i| json!(i)).collect::<Vec<_>>());
+    let wf = get(s, wf.id).await;
+    assert_eq!((wf.completed_count, wf.failed_count, wf.state.as_str()), (200, 0, "running"));
+}
+
+#[tokio::test]
+async fn cancelling_stops_what_has_not_run_and_lets_running_jobs_finish() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let wf = s.create_workflow(workflow(WorkflowType::Chain, vec![job("c.a", json!([])), job("c.b", json!([]))])).await.unwrap();
+    let running = claim(s, 1).await.remove(0);
+    let WorkflowCancel::Cancelled(cancelled) = s.cancel_workflow(wf.id).await.unwrap() else { panic!("it was running") };
+    assert_eq!(cancelled.state, "cancelled");
+    assert!(cancelled.cancelled_at.is_some());
+    assert_eq!(states(&cancelled), [(0, JobState::Active), (1, JobState::Cancelled)]);
+    // The running step finishes; the workflow stays cancelled and nothing follows it.
+    complete(s, &running, json!(1)).await;
+    assert_eq!(get(s, wf.id).await.state, "cancelled");
+    assert!(claim(s, 10).await.is_empty());
+    assert!(matches!(s.cancel_workflow(wf.id).await.unwrap(), WorkflowCancel::AlreadyFinished(w) if w.state == "cancelled"));
+    let unknown = s.cancel_workflow(Uuid::now_v7()).await;
+    assert!(matches!(unknown, Err(StoreError::Missing { .. })), "{unknown:?}");
+
+    // A group cancelled before anything ran: all of it.
+    let group = s.create_workflow(workflow(WorkflowType::Group, vec![job("g", json!([])), job("g", json!([]))])).await.unwrap();
+    let WorkflowCancel::Cancelled(g) = s.cancel_workflow(group.id).await.unwrap() else { panic!("pending") };
+    assert!(g.members.iter().all(|m| m.state == JobState::Cancelled));
+}
+
+#[tokio::test]
+async fn a_bad_workflow_is_refused_whole_naming_the_field() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let refused = |r: Result<Workflow, StoreError>| match r {
+        Err(StoreError::Invalid { field, .. }) => field,
+        Err(StoreError::InvalidJob(v)) => v.field,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(refused(s.create_workflow(workflow(WorkflowType::Chain, vec![])).await), "jobs");
+    assert_eq!(refused(s.create_workflow(batch(2, BatchCallbacks::default())).await), "callbacks");
+    let mut chain = workflow(WorkflowType::Chain, vec![job("a", json!([]))]);
+    chain.callbacks.on_complete = Some(job("cb", json!([])));
+    assert_eq!(refused(s.create_workflow(chain).await), "callbacks");
+    let bad_step = workflow(WorkflowType::Chain, vec![job("a", json!([])), job("", json!([]))]);
+    assert!(refused(s.create_workflow(bad_step).await).starts_with("jobs[1]."));
+    let mut unique = job("u", json!([]));
+    unique.unique = Some(rebound_queue::job::UniqueSpec { key: "k".into(), on_conflict: rebound_queue::job::OnConflict::Reject, states: vec![], period: None });
+    assert_eq!(refused(s.create_workflow(workflow(WorkflowType::Group, vec![unique])).await), "jobs[0].unique");
+    let bad_callback = BatchCallbacks { on_failure: Some(job("cb", json!("not an array"))), ..Default::default() };
+    assert!(refused(s.create_workflow(batch(1, bad_callback)).await).starts_with("callbacks.on_failure."));
+    let count: i64 = sqlx::query_scalar("SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM workflows)").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(count, 0, "nothing half-created");
+
+    // The same id twice is a duplicate, and the first stays as it was.
+    let id = Uuid::now_v7();
+    let first = NewWorkflow { id: Some(id), ..workflow(WorkflowType::Group, vec![job("a", json!([]))]) };
+    s.create_workflow(first.clone()).await.unwrap();
+    assert!(matches!(s.create_workflow(first).await, Err(StoreError::Duplicate { .. })));
+    assert_eq!(get(s, id).await.members.len(), 1);
+}
+
+#[tokio::test]
+async fn a_step_s_completion_and_the_next_step_s_start_are_one_write_under_a_lost_connection() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    let wf = db.store.create_workflow(workflow(WorkflowType::Chain, vec![job("c.a", json!([])), job("c.b", json!([]))])).await.unwrap();
+    let a = claim(&db.store, 1).await.remove(0);
+
+    // Dropped before the server sees it: neither the completion nor the next step happened.
+    let dropped = proxy.inject(Fault::once("SET state = 'completed'", FaultPoint::BeforeSend));
+    let item = Completion { id: a.id, attempt: Some(a.attempt), worker_id: Some("w1".into()), result: Some(json!("a")) };
+    assert!(through.complete_batch(std::slice::from_ref(&item)).await.is_err());
+    assert_eq!(dropped.count(), 1);
+    let wf_now = get(&db.store, wf.id).await;
+    assert_eq!(states(&wf_now), [(0, JobState::Active), (1, JobState::Pending)]);
+
+    // Committed with the answer lost: both happened, once; writing it again changes nothing.
+    let lost = proxy.inject(Fault::once("SET state = 'completed'", FaultPoint::AfterCommit));
+    assert!(through.complete_batch(std::slice::from_ref(&item)).await.is_err());
+    assert_eq!(lost.count(), 1);
+    assert_eq!(through.complete_batch(std::slice::from_ref(&item)).await.unwrap(), Vec::<Uuid>::new(), "already completed");
+    let wf_now = get(&db.store, wf.id).await;
+    assert_eq!(states(&wf_now), [(0, JobState::Completed), (1, JobState::Available)]);
+    assert_eq!(wf_now.completed_count, 1, "counted once");
+    let b = claim(&db.store, 10).await;
+    assert_eq!((b.len(), &b[0].extra["parent_results"]), (1, &json!(["a"])));
+}
