@@ -12,7 +12,9 @@ CREATE TABLE workflows (
     id               uuid PRIMARY KEY,
     type             text NOT NULL CHECK (type IN ('chain', 'group', 'batch')),
     name             text,
-    state            text NOT NULL DEFAULT 'pending'
+    -- `running` from its creation, which enqueues its first jobs (ojs-workflows.md §8.1:
+    -- running while a job is enqueued or active); `pending` is never used.
+    state            text NOT NULL DEFAULT 'running'
                      CHECK (state IN ('pending', 'running', 'completed', 'failed', 'cancelled')),
     -- Steps of a chain, or jobs of a group or batch; callbacks are not counted.
     job_count        integer NOT NULL CHECK (job_count > 0),
@@ -75,7 +77,7 @@ DECLARE
     fire integer[];
 BEGIN
     IF NEW.state = 'active' THEN
-        UPDATE workflows SET state = 'running', started_at = now() WHERE id = NEW.workflow_id AND state = 'pending';
+        UPDATE workflows SET started_at = now() WHERE id = NEW.workflow_id AND started_at IS NULL;
         RETURN NULL;
     END IF;
     -- A callback that does not apply is cancelled unrun: that is no failure.

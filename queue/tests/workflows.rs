@@ -63,17 +63,16 @@ async fn a_chain_runs_its_steps_in_order_and_passes_every_result_on() {
     let db = TestDb::new().await;
     let s = &db.store;
     let wf = s.create_workflow(workflow(WorkflowType::Chain, vec![job("c.a", json!([1])), job("c.b", json!([2])), job("c.c", json!([3]))])).await.unwrap();
-    assert_eq!((wf.state.as_str(), wf.job_count, wf.kind), ("pending", 3, WorkflowType::Chain));
+    assert_eq!((wf.state.as_str(), wf.job_count, wf.kind), ("running", 3, WorkflowType::Chain), "its first step is enqueued");
+    assert!(wf.started_at.is_none());
     assert_eq!(states(&wf), [(0, JobState::Available), (1, JobState::Pending), (2, JobState::Pending)]);
 
-    // Only the first step can be claimed; claiming it starts the workflow.
+    // Only the first step can be claimed; claiming it is the workflow's start.
     let first = claim(s, 10).await;
     assert_eq!(first.iter().map(|j| j.job_type.as_str()).collect::<Vec<_>>(), ["c.a"]);
     assert_eq!(first[0].extra["workflow_id"], json!(wf.id), "a workflow's job names it");
     assert!(first[0].extra.get("parent_results").is_none(), "the first step has no parents");
-    let running = get(s, wf.id).await;
-    assert_eq!(running.state, "running");
-    assert!(running.started_at.is_some());
+    assert!(get(s, wf.id).await.started_at.is_some());
 
     complete(s, &first[0], json!({"order": 7})).await;
     let second = claim(s, 10).await;
@@ -253,7 +252,7 @@ async fn cancelling_stops_what_has_not_run_and_lets_running_jobs_finish() {
 
     // A group cancelled before anything ran: all of it.
     let group = s.create_workflow(workflow(WorkflowType::Group, vec![job("g", json!([])), job("g", json!([]))])).await.unwrap();
-    let WorkflowCancel::Cancelled(g) = s.cancel_workflow(group.id).await.unwrap() else { panic!("pending") };
+    let WorkflowCancel::Cancelled(g) = s.cancel_workflow(group.id).await.unwrap() else { panic!("running") };
     assert!(g.members.iter().all(|m| m.state == JobState::Cancelled));
 }
 
@@ -315,4 +314,57 @@ async fn a_step_s_completion_and_the_next_step_s_start_are_one_write_under_a_los
     assert_eq!(wf_now.completed_count, 1, "counted once");
     let b = claim(&db.store, 10).await;
     assert_eq!((b.len(), &b[0].extra["parent_results"]), (1, &json!(["a"])));
+}
+
+#[tokio::test]
+async fn finished_workflows_age_out_with_their_jobs_retention() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let old = s.create_workflow(workflow(WorkflowType::Group, vec![job("g", json!([]))])).await.unwrap();
+    let j = claim(s, 1).await.remove(0);
+    complete(s, &j, json!(1)).await;
+    let live = s.create_workflow(workflow(WorkflowType::Group, vec![job("g", json!([]))])).await.unwrap();
+    sqlx::query("UPDATE workflows SET finished_at = now() - interval '8 days' WHERE id = $1").bind(old.id).execute(s.pool()).await.unwrap();
+    let report = s.prune(&rebound_queue::store::PruneConfig::default()).await.unwrap();
+    assert_eq!(report.workflows, 1);
+    assert!(s.workflow(old.id).await.unwrap().is_none());
+    assert_eq!(get(s, live.id).await.state, "running", "an unfinished one stays, however old");
+}
+
+#[tokio::test]
+async fn creating_or_cancelling_cut_off_midway_leaves_nothing_half_done() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+
+    // The workflow's row went in; the connection drops as its jobs are sent: neither stays.
+    let cut = proxy.inject(Fault::once("INSERT INTO jobs", FaultPoint::BeforeSend));
+    let id = Uuid::now_v7();
+    let wf = NewWorkflow { id: Some(id), ..workflow(WorkflowType::Chain, vec![job("c.a", json!([])), job("c.b", json!([]))]) };
+    assert!(through.create_workflow(wf.clone()).await.is_err());
+    assert_eq!(cut.count(), 1);
+    assert!(db.store.workflow(id).await.unwrap().is_none(), "no workflow without its jobs");
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(db.store.pool()).await.unwrap();
+    assert_eq!(jobs, 0);
+    // Sent again, it is created whole.
+    let created = through.create_workflow(wf).await.unwrap();
+    assert_eq!(created.members.len(), 2);
+
+    // The cancel's update of the jobs is lost before it runs: the workflow is not cancelled
+    // either, and cancelling again does it all.
+    let cut = proxy.inject(Fault::once("WHERE workflow_id = $1 AND state IN", FaultPoint::BeforeSend));
+    assert!(through.cancel_workflow(id).await.is_err());
+    assert_eq!(cut.count(), 1);
+    let after = get(&db.store, id).await;
+    assert_eq!((after.state.as_str(), states(&after)), ("running", vec![(0, JobState::Available), (1, JobState::Pending)]));
+    let WorkflowCancel::Cancelled(done) = through.cancel_workflow(id).await.unwrap() else { panic!("it was running") };
+    assert_eq!(states(&done), [(0, JobState::Cancelled), (1, JobState::Cancelled)]);
+
+    // Committed with the answer lost: cancelled once; asked again, it says it is finished.
+    let other = db.store.create_workflow(workflow(WorkflowType::Group, vec![job("g", json!([]))])).await.unwrap();
+    let lost = proxy.inject(Fault::once("WHERE workflow_id = $1 AND state IN", FaultPoint::AfterCommit));
+    assert!(through.cancel_workflow(other.id).await.is_err());
+    assert_eq!(lost.count(), 1);
+    assert_eq!(get(&db.store, other.id).await.state, "cancelled");
+    assert!(matches!(through.cancel_workflow(other.id).await.unwrap(), WorkflowCancel::AlreadyFinished(_)));
 }

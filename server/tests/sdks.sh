@@ -71,13 +71,12 @@ run() {
   if "$@"; then echo "sdks: $name passed"; else echo "sdks: $name FAILED" >&2; failed=$((failed + 1)); fi
 }
 
-# Rebound does not implement workflows (OJS level 3): their tests are left out, not failed.
 # The SDK's tests construct clients without headers; ojs_accept_json.py explains the plugin.
 run "Python SDK: its own integration tests" env -C "$SDKS/python" PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$HERE" \
   OJS_INTEGRATION_TESTS=1 OJS_SERVER_URL="$URL" \
-  "$PY" -m pytest -q -p no:cacheprovider -p no:benchmark -p ojs_accept_json tests/integration -k "not Workflow"
+  "$PY" -m pytest -q -p no:cacheprovider -p no:benchmark -p ojs_accept_json tests/integration
 run "JS SDK: its own integration tests" env -C "$JS" OJS_INTEGRATION_URL="$URL" \
-  npx --no-install vitest run --config "$HERE/vitest.integration.config.mjs" --root . --testNamePattern '^(?!.*Workflow)'
+  npx --no-install vitest run --config "$HERE/vitest.integration.config.mjs" --root .
 run "Python SDK: producer/worker scenario" env PYTHONDONTWRITEBYTECODE=1 "$PY" "$HERE/scenario.py" "$URL"
 run "JS SDK: producer/worker scenario" node "$HERE/scenario.mjs" "$URL" "$JS"
 

@@ -89,6 +89,9 @@ pub struct PruneReport {
     /// Rows of `dead_letter_log` (`dead_letter.*` events), aged out with the completed jobs'
     /// retention.
     pub dead_letter_events: u64,
+    /// Finished workflows, aged out with the longer of the completed and discarded jobs'
+    /// retentions.
+    pub workflows: u64,
 }
 
 // A retention delete of `$table`'s rows older than `$1` ms by its `at`, `$2` at most, oldest
@@ -401,7 +404,30 @@ impl Store {
         let progress = self.delete_aged(aged_by_at!("job_progress"), cfg.completed_after, cfg.batch).await?;
         let worker_events = self.delete_aged(aged_by_at!("worker_events"), cfg.completed_after, cfg.batch).await?;
         let dead_letter_events = self.delete_aged(aged_by_at!("dead_letter_log"), cfg.completed_after, cfg.batch).await?;
-        Ok(PruneReport { completed, discarded, dead_letters: old_dead + over_cap, workers, audit, cron_runs, transitions, heartbeats, progress, worker_events, dead_letter_events })
+        // A finished workflow is kept as long as its failed jobs are (the longer retention):
+        // its page explains them.
+        let workflows = self
+            .delete_aged(
+                "DELETE FROM workflows WHERE id = ANY(ARRAY(
+                     SELECT id FROM workflows WHERE finished_at < now() - $1 * interval '1 millisecond' ORDER BY finished_at LIMIT $2))",
+                cfg.completed_after.max(cfg.discarded_after),
+                cfg.batch,
+            )
+            .await?;
+        Ok(PruneReport {
+            completed,
+            discarded,
+            dead_letters: old_dead + over_cap,
+            workers,
+            audit,
+            cron_runs,
+            transitions,
+            heartbeats,
+            progress,
+            worker_events,
+            dead_letter_events,
+            workflows,
+        })
     }
 
     /// Runs a retention delete whose `$1` is the age (ms) past which rows go and `$2` the

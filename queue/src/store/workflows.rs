@@ -83,7 +83,8 @@ pub struct Workflow {
     pub id: Uuid,
     pub kind: WorkflowType,
     pub name: Option<String>,
-    /// `pending` (nothing started yet), `running`, `completed`, `failed` or `cancelled`.
+    /// `running` (from its creation: its first jobs are enqueued), `completed`, `failed` or
+    /// `cancelled`.
     pub state: String,
     /// Steps or jobs, callbacks not counted.
     pub job_count: i32,

@@ -14,8 +14,8 @@ use crate::config::ApiAuth;
 
 /// `GET /ojs/manifest`. The suites read `specversion`, the spec prose `ojs_version`: both.
 ///
-/// It declares what is implemented and nothing more: conformance level 2 (core, reliability,
-/// scheduling with cron; no workflows, so not 3), the level-4 features Rebound has as
+/// It declares what is implemented and nothing more: conformance level 3 (core, reliability,
+/// scheduling with cron, workflows without nesting), the level-4 features Rebound has as
 /// capabilities, and each extension with what of it is covered (`extension_details`).
 pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
     let mut extensions = vec![
@@ -37,7 +37,7 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "version": env!("CARGO_PKG_VERSION"),
             "language": "rust",
         },
-        "conformance_level": 2,
+        "conformance_level": 3,
         "protocols": ["http"],
         "backend": "postgres",
         "capabilities": {
@@ -50,7 +50,7 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "rate_limiting": true,
             "schema_validation": false,
             "unique_jobs": true,
-            "workflows": false,
+            "workflows": true,
             "pause_resume": true,
             "queue_stats": true,
         },
@@ -88,6 +88,12 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
                                 "Server-Sent Events: /events/stream?channel=job:<id>|queue:<name>, /jobs/{id}/events (ends when the job finishes), /queues/{name}/events, Last-Event-ID resume"],
                 "not_implemented": ["workflow events", "WebSocket and gRPC subscriptions", "webhooks"],
                 "notes": "events are read back from what the store records; a cursor passes an event only once it is settled (a second old, and no transaction that could still write an earlier one is open)",
+            },
+            "workflows": {
+                "implemented": ["chain (each step given every earlier result as parent_results, an array by index), group, batch with on_complete / on_success / on_failure (fired exactly once, given every job's result)",
+                                "POST /workflows (the spec's shape, and the Python SDK's steps with depends_on when they describe a chain, group or batch), GET /workflows/{id} with every step's state and result, DELETE /workflows/{id}",
+                                "failure propagation: a chain stops at a step that failed for good and cancels the rest; failed_step_index, failed_job_ids, errors"],
+                "not_implemented": ["nesting (the maximum depth is 1; a nested workflow is refused at creation)", "workflow events", "general DAGs"],
             },
             "cron": {
                 "implemented": ["5/6-field expressions, names, L W #, @yearly…@hourly", "@every <duration> (1 s at least), anchored to its registration", "IANA time zones", "overlap skip/allow/cancel_previous/enqueue",

@@ -21,6 +21,7 @@ pub mod response;
 mod test_mode;
 pub mod unsupported;
 mod workers;
+mod workflows;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -42,6 +43,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/batch", post(jobs::enqueue_batch))
         .route("/v1/jobs/{id}", get(jobs::get).delete(jobs::cancel))
         .route("/v1/jobs/{id}/activate", post(jobs::activate))
+        .route("/v1/workflows", post(workflows::create))
+        .route("/v1/workflows/{id}", get(workflows::get).delete(workflows::cancel))
         .route("/v1/workers/fetch", post(workers::fetch))
         .route("/v1/workers/ack", post(workers::ack))
         .route("/v1/workers/nack", post(workers::nack))

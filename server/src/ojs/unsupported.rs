@@ -13,8 +13,7 @@ use super::error::ApiError;
 
 /// Spec endpoints (under `/ojs/v1`) of features this server does not offer, by path prefix,
 /// with the feature's name.
-const UNSUPPORTED: [(&str, &str); 7] = [
-    ("/workflows", "workflows (OJS level 3)"),
+const UNSUPPORTED: [(&str, &str); 6] = [
     ("/schemas", "schema registry"),
     ("/admin/schemas", "schema registry"),
     ("/webhooks", "webhooks"),
@@ -69,12 +68,12 @@ mod tests {
 
     #[test]
     fn knows_the_features_it_lacks() {
-        assert_eq!(feature_of("/ojs/v1/workflows"), Some("workflows (OJS level 3)"));
-        assert_eq!(feature_of("/ojs/v1/workflows/019539a4-bbbb-7000-8000-000000000001"), Some("workflows (OJS level 3)"));
+        assert_eq!(feature_of("/ojs/v1/workflows"), None, "workflows are served");
+        assert_eq!(feature_of("/ojs/v1/schemas/x"), Some("schema registry"));
         assert_eq!(feature_of("/ojs/v1/jobs/abc/checkpoint"), Some("checkpoints"));
         assert_eq!(feature_of("/ojs/v1/jobs/abc/progress"), None, "progress is reported and read");
         assert_eq!(feature_of("/ojs/v1/jobs/abc"), None);
-        assert_eq!(feature_of("/ojs/v1/workflowsx"), None);
-        assert_eq!(feature_of("/ojs/v2/workflows"), None);
+        assert_eq!(feature_of("/ojs/v1/schemasx"), None);
+        assert_eq!(feature_of("/ojs/v2/schemas"), None);
     }
 }

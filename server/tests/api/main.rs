@@ -11,3 +11,4 @@ mod maintenance;
 mod metrics;
 mod policies;
 mod sdk_compat;
+mod workflows;

@@ -20,7 +20,7 @@ import { pathToFileURL } from 'node:url';
 import path from 'node:path';
 
 const [url, sdkDir] = process.argv.slice(2);
-const { HttpTransport, OJSClient, OJSWorker, reportProgress, subscribeJob, subscribeQueue } = await import(pathToFileURL(path.join(sdkDir, 'dist/esm/index.js')).href);
+const { HttpTransport, OJSClient, OJSWorker, batch, chain, reportProgress, subscribeJob, subscribeQueue } = await import(pathToFileURL(path.join(sdkDir, 'dist/esm/index.js')).href);
 
 let checks = 0;
 function check(cond, what) {
@@ -158,8 +158,42 @@ async function cron() {
   check(!(await client.cron.list()).cron_jobs.some((c) => c.name === name), 'cron unregistered');
 }
 
+async function workflows() {
+  // A chain and a batch built with the SDK's helpers, worked by an SDK worker. The SDK leaves
+  // its context's parentResults unset; the job envelope carries `parent_results`.
+  const wq = `${q}-wf`;
+  const seen = [];
+  const worker = new OJSWorker({ url, queues: [wq], concurrency: 4, pollInterval: 100, handleSignals: false });
+  for (const type of ['scenario.step', 'scenario.mail', 'scenario.report']) {
+    worker.register(type, async (ctx) => {
+      seen.push({ type, args: ctx.job.args, parents: ctx.job.parent_results ?? null });
+      return { done: ctx.job.args[0] };
+    });
+  }
+  const step = (n) => ({ type: 'scenario.step', args: [n], options: { queue: wq } });
+  const pipeline = await client.workflow(chain(step('first'), step('second')));
+  check(pipeline.type === 'chain' && ['pending', 'running'].includes(pipeline.state), `chain created: ${JSON.stringify(pipeline)}`);
+  const mails = await client.workflow(batch([{ type: 'scenario.mail', args: ['a'], options: { queue: wq } }, { type: 'scenario.mail', args: ['b'], options: { queue: wq } }],
+    { on_complete: { type: 'scenario.report', args: ['all'], options: { queue: wq } } }));
+  await worker.start();
+  try {
+    await waitUntil('both workflows completed', async () =>
+      (await client.getWorkflow(pipeline.id)).state === 'completed' && (await client.getWorkflow(mails.id)).state === 'completed');
+  } finally {
+    await worker.stop();
+  }
+  const steps = seen.filter((s) => s.type === 'scenario.step');
+  check(steps.length === 2 && steps[0].args[0] === 'first' && steps[1].args[0] === 'second', `the chain's steps in order: ${JSON.stringify(steps)}`);
+  check(JSON.stringify(steps[1].parents) === JSON.stringify([{ done: 'first' }]), `the second step got the first's result: ${JSON.stringify(steps[1].parents)}`);
+  const report = seen.filter((s) => s.type === 'scenario.report');
+  check(report.length === 1 && report[0].parents.length === 2, `the batch's callback ran once with both results: ${JSON.stringify(report)}`);
+  const status = await client.getWorkflow(mails.id);
+  check(status.metadata.job_count === 2 && status.metadata.completed_count === 2, `batch status: ${JSON.stringify(status.metadata)}`);
+}
+
 check((await client.health()).status === 'ok', 'health');
 await producer();
 await workerRun();
 await cron();
+await workflows();
 console.log(`js SDK scenario: ${checks} checks passed`);
