@@ -238,7 +238,7 @@ async fn cancelling_stops_what_has_not_run_and_lets_running_jobs_finish() {
     let s = &db.store;
     let wf = s.create_workflow(workflow(WorkflowType::Chain, vec![job("c.a", json!([])), job("c.b", json!([]))])).await.unwrap();
     let running = claim(s, 1).await.remove(0);
-    let WorkflowCancel::Cancelled(cancelled) = s.cancel_workflow(wf.id).await.unwrap() else { panic!("it was running") };
+    let WorkflowCancel::Cancelled(cancelled) = s.cancel_workflow(wf.id, None).await.unwrap() else { panic!("it was running") };
     assert_eq!(cancelled.state, "cancelled");
     assert!(cancelled.cancelled_at.is_some());
     assert_eq!(states(&cancelled), [(0, JobState::Active), (1, JobState::Cancelled)]);
@@ -246,13 +246,13 @@ async fn cancelling_stops_what_has_not_run_and_lets_running_jobs_finish() {
     complete(s, &running, json!(1)).await;
     assert_eq!(get(s, wf.id).await.state, "cancelled");
     assert!(claim(s, 10).await.is_empty());
-    assert!(matches!(s.cancel_workflow(wf.id).await.unwrap(), WorkflowCancel::AlreadyFinished(w) if w.state == "cancelled"));
-    let unknown = s.cancel_workflow(Uuid::now_v7()).await;
+    assert!(matches!(s.cancel_workflow(wf.id, None).await.unwrap(), WorkflowCancel::AlreadyFinished(w) if w.state == "cancelled"));
+    let unknown = s.cancel_workflow(Uuid::now_v7(), None).await;
     assert!(matches!(unknown, Err(StoreError::Missing { .. })), "{unknown:?}");
 
     // A group cancelled before anything ran: all of it.
     let group = s.create_workflow(workflow(WorkflowType::Group, vec![job("g", json!([])), job("g", json!([]))])).await.unwrap();
-    let WorkflowCancel::Cancelled(g) = s.cancel_workflow(group.id).await.unwrap() else { panic!("running") };
+    let WorkflowCancel::Cancelled(g) = s.cancel_workflow(group.id, None).await.unwrap() else { panic!("running") };
     assert!(g.members.iter().all(|m| m.state == JobState::Cancelled));
 }
 
@@ -353,18 +353,18 @@ async fn creating_or_cancelling_cut_off_midway_leaves_nothing_half_done() {
     // The cancel's update of the jobs is lost before it runs: the workflow is not cancelled
     // either, and cancelling again does it all.
     let cut = proxy.inject(Fault::once("WHERE workflow_id = $1 AND state IN", FaultPoint::BeforeSend));
-    assert!(through.cancel_workflow(id).await.is_err());
+    assert!(through.cancel_workflow(id, None).await.is_err());
     assert_eq!(cut.count(), 1);
     let after = get(&db.store, id).await;
     assert_eq!((after.state.as_str(), states(&after)), ("running", vec![(0, JobState::Available), (1, JobState::Pending)]));
-    let WorkflowCancel::Cancelled(done) = through.cancel_workflow(id).await.unwrap() else { panic!("it was running") };
+    let WorkflowCancel::Cancelled(done) = through.cancel_workflow(id, None).await.unwrap() else { panic!("it was running") };
     assert_eq!(states(&done), [(0, JobState::Cancelled), (1, JobState::Cancelled)]);
 
     // Committed with the answer lost: cancelled once; asked again, it says it is finished.
     let other = db.store.create_workflow(workflow(WorkflowType::Group, vec![job("g", json!([]))])).await.unwrap();
     let lost = proxy.inject(Fault::once("WHERE workflow_id = $1 AND state IN", FaultPoint::AfterCommit));
-    assert!(through.cancel_workflow(other.id).await.is_err());
+    assert!(through.cancel_workflow(other.id, None).await.is_err());
     assert_eq!(lost.count(), 1);
     assert_eq!(get(&db.store, other.id).await.state, "cancelled");
-    assert!(matches!(through.cancel_workflow(other.id).await.unwrap(), WorkflowCancel::AlreadyFinished(_)));
+    assert!(matches!(through.cancel_workflow(other.id, None).await.unwrap(), WorkflowCancel::AlreadyFinished(_)));
 }

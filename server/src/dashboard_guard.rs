@@ -39,6 +39,7 @@ const READ_ONLY_FUNCTIONS: &[&str] = &[
     "preview_policy",
     "queues",
     "workers",
+    "load_workflow",
 ];
 
 /// Holds a hash of the one error a no-JavaScript form post was just answered with, so that the

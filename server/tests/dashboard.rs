@@ -533,3 +533,55 @@ async fn queues_pause_and_resume_and_policies_restore() {
     assert!(audit.contains(&("olivia".into(), "queue.pause".into(), Some("emails".into()))));
     assert!(audit.contains(&("olivia".into(), "queue.resume".into(), Some("emails".into()))));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_s_page_shows_each_step_and_an_operator_cancels_it() {
+    use rebound_queue::store::{BatchCallbacks, ClaimRequest, Completion, NewWorkflow, WorkflowType};
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    d.user("victor", "viewer password", Role::Viewer).await;
+    let steps = ["order.validate", "order.charge", "order.ship"].iter().map(|t| rebound_queue::NewJob::new(*t, serde_json::json!([]))).collect();
+    let wf = d
+        .db
+        .store
+        .create_workflow(NewWorkflow { id: None, kind: WorkflowType::Chain, name: Some("order-42".into()), jobs: steps, callbacks: BatchCallbacks::default() })
+        .await
+        .expect("workflow");
+    let claim = ClaimRequest { worker_id: "w1".into(), queues: vec!["default".into()], limit: 1, visibility_timeout: std::time::Duration::from_secs(60) };
+    let first = d.db.store.claim(&claim).await.expect("claim").remove(0);
+    let done = Completion { id: first.id, attempt: Some(first.attempt), worker_id: None, result: Some(serde_json::json!({"valid": true})) };
+    d.db.store.complete_batch(&[done]).await.expect("complete");
+    let url = format!("/workflows/{}", wf.id);
+
+    let viewer = d.sign_in("victor", "viewer password").await;
+    let page = d.get(&url, Some(&viewer)).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let row = |text: &str, job_type: &str| {
+        let row = text.split("<tr").find(|r| r.contains(job_type)).unwrap_or_default();
+        row.split("</tr>").next().unwrap_or_default().to_string()
+    };
+    assert!(page.text.contains("order-42") && page.text.contains("1 of 3 steps completed"), "{}", page.text);
+    assert!(row(&page.text, "order.validate").contains("completed") && row(&page.text, "order.validate").contains("valid"), "{}", row(&page.text, "order.validate"));
+    assert!(row(&page.text, "order.charge").contains("available"), "{}", row(&page.text, "order.charge"));
+    assert!(row(&page.text, "order.ship").contains("waiting"), "{}", row(&page.text, "order.ship"));
+    // The step's job page links back to its workflow.
+    let job_page = d.get(&format!("/jobs/{}", first.id), Some(&viewer)).await;
+    assert!(job_page.text.contains(&format!("href=\"{url}\"")), "{}", job_page.text);
+    let r = d.post_form("/api/cancel_workflow", Some(&viewer), &[("csrf", &viewer.csrf), ("id", &wf.id.to_string())], false).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text);
+
+    // Without JavaScript: a plain form post, answered with a page.
+    let b = d.sign_in("olivia", "correct horse").await;
+    assert!(d.get(&url, Some(&b)).await.text.contains(">Cancel workflow<"));
+    let r = d.post_form("/api/cancel_workflow", Some(&b), &[("csrf", &b.csrf), ("id", &wf.id.to_string())], false).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.text.contains("is cancelled"), "{}", r.text);
+    let after = d.get(&url, Some(&b)).await.text;
+    assert!(row(&after, "order.ship").contains("cancelled") && !after.contains(">Cancel workflow<"), "{after}");
+    let again = d.post_form("/api/cancel_workflow", Some(&b), &[("csrf", &b.csrf), ("id", &wf.id.to_string())], false).await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.text);
+    let audit = d.audit_actions().await;
+    assert!(audit.iter().any(|(actor, a, target)| actor == "olivia" && a == "workflow.cancel" && target.as_deref() == Some(wf.id.to_string().as_str())), "{audit:?}");
+    let unknown = d.get("/workflows/019539a4-bbbb-7000-8000-000000000001", Some(&b)).await;
+    assert!(unknown.text.contains("workflow 019539a4-bbbb-7000-8000-000000000001"), "the page says what is missing: {}", unknown.text);
+}

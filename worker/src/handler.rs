@@ -117,6 +117,19 @@ impl JobContext {
     pub fn arg(&self, n: usize) -> Option<&Value> {
         self.job.args.get(n)
     }
+
+    /// The workflow this job belongs to, if any (OJS workflows: a chain's step, a group's or
+    /// batch's job, a batch's callback).
+    pub fn workflow_id(&self) -> Option<Uuid> {
+        self.job.extra.get("workflow_id").and_then(Value::as_str).and_then(|s| s.parse().ok())
+    }
+
+    /// The results of the workflow's jobs before this one, by index: every earlier step of a
+    /// chain, or every job of a batch for its callbacks (`null` where one failed). Empty for a
+    /// chain's first step, a group's jobs, and jobs outside workflows.
+    pub fn parent_results(&self) -> &[Value] {
+        self.job.extra.get("parent_results").and_then(Value::as_array).map_or(&[], Vec::as_slice)
+    }
 }
 
 /// A [`Handler`] made of an async closure; see [`handler_fn`].

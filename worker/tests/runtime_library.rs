@@ -397,3 +397,53 @@ async fn handlers_report_progress_while_they_run() {
     shutdown.cancel();
     run.await.unwrap();
 }
+
+#[tokio::test]
+async fn a_chain_s_steps_run_in_order_through_the_worker_each_seeing_the_results_before_it() {
+    use rebound_queue::store::{BatchCallbacks, NewWorkflow, WorkflowType};
+    let db = TestDb::new().await;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let worker = quick(Worker::builder(db.store.clone()))
+        .queue("default", 4)
+        .handler(
+            "lib.step",
+            handler_fn(move |job| {
+                let record = record.clone();
+                async move {
+                    let n = job.arg(0).cloned().unwrap_or_default();
+                    if let Ok(mut seen) = record.lock() {
+                        seen.push((n.clone(), job.parent_results().to_vec(), job.workflow_id()));
+                    }
+                    Ok(Some(json!({ "step": n })))
+                }
+            }),
+        )
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+    let steps = (0..3).map(|i| NewJob::new("lib.step", json!([i]))).collect();
+    let wf = db
+        .store
+        .create_workflow(NewWorkflow { id: None, kind: WorkflowType::Chain, name: None, jobs: steps, callbacks: BatchCallbacks::default() })
+        .await
+        .unwrap();
+    let done = eventually("the chain to complete", Duration::from_secs(60), || {
+        let store = db.store.clone();
+        async move { store.workflow(wf.id).await.ok().flatten().filter(|w| w.state == "completed") }
+    })
+    .await;
+    assert_eq!(done.completed_count, 3);
+    shutdown.cancel();
+    run.await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![
+            (json!(0), vec![], Some(wf.id)),
+            (json!(1), vec![json!({"step": 0})], Some(wf.id)),
+            (json!(2), vec![json!({"step": 0}), json!({"step": 1})], Some(wf.id)),
+        ]
+    );
+}

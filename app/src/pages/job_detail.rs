@@ -91,6 +91,8 @@ pub struct JobDetail {
     pub can_cancel: bool,
     pub can_discard: bool,
     pub can_redrive: bool,
+    /// The workflow the job belongs to, if any.
+    pub workflow: Option<String>,
 }
 
 #[server(endpoint = "load_job")]
@@ -259,6 +261,7 @@ mod detail {
             schedule,
             can_retry_now: matches!(job.state, JobState::Scheduled | JobState::Retryable),
             can_cancel: !job.state.is_terminal(),
+            workflow: job.extra.get("workflow_id").and_then(|v| v.as_str()).map(str::to_owned),
             can_discard: matches!(job.state, JobState::Scheduled | JobState::Available | JobState::Pending | JobState::Retryable),
             can_redrive: job.dead_letter,
         }
@@ -411,6 +414,7 @@ fn JobDetailBody(d: JobDetail, act: ServerAction<ActOnJob>) -> impl IntoView {
                 <h2>"Envelope"</h2>
                 <dl class="envelope">
                     {d.envelope.into_iter().map(|(k, v)| view! { <dt>{k}</dt><dd>{v}</dd> }).collect_view()}
+                    {d.workflow.map(|w| view! { <dt>"Workflow"</dt><dd><a class="mono" href=format!("/workflows/{w}")>{w.clone()}</a></dd> })}
                 </dl>
             </div>
             <div class="panel">

@@ -11,6 +11,7 @@ pub mod policies;
 pub mod policy_editor;
 pub mod queues;
 pub mod workers;
+pub mod workflows;
 
 pub use audit::AuditPage;
 pub use cron::CronPage;
@@ -23,3 +24,4 @@ pub use policies::PoliciesPage;
 pub use policy_editor::PolicyEditorPage;
 pub use queues::QueuesPage;
 pub use workers::WorkersPage;
+pub use workflows::WorkflowPage;

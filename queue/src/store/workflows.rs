@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use sqlx::Row;
 use uuid::Uuid;
 
+use super::audit::{Actor, record};
 use super::enqueue::{check, insert_many};
 use super::{Store, StoreError, ts, ts_opt};
 use crate::job::{JobState, NewJob};
@@ -248,8 +249,9 @@ impl Store {
 
     /// Cancels a workflow that has not finished: its waiting and queued jobs are cancelled,
     /// and running ones finish (their results no longer move it). An unknown workflow is
-    /// [`StoreError::Missing`].
-    pub async fn cancel_workflow(&self, id: Uuid) -> Result<WorkflowCancel, StoreError> {
+    /// [`StoreError::Missing`]. An operator's cancel (`actor`) is audited in the same
+    /// transaction.
+    pub async fn cancel_workflow(&self, id: Uuid, actor: Option<&Actor>) -> Result<WorkflowCancel, StoreError> {
         let mut tx = self.begin().await?;
         // The workflow first: its jobs' cancellations then find it finished and move nothing.
         let done: Option<bool> = sqlx::query_scalar(
@@ -279,6 +281,9 @@ impl Store {
         .bind(id)
         .execute(&mut *tx)
         .await?;
+        if let Some(actor) = actor {
+            record(&mut tx, actor, "workflow.cancel", Some(&id.to_string()), json!({})).await?;
+        }
         tx.commit().await?;
         let wf = self.workflow(id).await?.ok_or_else(|| StoreError::Missing { what: format!("workflow {id}") })?;
         Ok(WorkflowCancel::Cancelled(wf))

@@ -23,6 +23,7 @@ use super::body::{Fields, JsonObject, json_kind};
 use super::envelope::{parse_client_id, parse_new_job};
 use super::error::ApiError;
 use crate::AppState;
+use crate::auth::Caller;
 
 const CALLBACK_NAMES: [&str; 3] = ["on_complete", "on_success", "on_failure"];
 
@@ -56,9 +57,9 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
 
 /// `DELETE /ojs/v1/workflows/{id}`: cancels what has not run; running jobs finish. A finished
 /// workflow is a conflict.
-pub async fn cancel(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn cancel(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let id = workflow_id(&id)?;
-    match state.store.cancel_workflow(id).await {
+    match state.store.cancel_workflow(id, Some(&caller.actor())).await {
         Ok(WorkflowCancel::Cancelled(wf)) => Ok(Json(answer(&wf))),
         Ok(WorkflowCancel::AlreadyFinished(wf)) => Err(ApiError::conflict(format!("workflow {id} is already in terminal state '{}'", wf.state))
             .detail("state", wf.state.as_str())),
