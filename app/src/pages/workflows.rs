@@ -150,7 +150,7 @@ pub fn WorkflowPage() -> impl IntoView {
                         view! {
                             <h1>"Workflow " {title}</h1>
                             <p>
-                                <span class=format!("tag {}", w.state)>{w.state.clone()}</span> " " {w.kind.clone()} " · " {done} {failed}
+                                <span class=format!("tag wf-state {}", w.state)>{w.state.clone()}</span> " " {w.kind.clone()} " · " {done} {failed}
                                 " · created " <span title=w.created.at.clone()>{w.created.relative.clone()}</span>
                                 {w.started.clone().map(|s| view! { " · started " <span title=s.at>{s.relative}</span> })}
                                 {w.finished.clone().map(|s| view! { " · finished " <span title=s.at>{s.relative}</span> })}
