@@ -30,7 +30,8 @@ CREATE TABLE workflows (
     finished_at      timestamptz,
     cancelled_at     timestamptz
 );
-CREATE INDEX workflows_created ON workflows (created_at DESC);
+-- The dashboard's list, newest first (ids are UUIDv7), all or by state.
+CREATE INDEX workflows_state ON workflows (state, id DESC);
 -- The pruner's: finished workflows by age.
 CREATE INDEX workflows_finished ON workflows (finished_at) WHERE finished_at IS NOT NULL;
 

@@ -23,6 +23,7 @@ pub fn Header() -> impl IntoView {
                                     <A href="/dead-letters">"Dead letters"</A>
                                     <A href="/policies">"Retry policies"</A>
                                     <A href="/queues">"Queues"</A>
+                                    <A href="/workflows">"Workflows"</A>
                                     <A href="/cron">"Cron"</A>
                                     <A href="/workers">"Workers"</A>
                                     <A href="/audit">"Audit log"</A>

@@ -101,6 +101,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/queues") view=QueuesPage ssr=SsrMode::Async/>
                     <Route path=path!("/cron") view=CronPage ssr=SsrMode::Async/>
                     <Route path=path!("/workers") view=WorkersPage ssr=SsrMode::Async/>
+                    <Route path=path!("/workflows") view=WorkflowsPage ssr=SsrMode::Async/>
                     <Route path=path!("/workflows/:id") view=WorkflowPage ssr=SsrMode::Async/>
                     <Route path=path!("/audit") view=AuditPage ssr=SsrMode::Async/>
                 </Routes>

@@ -368,3 +368,20 @@ async fn creating_or_cancelling_cut_off_midway_leaves_nothing_half_done() {
     assert_eq!(get(&db.store, other.id).await.state, "cancelled");
     assert!(matches!(through.cancel_workflow(other.id, None).await.unwrap(), WorkflowCancel::AlreadyFinished(_)));
 }
+
+#[tokio::test]
+async fn workflows_are_listed_newest_first_by_state_and_paged() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(s.create_workflow(workflow(WorkflowType::Group, vec![job("g", json!([]))])).await.unwrap().id);
+    }
+    s.cancel_workflow(ids[1], None).await.unwrap();
+    let all: Vec<Uuid> = s.list_workflows(None, None, 10).await.unwrap().iter().map(|w| w.id).collect();
+    assert_eq!(all, [ids[2], ids[1], ids[0]]);
+    let page: Vec<Uuid> = s.list_workflows(None, Some(ids[2]), 1).await.unwrap().iter().map(|w| w.id).collect();
+    assert_eq!(page, [ids[1]]);
+    let cancelled: Vec<Uuid> = s.list_workflows(Some("cancelled"), None, 10).await.unwrap().iter().map(|w| w.id).collect();
+    assert_eq!(cancelled, [ids[1]]);
+}

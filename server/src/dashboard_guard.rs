@@ -40,6 +40,7 @@ const READ_ONLY_FUNCTIONS: &[&str] = &[
     "queues",
     "workers",
     "load_workflow",
+    "list_workflows",
 ];
 
 /// Holds a hash of the one error a no-JavaScript form post was just answered with, so that the

@@ -578,6 +578,11 @@ async fn a_workflow_s_page_shows_each_step_and_an_operator_cancels_it() {
     assert!(r.text.contains("is cancelled"), "{}", r.text);
     let after = d.get(&url, Some(&b)).await.text;
     assert!(row(&after, "order.ship").contains("cancelled") && !after.contains(">Cancel workflow<"), "{after}");
+    // The list finds it by its state, linked to its page.
+    let listed = d.get("/workflows?state=cancelled", Some(&viewer)).await.text;
+    assert!(row(&listed, "order-42").contains(&format!("href=\"{url}\"")) && row(&listed, "order-42").contains("1 / 3 steps"), "{listed}");
+    assert!(!d.get("/workflows?state=running", Some(&viewer)).await.text.contains("order-42"));
+    assert!(d.get("/workflows?state=bogus", Some(&viewer)).await.text.contains("must be one of"));
     let again = d.post_form("/api/cancel_workflow", Some(&b), &[("csrf", &b.csrf), ("id", &wf.id.to_string())], false).await;
     assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.text);
     let audit = d.audit_actions().await;

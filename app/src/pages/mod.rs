@@ -24,4 +24,4 @@ pub use policies::PoliciesPage;
 pub use policy_editor::PolicyEditorPage;
 pub use queues::QueuesPage;
 pub use workers::WorkersPage;
-pub use workflows::WorkflowPage;
+pub use workflows::{WorkflowPage, WorkflowsPage};

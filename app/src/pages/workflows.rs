@@ -1,8 +1,9 @@
-//! One workflow (an OJS chain, group or batch): where each of its jobs stands, what each
-//! returned, why it failed if it did, and a cancel for what has not run yet.
+//! Workflows (OJS chains, groups and batches): the newest first, by state, and one workflow:
+//! where each of its jobs stands, what each returned, why it failed if it did, and a cancel
+//! for what has not run yet.
 
 use leptos::prelude::*;
-use leptos_router::hooks::use_params_map;
+use leptos_router::hooks::{use_params_map, use_query_map};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{CsrfField, ReadOnlyNote, use_can_act};
@@ -50,6 +51,108 @@ pub struct WorkflowView {
     pub steps: Vec<StepView>,
     pub failures: Vec<FailureView>,
     pub can_cancel: bool,
+}
+
+/// One row of the list.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowRow {
+    pub id: String,
+    pub kind: String,
+    pub name: Option<String>,
+    pub state: String,
+    pub progress: String,
+    pub created: When,
+    pub finished: Option<When>,
+}
+
+/// The states the list filters by.
+pub const WORKFLOW_STATES: [&str; 4] = ["running", "completed", "failed", "cancelled"];
+
+#[server(endpoint = "list_workflows")]
+pub async fn list_workflows(#[server(default)] state: String, #[server(default)] before: String) -> Result<(Vec<WorkflowRow>, Option<String>), AppError> {
+    const PAGE: i64 = 50;
+    crate::auth::signed_in()?;
+    let store = crate::state::store()?;
+    let state = if state.is_empty() {
+        None
+    } else if WORKFLOW_STATES.contains(&state.as_str()) {
+        Some(state)
+    } else {
+        return Err(AppError::Invalid { field: "state".into(), reason: format!("must be one of {}", WORKFLOW_STATES.join(", ")) });
+    };
+    let before = if before.is_empty() { None } else { Some(super::jobs::parse_id(&before)?) };
+    let now = store.now().await?;
+    let mut found = store.list_workflows(state.as_deref(), before, PAGE + 1).await?;
+    let more = found.len() as i64 > PAGE;
+    found.truncate(PAGE as usize);
+    let next = more.then(|| found.last().map(|w| w.id.to_string())).flatten();
+    let rows = found
+        .into_iter()
+        .map(|w| WorkflowRow {
+            progress: format!(
+                "{} / {} {}{}",
+                w.completed_count,
+                w.job_count,
+                if w.kind == rebound_queue::store::WorkflowType::Chain { "steps" } else { "jobs" },
+                if w.failed_count > 0 { format!(", {} failed", w.failed_count) } else { String::new() }
+            ),
+            id: w.id.to_string(),
+            kind: w.kind.as_str().to_string(),
+            name: w.name,
+            state: w.state,
+            created: When::of(w.created_at, now),
+            finished: w.finished_at.map(|t| When::of(t, now)),
+        })
+        .collect();
+    Ok((rows, next))
+}
+
+#[component]
+pub fn WorkflowsPage() -> impl IntoView {
+    let query = use_query_map();
+    let state = move || query.read().get("state").unwrap_or_default();
+    let before = move || query.read().get("before").unwrap_or_default();
+    let tick = use_refresh();
+    let data = Resource::new(move || (state(), before(), tick.get()), |(state, before, _)| list_workflows(state, before));
+    view! {
+        <h1>"Workflows"</h1>
+        <form method="get" action="/workflows" class="filters">
+            <label>"State "
+                <select name="state">
+                    <option value="" selected=move || state().is_empty()>"any"</option>
+                    {WORKFLOW_STATES.iter().map(|s| view! { <option value=*s selected=move || state() == *s>{*s}</option> }).collect_view()}
+                </select>
+            </label>
+            <button type="submit">"Show"</button>
+        </form>
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match data.await {
+                    Ok((rows, _)) if rows.is_empty() => view! { <p class="muted">"No workflow. Create one with " <code>"POST /ojs/v1/workflows"</code> " (a chain, a group or a batch)."</p> }.into_any(),
+                    Ok((rows, next)) => view! {
+                        <table class="workflows">
+                            <thead><tr><th>"Workflow"</th><th>"Kind"</th><th>"State"</th><th>"Progress"</th><th>"Created"</th><th>"Finished"</th></tr></thead>
+                            <tbody>
+                                {rows.into_iter().map(|w| view! {
+                                    <tr>
+                                        <td><a href=format!("/workflows/{}", w.id)>{w.name.clone().unwrap_or_else(|| w.id.clone())}</a></td>
+                                        <td>{w.kind}</td>
+                                        <td><span class=format!("tag {}", w.state)>{w.state.clone()}</span></td>
+                                        <td>{w.progress}</td>
+                                        <td title=w.created.at.clone()>{w.created.relative.clone()}</td>
+                                        <td>{w.finished.map(|t| view! { <span title=t.at>{t.relative}</span> })}</td>
+                                    </tr>
+                                }).collect_view()}
+                            </tbody>
+                        </table>
+                        {next.map(|n| view! { <p><a href=format!("/workflows?state={}&before={n}", state())>"Older →"</a></p> })}
+                    }
+                    .into_any(),
+                    Err(e) => view! { <ErrorBox error=e/> }.into_any(),
+                }
+            })}
+        </Transition>
+    }
 }
 
 #[server(endpoint = "load_workflow")]

@@ -202,6 +202,21 @@ impl Store {
         self.workflow(id).await?.ok_or_else(|| StoreError::Missing { what: format!("workflow {id}") })
     }
 
+    /// A page of workflows without their jobs (`members` empty), newest first: those created
+    /// before `before` (a workflow id), in `state` if given, at most `limit` (1–500).
+    pub async fn list_workflows(&self, state: Option<&str>, before: Option<Uuid>, limit: i64) -> Result<Vec<Workflow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT * FROM workflows WHERE ($1::text IS NULL OR state = $1) AND ($2::uuid IS NULL OR id < $2)
+             ORDER BY id DESC LIMIT $3",
+        )
+        .bind(state)
+        .bind(before)
+        .bind(limit.clamp(1, 500))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|row| workflow_from_row(row, Vec::new())).collect()
+    }
+
     /// The workflow with its jobs, or `None`.
     pub async fn workflow(&self, id: Uuid) -> Result<Option<Workflow>, StoreError> {
         let Some(row) = sqlx::query("SELECT * FROM workflows WHERE id = $1").bind(id).fetch_optional(&self.pool).await? else {
@@ -229,22 +244,7 @@ impl Store {
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
-        Ok(Some(Workflow {
-            id: row.try_get("id")?,
-            kind: WorkflowType::parse(row.try_get("type")?)?,
-            name: row.try_get("name")?,
-            state: row.try_get("state")?,
-            job_count: row.try_get("job_count")?,
-            completed_count: row.try_get("completed_count")?,
-            failed_count: row.try_get("failed_count")?,
-            failed_step_index: row.try_get("failed_step_index")?,
-            errors: row.try_get("errors")?,
-            created_at: ts(&row, "created_at")?,
-            started_at: ts_opt(&row, "started_at")?,
-            finished_at: ts_opt(&row, "finished_at")?,
-            cancelled_at: ts_opt(&row, "cancelled_at")?,
-            members,
-        }))
+        Ok(Some(workflow_from_row(&row, members)?))
     }
 
     /// Cancels a workflow that has not finished: its waiting and queued jobs are cancelled,
@@ -296,6 +296,25 @@ pub enum WorkflowCancel {
     Cancelled(Workflow),
     /// It had finished already (completed, failed or cancelled): nothing changed.
     AlreadyFinished(Workflow),
+}
+
+fn workflow_from_row(row: &sqlx::postgres::PgRow, members: Vec<WorkflowMember>) -> Result<Workflow, StoreError> {
+    Ok(Workflow {
+        id: row.try_get("id")?,
+        kind: WorkflowType::parse(row.try_get("type")?)?,
+        name: row.try_get("name")?,
+        state: row.try_get("state")?,
+        job_count: row.try_get("job_count")?,
+        completed_count: row.try_get("completed_count")?,
+        failed_count: row.try_get("failed_count")?,
+        failed_step_index: row.try_get("failed_step_index")?,
+        errors: row.try_get("errors")?,
+        created_at: ts(row, "created_at")?,
+        started_at: ts_opt(row, "started_at")?,
+        finished_at: ts_opt(row, "finished_at")?,
+        cancelled_at: ts_opt(row, "cancelled_at")?,
+        members,
+    })
 }
 
 /// Names the workflow's job in a validation error.
