@@ -178,6 +178,29 @@ CREATE TRIGGER jobs_workflow_changed AFTER UPDATE OF state ON jobs FOR EACH ROW
     WHEN (NEW.workflow_id IS NOT NULL AND NEW.state IS DISTINCT FROM OLD.state)
     EXECUTE FUNCTION rebound_workflow_job_changed();
 
+-- A job deleted before it finished (a queue purged, say) can never let its workflow complete:
+-- the workflow fails, naming it, and its waiting jobs are cancelled. (Row triggers run after
+-- the statement's rows are gone, so a purge of every job of the workflow leaves none.)
+CREATE FUNCTION rebound_workflow_job_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE workflows
+    SET state = 'failed', finished_at = now(), failed_count = failed_count + 1,
+        errors = errors || jsonb_build_array(jsonb_build_object(
+            'job_id', OLD.id, 'attempt', OLD.attempt,
+            'role', CASE OLD.workflow_step WHEN -1 THEN 'on_complete' WHEN -2 THEN 'on_success' WHEN -3 THEN 'on_failure' ELSE 'job' END,
+            'code', 'deleted', 'message', 'the job was deleted before it finished'))
+    WHERE id = OLD.workflow_id AND state IN ('pending', 'running');
+    IF FOUND THEN
+        UPDATE jobs SET state = 'cancelled', cancelled_at = now(), updated_at = now()
+        WHERE workflow_id = OLD.workflow_id AND state = 'pending';
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER jobs_workflow_deleted AFTER DELETE ON jobs FOR EACH ROW
+    WHEN (OLD.workflow_id IS NOT NULL AND OLD.state NOT IN ('completed', 'discarded', 'cancelled'))
+    EXECUTE FUNCTION rebound_workflow_job_deleted();
+
 -- Workflows go with everything else when `jobs` is emptied (tests, an operator's reset).
 CREATE FUNCTION workflows_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

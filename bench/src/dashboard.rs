@@ -188,6 +188,8 @@ pub async fn measure(pool: &PgPool, dash: &Dashboard, n: usize) -> anyhow::Resul
         ("policies", same("/policies")),
         ("policy editor", same("/policies/edit?type=pay.charge")),
         ("workers", same("/workers")),
+        ("workflows", same("/workflows")),
+        ("workflows, failed", same("/workflows?state=failed")),
         ("cron", same("/cron")),
         ("audit log", same("/audit")),
         ("jobs, first page", same("/jobs")),

@@ -385,3 +385,21 @@ async fn workflows_are_listed_newest_first_by_state_and_paged() {
     let cancelled: Vec<Uuid> = s.list_workflows(Some("cancelled"), None, 10).await.unwrap().iter().map(|w| w.id).collect();
     assert_eq!(cancelled, [ids[1]]);
 }
+
+#[tokio::test]
+async fn a_workflow_whose_unfinished_job_is_deleted_fails_instead_of_waiting_forever() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let mut jobs: Vec<NewJob> = (0..2).map(|i| job("g", json!([i]))).collect();
+    jobs[1].queue = "doomed".into();
+    let wf = s.create_workflow(workflow(WorkflowType::Group, jobs)).await.unwrap();
+    let purged = s.purge_queue("doomed", &[JobState::Available], None, &rebound_queue::store::Actor::new("ops")).await.unwrap();
+    assert_eq!(purged, 1);
+    let failed = get(s, wf.id).await;
+    assert_eq!((failed.state.as_str(), failed.failed_count), ("failed", 1));
+    assert_eq!(failed.errors[0]["code"], "deleted");
+    // The job left finishes without moving it.
+    let j = claim(s, 10).await.remove(0);
+    complete(s, &j, json!(1)).await;
+    assert_eq!(get(s, wf.id).await.state, "failed");
+}
