@@ -6,8 +6,7 @@
 -- workflow on is a row trigger on its jobs' state, in the transaction of the write that
 -- finished the job: a chain's next step is activated, with the results before it, by the very
 -- statement that completed the step, so a crash or a lost connection can never complete a
--- step without starting the next (or start it twice). The trigger's WHEN clause keeps every
--- job outside a workflow to one null test per updated row.
+-- step without starting the next (or start it twice).
 CREATE TABLE workflows (
     id               uuid PRIMARY KEY,
     type             text NOT NULL CHECK (type IN ('chain', 'group', 'batch')),
@@ -68,38 +67,43 @@ BEGIN
     END LOOP;
 END $$;
 
-CREATE FUNCTION rebound_workflow_job_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+-- What moving a workflow on needs of a job whose state changed.
+CREATE TYPE rebound_workflow_move AS (
+    id uuid, state job_state, attempt integer, workflow_id uuid, workflow_step integer, last_error jsonb
+);
+
+CREATE FUNCTION rebound_workflow_job_moved(j rebound_workflow_move, old_state job_state) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     w workflows%ROWTYPE;
-    failed boolean := NEW.state IN ('discarded', 'cancelled');
+    failed boolean := j.state IN ('discarded', 'cancelled');
     error jsonb;
     was_failed boolean;
     members_done boolean;
     fire integer[];
 BEGIN
-    IF NEW.state = 'active' THEN
-        UPDATE workflows SET started_at = now() WHERE id = NEW.workflow_id AND started_at IS NULL;
-        RETURN NULL;
+    IF j.state = 'active' THEN
+        UPDATE workflows SET started_at = now() WHERE id = j.workflow_id AND started_at IS NULL;
+        RETURN;
     END IF;
     -- A callback that does not apply is cancelled unrun: that is no failure.
-    IF NOT (NEW.state = 'completed' OR failed) OR (NEW.workflow_step < 0 AND OLD.state = 'pending') THEN
-        RETURN NULL;
+    IF NOT (j.state = 'completed' OR failed) OR (j.workflow_step < 0 AND old_state = 'pending') THEN
+        RETURN;
     END IF;
     -- Concurrent finishes of one workflow's jobs take turns here, so each sees the others'
     -- counts: the last one is the one that fires what follows, exactly once.
-    SELECT * INTO w FROM workflows WHERE id = NEW.workflow_id FOR UPDATE;
+    SELECT * INTO w FROM workflows WHERE id = j.workflow_id FOR UPDATE;
     IF NOT FOUND OR w.state IN ('completed', 'failed', 'cancelled') THEN
-        RETURN NULL;
+        RETURN;
     END IF;
     IF failed THEN
         error := jsonb_build_object(
-            'job_id', NEW.id, 'attempt', NEW.attempt,
-            'role', CASE NEW.workflow_step WHEN -1 THEN 'on_complete' WHEN -2 THEN 'on_success' WHEN -3 THEN 'on_failure' ELSE 'job' END,
-            'code', CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE COALESCE(NEW.last_error->>'type', 'failed') END,
-            'message', CASE WHEN NEW.state = 'cancelled' THEN 'the job was cancelled' ELSE COALESCE(NEW.last_error->>'message', '') END);
+            'job_id', j.id, 'attempt', j.attempt,
+            'role', CASE j.workflow_step WHEN -1 THEN 'on_complete' WHEN -2 THEN 'on_success' WHEN -3 THEN 'on_failure' ELSE 'job' END,
+            'code', CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE COALESCE(j.last_error->>'type', 'failed') END,
+            'message', CASE WHEN j.state = 'cancelled' THEN 'the job was cancelled' ELSE COALESCE(j.last_error->>'message', '') END);
     END IF;
 
-    IF NEW.workflow_step < 0 THEN
+    IF j.workflow_step < 0 THEN
         -- A batch's callback: the batch is done when its callbacks are, failed if one failed.
         UPDATE workflows
         SET callbacks_running = callbacks_running - 1,
@@ -111,40 +115,40 @@ BEGIN
             UPDATE jobs SET state = 'cancelled', cancelled_at = now(), updated_at = now()
             WHERE workflow_id = w.id AND state = 'pending';
         END IF;
-        RETURN NULL;
+        RETURN;
     END IF;
 
     IF w.type = 'chain' THEN
         IF failed THEN
             UPDATE workflows
-            SET failed_count = failed_count + 1, failed_step_index = NEW.workflow_step,
+            SET failed_count = failed_count + 1, failed_step_index = j.workflow_step,
                 errors = errors || jsonb_build_array(error), state = 'failed', finished_at = now()
             WHERE id = w.id;
             -- The steps after it never run.
             UPDATE jobs SET state = 'cancelled', cancelled_at = now(), updated_at = now()
             WHERE workflow_id = w.id AND state = 'pending';
-        ELSIF NEW.workflow_step + 1 >= w.job_count THEN
+        ELSIF j.workflow_step + 1 >= w.job_count THEN
             UPDATE workflows SET completed_count = completed_count + 1, state = 'completed', finished_at = now() WHERE id = w.id;
         ELSE
             UPDATE workflows SET completed_count = completed_count + 1 WHERE id = w.id;
-            PERFORM rebound_workflow_release(w.id, ARRAY[NEW.workflow_step + 1],
-                                             rebound_workflow_results(w.id, NEW.workflow_step + 1));
+            PERFORM rebound_workflow_release(w.id, ARRAY[j.workflow_step + 1],
+                                             rebound_workflow_results(w.id, j.workflow_step + 1));
         END IF;
-        RETURN NULL;
+        RETURN;
     END IF;
 
     -- A group's or a batch's job. One that failed for good and was then re-driven by hand
     -- (a dead letter retried) was counted already: it moves from failed to completed, or
     -- stays failed, and finishes nothing.
-    was_failed := w.errors @> jsonb_build_array(jsonb_build_object('job_id', NEW.id));
+    was_failed := w.errors @> jsonb_build_array(jsonb_build_object('job_id', j.id));
     IF was_failed THEN
         IF NOT failed THEN
             UPDATE workflows
             SET failed_count = failed_count - 1, completed_count = completed_count + 1,
-                errors = (SELECT COALESCE(jsonb_agg(e), '[]'::jsonb) FROM jsonb_array_elements(errors) e WHERE e->>'job_id' <> NEW.id::text)
+                errors = (SELECT COALESCE(jsonb_agg(e), '[]'::jsonb) FROM jsonb_array_elements(errors) e WHERE e->>'job_id' <> j.id::text)
             WHERE id = w.id;
         END IF;
-        RETURN NULL;
+        RETURN;
     END IF;
     members_done := w.completed_count + w.failed_count + 1 >= w.job_count;
     IF members_done AND w.type = 'batch' THEN
@@ -171,12 +175,35 @@ BEGIN
         UPDATE jobs SET state = 'cancelled', cancelled_at = now(), updated_at = now()
         WHERE workflow_id = w.id AND state = 'pending';
     END IF;
+    RETURN;
+END $$;
+
+-- One statement's jobs whose state changed, workflow by workflow in id order: every statement
+-- takes the workflows' row locks in the same order, so two completion batches finishing jobs
+-- of the same two workflows never deadlock. Statements that touch no workflow's job (every
+-- claim and completion of ordinary jobs) stop at the first test, one scan of their rows.
+CREATE FUNCTION rebound_workflows_moved() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM moved_new WHERE workflow_id IS NOT NULL) THEN
+        RETURN NULL;
+    END IF;
+    FOR r IN
+        SELECT ROW(n.id, n.state, n.attempt, n.workflow_id, n.workflow_step, n.last_error)::rebound_workflow_move AS j,
+               o.state AS old_state
+        FROM moved_new n JOIN moved_old o ON o.id = n.id
+        WHERE n.workflow_id IS NOT NULL AND n.state IS DISTINCT FROM o.state
+        ORDER BY n.workflow_id, n.workflow_step
+    LOOP
+        PERFORM rebound_workflow_job_moved(r.j, r.old_state);
+    END LOOP;
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER jobs_workflow_changed AFTER UPDATE OF state ON jobs FOR EACH ROW
-    WHEN (NEW.workflow_id IS NOT NULL AND NEW.state IS DISTINCT FROM OLD.state)
-    EXECUTE FUNCTION rebound_workflow_job_changed();
+CREATE TRIGGER jobs_workflows_moved AFTER UPDATE ON jobs
+    REFERENCING OLD TABLE AS moved_old NEW TABLE AS moved_new
+    FOR EACH STATEMENT EXECUTE FUNCTION rebound_workflows_moved();
 
 -- A job deleted before it finished (a queue purged, say) can never let its workflow complete:
 -- the workflow fails, naming it, and its waiting jobs are cancelled. (Row triggers run after
