@@ -403,3 +403,34 @@ async fn a_workflow_whose_unfinished_job_is_deleted_fails_instead_of_waiting_for
     complete(s, &j, json!(1)).await;
     assert_eq!(get(s, wf.id).await.state, "failed");
 }
+
+#[tokio::test]
+async fn batches_finishing_jobs_of_the_same_workflows_in_opposite_orders_never_deadlock() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let group = |t: &str| workflow(WorkflowType::Group, (0..40).map(|i| job(t, json!([i]))).collect());
+    let (w1, w2) = (s.create_workflow(group("w.one")).await.unwrap(), s.create_workflow(group("w.two")).await.unwrap());
+    let jobs = claim(s, 500).await;
+    let of = |t: &str| jobs.iter().filter(|j| j.job_type == t).cloned().collect::<Vec<_>>();
+    let (ones, twos) = (of("w.one"), of("w.two"));
+    let done = |j: &Job| Completion { id: j.id, attempt: Some(j.attempt), worker_id: Some("w1".into()), result: Some(json!(1)) };
+    // Twenty pairs of statements at once, each finishing a job of each workflow: one pair
+    // names the first workflow's job first, the other the second's.
+    let mut writers = Vec::new();
+    for i in 0..20 {
+        let forward = vec![done(&ones[2 * i]), done(&twos[2 * i])];
+        let backward = vec![done(&twos[2 * i + 1]), done(&ones[2 * i + 1])];
+        for batch in [forward, backward] {
+            let store = s.clone();
+            writers.push(tokio::spawn(async move { store.complete_batch(&batch).await }));
+        }
+    }
+    for w in writers {
+        let written = w.await.unwrap().expect("no statement is chosen as a deadlock victim");
+        assert_eq!(written.len(), 2);
+    }
+    for wf in [w1.id, w2.id] {
+        let wf = get(s, wf).await;
+        assert_eq!((wf.state.as_str(), wf.completed_count), ("completed", 40));
+    }
+}
