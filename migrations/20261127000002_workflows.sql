@@ -67,9 +67,48 @@ BEGIN
     END LOOP;
 END $$;
 
+-- OJS workflow events (ojs-events.md: workflow.started, .step_completed, .completed, .failed),
+-- written in the transactions that made them happen: a step's completion by the statement
+-- that completed it, the workflow's start and end by a trigger on its row.
+CREATE TABLE workflow_events (
+    id          bigserial PRIMARY KEY,
+    at          timestamptz NOT NULL DEFAULT now(),
+    workflow_id uuid NOT NULL,
+    type        text NOT NULL CHECK (type IN ('workflow.started', 'workflow.step_completed', 'workflow.completed', 'workflow.failed')),
+    data        jsonb NOT NULL
+);
+CREATE INDEX workflow_events_at ON workflow_events (at);
+
+CREATE FUNCTION workflow_events_logged() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    failure jsonb := NEW.errors -> -1;
+BEGIN
+    IF NEW.started_at IS NOT NULL AND OLD.started_at IS NULL THEN
+        INSERT INTO workflow_events (workflow_id, type, data)
+        VALUES (NEW.id, 'workflow.started', jsonb_build_object('workflow_id', NEW.id, 'workflow_name', COALESCE(NEW.name, ''),
+                'workflow_type', NEW.type, 'total_steps', NEW.job_count));
+    END IF;
+    IF NEW.state = 'completed' AND OLD.state <> 'completed' THEN
+        INSERT INTO workflow_events (workflow_id, type, data)
+        VALUES (NEW.id, 'workflow.completed', jsonb_build_object('workflow_id', NEW.id, 'workflow_name', COALESCE(NEW.name, ''),
+                'total_steps', NEW.job_count, 'duration_ms', (EXTRACT(EPOCH FROM (now() - NEW.created_at)) * 1000)::bigint));
+    ELSIF NEW.state = 'failed' AND OLD.state <> 'failed' THEN
+        INSERT INTO workflow_events (workflow_id, type, data)
+        SELECT NEW.id, 'workflow.failed', jsonb_build_object('workflow_id', NEW.id, 'workflow_name', COALESCE(NEW.name, ''),
+                'failed_step_id', CASE WHEN failure->>'role' = 'job' THEN 'step-' || j.workflow_step ELSE failure->>'role' END,
+                'failed_step_type', j.type, 'failed_job_id', failure->'job_id',
+                'error', jsonb_build_object('code', failure->>'code', 'message', failure->>'message'))
+        FROM (SELECT NULL) AS one LEFT JOIN jobs j ON j.id = (failure->>'job_id')::uuid;
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER workflows_logged AFTER UPDATE OF state, started_at ON workflows FOR EACH ROW EXECUTE FUNCTION workflow_events_logged();
+
 -- What moving a workflow on needs of a job whose state changed.
 CREATE TYPE rebound_workflow_move AS (
-    id uuid, state job_state, attempt integer, workflow_id uuid, workflow_step integer, last_error jsonb
+    id uuid, state job_state, attempt integer, workflow_id uuid, workflow_step integer, last_error jsonb,
+    type text, started_at timestamptz, completed_at timestamptz
 );
 
 CREATE FUNCTION rebound_workflow_job_moved(j rebound_workflow_move, old_state job_state) RETURNS void LANGUAGE plpgsql AS $$
@@ -94,6 +133,16 @@ BEGIN
     SELECT * INTO w FROM workflows WHERE id = j.workflow_id FOR UPDATE;
     IF NOT FOUND OR w.state IN ('completed', 'failed', 'cancelled') THEN
         RETURN;
+    END IF;
+    IF NOT failed THEN
+        INSERT INTO workflow_events (workflow_id, type, data)
+        VALUES (w.id, 'workflow.step_completed', jsonb_build_object(
+            'workflow_id', w.id, 'workflow_name', COALESCE(w.name, ''),
+            'step_id', CASE j.workflow_step WHEN -1 THEN 'on_complete' WHEN -2 THEN 'on_success' WHEN -3 THEN 'on_failure' ELSE 'step-' || j.workflow_step END,
+            'step_type', j.type, 'job_id', j.id,
+            'duration_ms', COALESCE((EXTRACT(EPOCH FROM (j.completed_at - j.started_at)) * 1000)::bigint, 0),
+            'steps_remaining', CASE WHEN j.workflow_step < 0 THEN GREATEST(w.callbacks_running - 1, 0)
+                                    ELSE GREATEST(w.job_count - w.completed_count - w.failed_count - 1, 0) END));
     END IF;
     IF failed THEN
         error := jsonb_build_object(
@@ -190,7 +239,7 @@ BEGIN
         RETURN NULL;
     END IF;
     FOR r IN
-        SELECT ROW(n.id, n.state, n.attempt, n.workflow_id, n.workflow_step, n.last_error)::rebound_workflow_move AS j,
+        SELECT ROW(n.id, n.state, n.attempt, n.workflow_id, n.workflow_step, n.last_error, n.type, n.started_at, n.completed_at)::rebound_workflow_move AS j,
                o.state AS old_state
         FROM moved_new n JOIN moved_old o ON o.id = n.id
         WHERE n.workflow_id IS NOT NULL AND n.state IS DISTINCT FROM o.state
@@ -232,6 +281,7 @@ CREATE TRIGGER jobs_workflow_deleted AFTER DELETE ON jobs FOR EACH ROW
 CREATE FUNCTION workflows_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM workflows;
+    DELETE FROM workflow_events;
     RETURN NULL;
 END $$;
 CREATE TRIGGER jobs_truncate_workflows AFTER TRUNCATE ON jobs

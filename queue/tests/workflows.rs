@@ -434,3 +434,50 @@ async fn batches_finishing_jobs_of_the_same_workflows_in_opposite_orders_never_d
         assert_eq!((wf.state.as_str(), wf.completed_count), ("completed", 40));
     }
 }
+
+#[tokio::test]
+async fn a_workflow_s_start_steps_and_end_are_ojs_events() {
+    use rebound_queue::store::EventFilter;
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let ok = s.create_workflow(workflow(WorkflowType::Chain, vec![job("c.a", json!([])), job("c.b", json!([]))])).await.unwrap();
+    for _ in 0..2 {
+        let j = claim(s, 1).await.remove(0);
+        complete(s, &j, json!(1)).await;
+    }
+    let broken = s.create_workflow(workflow(WorkflowType::Chain, vec![job("d.a", json!([])), job("d.b", json!([]))])).await.unwrap();
+    let j = claim(s, 1).await.remove(0);
+    fail_for_good(s, &j).await;
+
+    let all = EventFilter { limit: 100, ..Default::default() };
+    let mut seen = s.workflow_events(&all).await.unwrap();
+    seen.reverse();
+    let kinds: Vec<(&str, Uuid)> = seen.iter().map(|e| (e.event_type.as_str(), e.workflow_id)).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("workflow.started", ok.id),
+            ("workflow.step_completed", ok.id),
+            // The last step's completion and the workflow's are one statement's, one moment's:
+            // events of one moment are ordered by type.
+            ("workflow.completed", ok.id),
+            ("workflow.step_completed", ok.id),
+            ("workflow.started", broken.id),
+            ("workflow.failed", broken.id),
+        ]
+    );
+    assert_eq!((&seen[0].data["workflow_name"], &seen[0].data["total_steps"]), (&json!("wf"), &json!(2)));
+    assert_eq!((&seen[1].data["step_id"], &seen[1].data["step_type"], &seen[1].data["steps_remaining"]), (&json!("step-0"), &json!("c.a"), &json!(1)));
+    assert_eq!(seen[3].data["steps_remaining"], json!(0));
+    assert_eq!(seen[2].at, seen[3].at);
+    assert!(seen[2].data["duration_ms"].as_i64().is_some_and(|ms| ms >= 0));
+    let failed = &seen[5].data;
+    assert_eq!((&failed["failed_step_id"], &failed["failed_step_type"], &failed["error"]["code"]), (&json!("step-0"), &json!("d.a"), &json!("step.broken")));
+    // Not queue events: a queue filter finds none; a type filter finds its own.
+    assert!(s.workflow_events(&EventFilter { queues: vec!["default".into()], ..all.clone() }).await.unwrap().is_empty());
+    let ends = s.workflow_events(&EventFilter { types: vec!["workflow.completed".into(), "workflow.failed".into()], ..all.clone() }).await.unwrap();
+    assert_eq!(ends.len(), 2);
+    // Aged out with the completed jobs.
+    sqlx::query("UPDATE workflow_events SET at = at - interval '2 days'").execute(s.pool()).await.unwrap();
+    assert_eq!(s.prune(&rebound_queue::store::PruneConfig::default()).await.unwrap().workflow_events, 6);
+}

@@ -411,6 +411,45 @@ ORDER BY ", $order, " LIMIT $5"
 const WORKER_EVENTS_NEWEST_FIRST: &str = worker_events_sql!("at DESC, id DESC");
 const WORKER_EVENTS_AFTER: &str = worker_events_sql!("id");
 
+/// Workflow event types [`Store::workflow_events`] knows.
+pub const WORKFLOW_EVENT_TYPES: [&str; 4] = ["workflow.started", "workflow.step_completed", "workflow.completed", "workflow.failed"];
+
+/// A workflow started, finished a step, completed or failed (logged by the statements that
+/// did it; see migrations/…_workflows.sql).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WorkflowEvent {
+    /// Unique, stable, and a cursor like [`JobEvent::id`].
+    pub id: String,
+    /// One of [`WORKFLOW_EVENT_TYPES`].
+    pub event_type: String,
+    pub at: Timestamp,
+    pub workflow_id: Uuid,
+    /// The event's OJS data, always with `workflow_id` and `workflow_name`: `total_steps`
+    /// (started, completed), `step_id`, `step_type`, `duration_ms`, `steps_remaining`
+    /// (step_completed), `duration_ms` (completed), `failed_step_id`, `failed_step_type`,
+    /// `error` (failed).
+    pub data: Value,
+}
+
+macro_rules! workflow_events_sql {
+    ($order:literal) => {
+        concat!(
+            "SELECT * FROM (
+    SELECT ", evid!("w.at", "w.type || ':' || w.workflow_id || ':' || w.id"), " AS id, w.type, w.at, w.workflow_id, w.data
+    FROM workflow_events w
+    WHERE $3::uuid IS NULL AND cardinality($6::text[]) = 0 AND cardinality($2::text[]) = 0
+      AND (cardinality($1::text[]) = 0 OR w.type = ANY($1))
+      AND ($4::timestamptz IS NULL OR w.at >= $4::timestamptz)
+      AND ($8::timestamptz IS NULL OR w.at < $8::timestamptz)
+) e
+WHERE ($7::text IS NULL OR e.id > $7)
+ORDER BY ", $order, " LIMIT $5"
+        )
+    };
+}
+const WORKFLOW_EVENTS_NEWEST_FIRST: &str = workflow_events_sql!("at DESC, id DESC");
+const WORKFLOW_EVENTS_AFTER: &str = workflow_events_sql!("id");
+
 /// Dead-letter event types [`Store::dead_letter_events`] knows (the OJS dead-letter
 /// extension's; a job entering the queue is [`EVENT_TYPES`]' `job.dead_lettered`).
 pub const DEAD_LETTER_EVENT_TYPES: [&str; 3] = ["dead_letter.retried", "dead_letter.deleted", "dead_letter.pruned"];
@@ -573,6 +612,24 @@ impl Store {
                     event_type: r.try_get("type")?,
                     at: ts(r, "at")?,
                     worker_id: r.try_get("worker_id")?,
+                    data: r.try_get("data")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Workflow events (`filter.types` from [`WORKFLOW_EVENT_TYPES`]) matching `filter` like
+    /// [`Store::events`]. None for a filter naming queues, a job or job types.
+    pub async fn workflow_events(&self, filter: &EventFilter) -> Result<Vec<WorkflowEvent>, StoreError> {
+        let sql = if filter.after.is_some() { WORKFLOW_EVENTS_AFTER } else { WORKFLOW_EVENTS_NEWEST_FIRST };
+        let rows = bind_filter(sql, filter.types.iter().map(String::as_str).collect(), filter)?.fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(WorkflowEvent {
+                    id: r.try_get("id")?,
+                    event_type: r.try_get("type")?,
+                    at: ts(r, "at")?,
+                    workflow_id: r.try_get("workflow_id")?,
                     data: r.try_get("data")?,
                 })
             })

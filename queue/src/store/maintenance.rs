@@ -92,6 +92,9 @@ pub struct PruneReport {
     /// Finished workflows, aged out with the longer of the completed and discarded jobs'
     /// retentions.
     pub workflows: u64,
+    /// Rows of `workflow_events` (`workflow.*` events), aged out with the completed jobs'
+    /// retention.
+    pub workflow_events: u64,
 }
 
 // A retention delete of `$table`'s rows older than `$1` ms by its `at`, `$2` at most, oldest
@@ -404,6 +407,7 @@ impl Store {
         let progress = self.delete_aged(aged_by_at!("job_progress"), cfg.completed_after, cfg.batch).await?;
         let worker_events = self.delete_aged(aged_by_at!("worker_events"), cfg.completed_after, cfg.batch).await?;
         let dead_letter_events = self.delete_aged(aged_by_at!("dead_letter_log"), cfg.completed_after, cfg.batch).await?;
+        let workflow_events = self.delete_aged(aged_by_at!("workflow_events"), cfg.completed_after, cfg.batch).await?;
         // A finished workflow is kept as long as its failed jobs are (the longer retention):
         // its page explains them.
         let workflows = self
@@ -427,6 +431,7 @@ impl Store {
             worker_events,
             dead_letter_events,
             workflows,
+            workflow_events,
         })
     }
 

@@ -136,8 +136,8 @@ pub use cancel::{BULK_LIMIT, JobSelection};
 pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveOverride, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};
 pub use events::{
-    DEAD_LETTER_EVENT_TYPES, DeadLetterEvent, EVENT_SETTLE, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, WORKER_EVENT_TYPES, WorkerEvent, position_at,
-    position_time,
+    DEAD_LETTER_EVENT_TYPES, DeadLetterEvent, EVENT_SETTLE, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, WORKER_EVENT_TYPES, WORKFLOW_EVENT_TYPES, WorkerEvent,
+    WorkflowEvent, position_at, position_time,
 };
 pub use fail::{Failure, FailureResult, KnownRun};
 pub use listing::{ErrorGroup, JobCount, JobFilter, Page, SEARCH_WINDOW, Stats, StatsRow};

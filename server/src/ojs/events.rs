@@ -13,7 +13,7 @@ use jiff::Timestamp;
 use rebound_queue::job::{validate_queue, validate_type};
 use rebound_queue::store::{
     CRON_EVENT_TYPES, CronEvent, DEAD_LETTER_EVENT_TYPES, DeadLetterEvent, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent,
-    WORKER_EVENT_TYPES, WorkerEvent, position_at, position_time,
+    WORKER_EVENT_TYPES, WORKFLOW_EVENT_TYPES, WorkerEvent, WorkflowEvent, position_at, position_time,
 };
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -73,6 +73,18 @@ fn worker_event_json(e: &WorkerEvent) -> Value {
         "source": "ojs://rebound/workers",
         "time": e.at.to_string(),
         "subject": e.worker_id,
+        "data": e.data,
+    })
+}
+
+fn workflow_event_json(e: &WorkflowEvent) -> Value {
+    json!({
+        "specversion": "1.0",
+        "id": e.id,
+        "type": e.event_type,
+        "source": "ojs://rebound/workflows",
+        "time": e.at.to_string(),
+        "subject": e.workflow_id.to_string(),
         "data": e.data,
     })
 }
@@ -158,25 +170,27 @@ struct Selection {
     cron_types: Vec<String>,
     queue_types: Vec<String>,
     worker_types: Vec<String>,
+    workflow_types: Vec<String>,
     dead_letter_types: Vec<String>,
     jobs: bool,
     crons: bool,
     queues: bool,
     workers: bool,
+    workflows: bool,
     dead_letters: bool,
 }
 
 fn selection(q: &QueryParams) -> Result<Selection, ApiError> {
     let mut types = q.list("types");
     types.extend(q.list("type"));
-    let groups: [&[&str]; 5] = [&EVENT_TYPES, &CRON_EVENT_TYPES, &QUEUE_EVENT_TYPES, &WORKER_EVENT_TYPES, &DEAD_LETTER_EVENT_TYPES];
+    let groups: [&[&str]; 6] = [&EVENT_TYPES, &CRON_EVENT_TYPES, &QUEUE_EVENT_TYPES, &WORKER_EVENT_TYPES, &WORKFLOW_EVENT_TYPES, &DEAD_LETTER_EVENT_TYPES];
     if let Some(bad) = types.iter().find(|t| !groups.iter().any(|g| g.contains(t))) {
         let all: Vec<&str> = groups.iter().flat_map(|g| g.iter()).copied().collect();
         return Err(ApiError::invalid_field("types", format!("unknown event type {bad:?}; expected one of {}", all.join(", "))));
     }
     let of = |group: &[&str]| -> Vec<String> { types.iter().filter(|t| group.contains(t)).map(|t| (*t).to_owned()).collect() };
     let (job_types_asked, cron_types, queue_types, worker_types) = (of(&EVENT_TYPES), of(&CRON_EVENT_TYPES), of(&QUEUE_EVENT_TYPES), of(&WORKER_EVENT_TYPES));
-    let dead_letter_types = of(&DEAD_LETTER_EVENT_TYPES);
+    let (dead_letter_types, workflow_types) = (of(&DEAD_LETTER_EVENT_TYPES), of(&WORKFLOW_EVENT_TYPES));
     let mut queues = q.list("queues");
     queues.extend(q.list("queue"));
     for queue in &queues {
@@ -199,6 +213,8 @@ fn selection(q: &QueryParams) -> Result<Selection, ApiError> {
         crons: everything || !cron_types.is_empty(),
         queues: everything || !queue_types.is_empty(),
         workers: everything || !worker_types.is_empty(),
+        workflows: everything || !workflow_types.is_empty(),
+        workflow_types,
         dead_letters: everything || !dead_letter_types.is_empty(),
         dead_letter_types,
         cron_types,
@@ -269,6 +285,7 @@ async fn read(state: &AppState, sel: &Selection, after: Option<String>, until: O
     let crons = if sel.crons { state.store.cron_events(&EventFilter { types: sel.cron_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
     let queues = if sel.queues { state.store.queue_events(&EventFilter { types: sel.queue_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
     let workers = if sel.workers { state.store.worker_events(&EventFilter { types: sel.worker_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
+    let workflows = if sel.workflows { state.store.workflow_events(&EventFilter { types: sel.workflow_types.clone(), ..filter.clone() }).await? } else { Vec::new() };
     let dead_letters = if sel.dead_letters {
         state.store.dead_letter_events(&EventFilter { types: sel.dead_letter_types.clone(), ..filter.clone() }).await?
     } else {
@@ -280,6 +297,7 @@ async fn read(state: &AppState, sel: &Selection, after: Option<String>, until: O
         .chain(crons.iter().map(|e| (e.id.clone(), e.actual_time, false, cron_event_json(e))))
         .chain(queues.iter().map(|e| (e.id.clone(), e.at, false, queue_event_json(e))))
         .chain(workers.iter().map(|e| (e.id.clone(), e.at, false, worker_event_json(e))))
+        .chain(workflows.iter().map(|e| (e.id.clone(), e.at, false, workflow_event_json(e))))
         .chain(dead_letters.iter().map(|e| (e.id.clone(), e.at, false, dead_letter_event_json(e))))
         .collect())
 }
@@ -315,7 +333,7 @@ fn job_terminal(event_type: &str) -> bool {
 
 /// `?types=job.completed,job.failed,cron.triggered&queues=q1,q2&job_types=email.send&job_id=&since=&after=&limit=`:
 /// job events, cron events (`cron.triggered`, `cron.skipped`), queue events
-/// (`queue.paused`, `queue.resumed`), worker events and dead-letter events. Newest first; with `after`
+/// (`queue.paused`, `queue.resumed`), worker, workflow and dead-letter events. Newest first; with `after`
 /// (an event id or a `cursor` from an earlier answer) oldest first from there, for polling
 /// (OJS events §6.4): the answer's `cursor` is where the next poll continues and `has_more`
 /// says whether this page was cut at `limit`.

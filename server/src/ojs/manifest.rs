@@ -83,17 +83,19 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "events": {
                 "implemented": ["job.enqueued, job.scheduled, job.started, job.heartbeat (worker and API heartbeats, with visible_until), job.progress, job.completed, job.failed, job.retrying, job.discarded, job.expired, job.cancelled",
                                 "rebound's job.dead_lettered, job.released, job.snoozed; queue.paused, queue.resumed; cron.triggered, cron.skipped",
+                                "workflow.started, workflow.step_completed, workflow.completed, workflow.failed",
                                 "worker.started, worker.heartbeat (every worker and API heartbeat: active_jobs, queues, status, and memory_mb and cpu_percent when the worker said them), worker.quiet (SIGTSTP, an operator's quiet, or draining after SIGTERM: reason quiet or shutdown), worker.stopped (reason shutdown or heartbeat_timeout, uptime_ms, active_jobs)",
                                 "GET /events: filters types, queues, job_types, job_id, since; newest first, or polled oldest first with after, cursor and has_more",
                                 "Server-Sent Events: /events/stream?channel=job:<id>|queue:<name>, /jobs/{id}/events (ends when the job finishes), /queues/{name}/events, Last-Event-ID resume"],
-                "not_implemented": ["workflow events", "WebSocket and gRPC subscriptions", "webhooks"],
+                "not_implemented": ["WebSocket and gRPC subscriptions", "webhooks"],
                 "notes": "events are read back from what the store records; a cursor passes an event only once it is settled (a second old, and no transaction that could still write an earlier one is open)",
             },
             "workflows": {
                 "implemented": ["chain (each step given every earlier result as parent_results, an array by index), group, batch with on_complete / on_success / on_failure (fired exactly once, given every job's result)",
                                 "POST /workflows (the spec's shape, and the Python SDK's steps with depends_on when they describe a chain, group or batch), GET /workflows/{id} with every step's state and result, DELETE /workflows/{id}",
                                 "failure propagation: a chain stops at a step that failed for good and cancels the rest; failed_step_index, failed_job_ids, errors"],
-                "not_implemented": ["nesting (the maximum depth is 1; a nested workflow is refused at creation)", "workflow events", "general DAGs"],
+                "implemented_events": ["workflow.started", "workflow.step_completed", "workflow.completed", "workflow.failed"],
+                "not_implemented": ["nesting (the maximum depth is 1; a nested workflow is refused at creation)", "general DAGs"],
             },
             "cron": {
                 "implemented": ["5/6-field expressions, names, L W #, @yearly…@hourly", "@every <duration> (1 s at least), anchored to its registration", "IANA time zones", "overlap skip/allow/cancel_previous/enqueue",

@@ -170,3 +170,23 @@ async fn a_bad_workflow_gets_a_400_naming_the_field_and_creates_nothing() {
     let r = s.get("/ojs/v1/admin/jobs").await;
     assert_eq!(r.body["pagination"]["total"], json!(0), "{}", r.text);
 }
+
+#[tokio::test]
+async fn workflow_events_are_served_with_the_others() {
+    let s = TestServer::new().await;
+    let r = s.post("/ojs/v1/workflows", json!({"type": "group", "name": "fan-out", "jobs": [{"type": "g", "args": [], "options": {"queue": "eq"}}]})).await;
+    let id = r.body["id"].as_str().unwrap().to_string();
+    let job = fetch(&s, "eq").await.remove(0);
+    ack(&s, &job, json!("ok")).await;
+    let r = s.get("/ojs/v1/events?types=workflow.started,workflow.step_completed,workflow.completed").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let events = r.body["events"].as_array().unwrap();
+    let seen: Vec<(&str, &str, &str)> =
+        events.iter().filter_map(|e| Some((e["type"].as_str()?, e["subject"].as_str()?, e["source"].as_str()?))).collect();
+    let source = "ojs://rebound/workflows";
+    // Newest first; the job's completion and the workflow's are one moment, ordered by type.
+    assert_eq!(seen, [("workflow.step_completed", id.as_str(), source), ("workflow.completed", id.as_str(), source), ("workflow.started", id.as_str(), source)], "{}", r.text);
+    assert_eq!((&events[1]["data"]["workflow_name"], &events[1]["data"]["total_steps"]), (&json!("fan-out"), &json!(1)));
+    let r = s.get("/ojs/v1/events?types=workflow.bogus").await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("types")));
+}
