@@ -195,6 +195,8 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         if inserted.rows_affected() == 0 {
+            // Nothing was written; a failed rollback closes the connection instead.
+            let _ = tx.rollback().await;
             return Err(StoreError::Duplicate { reason: format!("a workflow with id {id} already exists"), existing: Some(id) });
         }
         insert_many(&mut tx, jobs, &checked, &members).await?;
