@@ -392,12 +392,15 @@ pub struct WorkerEvent {
     pub data: Value,
 }
 
-macro_rules! worker_events_sql {
-    ($order:literal) => {
+// The events logged in `$table` (`worker_events`, `workflow_events`: id, at, type, data and the
+// subject's id in the column `$subject`), in `$order`. None for a filter naming queues, a job or
+// job types: workers and workflows are none of those.
+macro_rules! subject_events_sql {
+    ($table:literal, $subject:literal, $order:literal) => {
         concat!(
             "SELECT * FROM (
-    SELECT ", evid!("w.at", "w.type || ':' || w.worker_id || ':' || w.id"), " AS id, w.type, w.at, w.worker_id, w.data
-    FROM worker_events w
+    SELECT ", evid!("w.at", "w.type || ':' || w.", $subject, " || ':' || w.id"), " AS id, w.type, w.at, w.", $subject, ", w.data
+    FROM ", $table, " w
     WHERE $3::uuid IS NULL AND cardinality($6::text[]) = 0 AND cardinality($2::text[]) = 0
       AND (cardinality($1::text[]) = 0 OR w.type = ANY($1))
       AND ($4::timestamptz IS NULL OR w.at >= $4::timestamptz)
@@ -408,8 +411,8 @@ ORDER BY ", $order, " LIMIT $5"
         )
     };
 }
-const WORKER_EVENTS_NEWEST_FIRST: &str = worker_events_sql!("at DESC, id DESC");
-const WORKER_EVENTS_AFTER: &str = worker_events_sql!("id");
+const WORKER_EVENTS_NEWEST_FIRST: &str = subject_events_sql!("worker_events", "worker_id", "at DESC, id DESC");
+const WORKER_EVENTS_AFTER: &str = subject_events_sql!("worker_events", "worker_id", "id");
 
 /// Workflow event types [`Store::workflow_events`] knows.
 pub const WORKFLOW_EVENT_TYPES: [&str; 4] = ["workflow.started", "workflow.step_completed", "workflow.completed", "workflow.failed"];
@@ -431,24 +434,8 @@ pub struct WorkflowEvent {
     pub data: Value,
 }
 
-macro_rules! workflow_events_sql {
-    ($order:literal) => {
-        concat!(
-            "SELECT * FROM (
-    SELECT ", evid!("w.at", "w.type || ':' || w.workflow_id || ':' || w.id"), " AS id, w.type, w.at, w.workflow_id, w.data
-    FROM workflow_events w
-    WHERE $3::uuid IS NULL AND cardinality($6::text[]) = 0 AND cardinality($2::text[]) = 0
-      AND (cardinality($1::text[]) = 0 OR w.type = ANY($1))
-      AND ($4::timestamptz IS NULL OR w.at >= $4::timestamptz)
-      AND ($8::timestamptz IS NULL OR w.at < $8::timestamptz)
-) e
-WHERE ($7::text IS NULL OR e.id > $7)
-ORDER BY ", $order, " LIMIT $5"
-        )
-    };
-}
-const WORKFLOW_EVENTS_NEWEST_FIRST: &str = workflow_events_sql!("at DESC, id DESC");
-const WORKFLOW_EVENTS_AFTER: &str = workflow_events_sql!("id");
+const WORKFLOW_EVENTS_NEWEST_FIRST: &str = subject_events_sql!("workflow_events", "workflow_id", "at DESC, id DESC");
+const WORKFLOW_EVENTS_AFTER: &str = subject_events_sql!("workflow_events", "workflow_id", "id");
 
 /// Dead-letter event types [`Store::dead_letter_events`] knows (the OJS dead-letter
 /// extension's; a job entering the queue is [`EVENT_TYPES`]' `job.dead_lettered`).
