@@ -39,6 +39,15 @@ CREATE INDEX workflows_finished ON workflows (finished_at) WHERE finished_at IS 
 ALTER TABLE jobs ADD COLUMN workflow_id uuid, ADD COLUMN workflow_step integer;
 CREATE INDEX jobs_workflow ON jobs (workflow_id, workflow_step) WHERE workflow_id IS NOT NULL;
 
+-- A workflow job's step id as the API and the events name it: `step-N`, or the callback's name.
+CREATE FUNCTION rebound_workflow_step_id(step integer) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE step WHEN -1 THEN 'on_complete' WHEN -2 THEN 'on_success' WHEN -3 THEN 'on_failure' ELSE 'step-' || step END
+$$;
+-- Its role in an error entry: `job` for a step or job, else the callback's name.
+CREATE FUNCTION rebound_workflow_role(step integer) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN step >= 0 THEN 'job' ELSE rebound_workflow_step_id(step) END
+$$;
+
 -- The results of the workflow's members before `below`, as an array by index (`parent_results`,
 -- ojs-workflows.md §7: "keyed by the step's index"; an array, as the reference backend sends
 -- it, so `parent_results[0]` reads the first in every language): every step before a chain's
@@ -95,7 +104,7 @@ BEGIN
     ELSIF NEW.state = 'failed' AND OLD.state <> 'failed' THEN
         INSERT INTO workflow_events (workflow_id, type, data)
         SELECT NEW.id, 'workflow.failed', jsonb_build_object('workflow_id', NEW.id, 'workflow_name', COALESCE(NEW.name, ''),
-                'failed_step_id', CASE WHEN failure->>'role' = 'job' THEN 'step-' || j.workflow_step ELSE failure->>'role' END,
+                'failed_step_id', CASE WHEN failure->>'role' = 'job' THEN rebound_workflow_step_id(j.workflow_step) ELSE failure->>'role' END,
                 'failed_step_type', j.type, 'failed_job_id', failure->'job_id',
                 'error', jsonb_build_object('code', failure->>'code', 'message', failure->>'message'))
         FROM (SELECT NULL) AS one LEFT JOIN jobs j ON j.id = (failure->>'job_id')::uuid;
@@ -138,7 +147,7 @@ BEGIN
         INSERT INTO workflow_events (workflow_id, type, data)
         VALUES (w.id, 'workflow.step_completed', jsonb_build_object(
             'workflow_id', w.id, 'workflow_name', COALESCE(w.name, ''),
-            'step_id', CASE j.workflow_step WHEN -1 THEN 'on_complete' WHEN -2 THEN 'on_success' WHEN -3 THEN 'on_failure' ELSE 'step-' || j.workflow_step END,
+            'step_id', rebound_workflow_step_id(j.workflow_step),
             'step_type', j.type, 'job_id', j.id,
             'duration_ms', COALESCE((EXTRACT(EPOCH FROM (j.completed_at - j.started_at)) * 1000)::bigint, 0),
             'steps_remaining', CASE WHEN j.workflow_step < 0 THEN GREATEST(w.callbacks_running - 1, 0)
@@ -147,7 +156,7 @@ BEGIN
     IF failed THEN
         error := jsonb_build_object(
             'job_id', j.id, 'attempt', j.attempt,
-            'role', CASE j.workflow_step WHEN -1 THEN 'on_complete' WHEN -2 THEN 'on_success' WHEN -3 THEN 'on_failure' ELSE 'job' END,
+            'role', rebound_workflow_role(j.workflow_step),
             'code', CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE COALESCE(j.last_error->>'type', 'failed') END,
             'message', CASE WHEN j.state = 'cancelled' THEN 'the job was cancelled' ELSE COALESCE(j.last_error->>'message', '') END);
     END IF;
@@ -263,7 +272,7 @@ BEGIN
     SET state = 'failed', finished_at = now(), failed_count = failed_count + 1,
         errors = errors || jsonb_build_array(jsonb_build_object(
             'job_id', OLD.id, 'attempt', OLD.attempt,
-            'role', CASE OLD.workflow_step WHEN -1 THEN 'on_complete' WHEN -2 THEN 'on_success' WHEN -3 THEN 'on_failure' ELSE 'job' END,
+            'role', rebound_workflow_role(OLD.workflow_step),
             'code', 'deleted', 'message', 'the job was deleted before it finished'))
     WHERE id = OLD.workflow_id AND state IN ('pending', 'running');
     IF FOUND THEN

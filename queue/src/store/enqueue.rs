@@ -226,16 +226,8 @@ impl Store {
 
 fn prefix_index(e: StoreError, i: usize) -> StoreError {
     match e {
-        StoreError::InvalidJob(mut v) => {
-            v.field = format!("jobs[{i}].{}", v.field);
-            StoreError::InvalidJob(v)
-        }
-        StoreError::InvalidPolicy(mut p) => {
-            p.field = format!("jobs[{i}].{}", p.field);
-            StoreError::InvalidPolicy(p)
-        }
         StoreError::Duplicate { reason, existing } => StoreError::Duplicate { reason: format!("jobs[{i}]: {reason}"), existing },
-        other => other,
+        other => other.map_field(|f| format!("jobs[{i}].{f}")),
     }
 }
 

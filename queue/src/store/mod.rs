@@ -196,6 +196,23 @@ impl StoreError {
     pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
         StoreError::Invalid { field: field.into(), reason: reason.into() }
     }
+
+    /// The same error with the field it names rewritten (`max_attempts` → `jobs[2].max_attempts`
+    /// for a job of a batch); errors that name no field are returned as they are.
+    pub fn map_field(self, rename: impl FnOnce(&str) -> String) -> Self {
+        match self {
+            StoreError::InvalidJob(mut v) => {
+                v.field = rename(&v.field);
+                StoreError::InvalidJob(v)
+            }
+            StoreError::InvalidPolicy(mut p) => {
+                p.field = rename(&p.field);
+                StoreError::InvalidPolicy(p)
+            }
+            StoreError::Invalid { field, reason } => StoreError::Invalid { field: rename(&field), reason },
+            other => other,
+        }
+    }
 }
 
 /// sqlx's text, except where it hides what an operator needs to know.

@@ -183,7 +183,7 @@ impl Store {
         }
         let mut checked = Vec::with_capacity(jobs.len());
         for (job, (_, _, field)) in jobs.iter().zip(&members) {
-            checked.push(check(job).map_err(|e| prefixed(e, field))?);
+            checked.push(check(job).map_err(|e| e.map_field(|f| format!("{field}.{f}")))?);
         }
         let members: Vec<(Uuid, i32)> = members.into_iter().map(|(id, step, _)| (id, step)).collect();
         let mut tx = self.begin().await?;
@@ -317,19 +317,4 @@ fn workflow_from_row(row: &sqlx::postgres::PgRow, members: Vec<WorkflowMember>) 
         cancelled_at: ts_opt(row, "cancelled_at")?,
         members,
     })
-}
-
-/// Names the workflow's job in a validation error.
-fn prefixed(e: StoreError, field: &str) -> StoreError {
-    match e {
-        StoreError::InvalidJob(mut v) => {
-            v.field = format!("{field}.{}", v.field);
-            StoreError::InvalidJob(v)
-        }
-        StoreError::InvalidPolicy(mut p) => {
-            p.field = format!("{field}.{}", p.field);
-            StoreError::InvalidPolicy(p)
-        }
-        other => other,
-    }
 }

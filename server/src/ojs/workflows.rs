@@ -33,18 +33,7 @@ pub async fn create(State(state): State<AppState>, body: JsonObject) -> Result<R
     let wf = parse_workflow(&f, Timestamp::now())?;
     // The store names a workflow's jobs `jobs[i]`; the request may have called them steps.
     let key = if f.get("steps").is_some() { "steps[" } else { "jobs[" };
-    let created = state.store.create_workflow(wf).await.map_err(|e| match e {
-        StoreError::Invalid { field, reason } => StoreError::Invalid { field: field.replacen("jobs[", key, 1), reason },
-        StoreError::InvalidJob(mut v) => {
-            v.field = v.field.replacen("jobs[", key, 1);
-            StoreError::InvalidJob(v)
-        }
-        StoreError::InvalidPolicy(mut p) => {
-            p.field = p.field.replacen("jobs[", key, 1);
-            StoreError::InvalidPolicy(p)
-        }
-        other => other,
-    })?;
+    let created = state.store.create_workflow(wf).await.map_err(|e| e.map_field(|f| f.replacen("jobs[", key, 1)))?;
     Ok((StatusCode::CREATED, Json(answer(&created))).into_response())
 }
 
