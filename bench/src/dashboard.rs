@@ -1,5 +1,5 @@
 //! Dashboard speed: seeds a large database (by default 10 000 000 jobs, 1 000 000 of them dead
-//! letters with attempt histories, plus an audit log) and measures how long the server takes
+//! letters with attempt histories, a million workflows, plus an audit log) and measures how long the server takes
 //! to render every page and every kind of filter and search an operator can type, as
 //! percentiles over many requests. The budget is a p95 of 100 ms per page, server-side.
 
@@ -30,11 +30,14 @@ pub async fn seed(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
         sqlx::query(sqlx::AssertSqlSafe(format!("DROP INDEX {name}"))).execute(pool).await?;
     }
     sqlx::query("ALTER TABLE jobs DISABLE TRIGGER USER").execute(pool).await?;
+    // Seeded workflows log no events of their own (workflow_events), as seeded jobs log none.
+    sqlx::query("ALTER TABLE workflows DISABLE TRIGGER USER").execute(pool).await?;
     seed_rows(pool, jobs, dead).await?;
     for def in &indexes {
         sqlx::query(sqlx::AssertSqlSafe(def.as_str())).execute(pool).await.with_context(|| format!("rebuilding {def}"))?;
     }
     sqlx::query("ALTER TABLE jobs ENABLE TRIGGER USER").execute(pool).await?;
+    sqlx::query("ALTER TABLE workflows ENABLE TRIGGER USER").execute(pool).await?;
     // In one transaction holding the counters: a server already running folds deltas into
     // them at any moment, and a fold between the delete and the insert duplicated its keys.
     let mut tx = pool.begin().await?;
@@ -50,6 +53,7 @@ pub async fn seed(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
     tx.commit().await?;
     sqlx::query("VACUUM ANALYZE jobs").execute(pool).await?;
     sqlx::query("VACUUM ANALYZE job_attempts").execute(pool).await?;
+    sqlx::query("VACUUM ANALYZE workflows").execute(pool).await?;
     Ok(())
 }
 
@@ -62,7 +66,8 @@ async fn seed_rows(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
         // millisecond timestamp, so id order is creation order like real enqueues.
         sqlx::query(
             "INSERT INTO jobs (id, type, queue, args, state, attempt, max_attempts, created_at, scheduled_at,
-                               completed_at, discarded_at, dead_letter, dead_lettered_at, last_error)
+                               completed_at, discarded_at, dead_letter, dead_lettered_at, last_error,
+                               workflow_id, workflow_step)
              SELECT (lpad(to_hex((extract(epoch FROM ts) * 1000)::bigint), 12, '0')
                         || '7' || substr(md5(g::text), 1, 3) || '8' || substr(md5(g::text), 4, 15))::uuid,
                     (ARRAY['mail.send', 'pay.charge', 'report.build', 'image.resize', 'sync.crm'])[1 + g % 5],
@@ -77,8 +82,14 @@ async fn seed_rows(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
                     CASE WHEN g < $3 OR g % 50 = 0 THEN jsonb_build_object(
                         'type', (ARRAY['smtp.rejected', 'http.5xx', 'http.timeout', 'db.deadlock'])[1 + g % 4],
                         'code', 'E' || (g % 4), 'message', 'upstream said no to customer ' || (g % 10000),
-                        'retryable', true, 'attempt', 3, 'occurred_at', ts) END
-             FROM (SELECT g, now() - interval '30 days' + g * (interval '30 days' / $4::bigint) AS ts
+                        'retryable', true, 'attempt', 3, 'occurred_at', ts) END,
+                    -- Every tenth job starts a chain of three (it and the next two): a million
+                    -- workflows at 10M jobs, each id shaped like its first job's.
+                    CASE WHEN g % 10 < 3 THEN (lpad(to_hex((extract(epoch FROM wts) * 1000)::bigint), 12, '0')
+                        || '7' || substr(md5('w' || g / 10), 1, 3) || '8' || substr(md5('w' || g / 10), 4, 15))::uuid END,
+                    CASE WHEN g % 10 < 3 THEN (g % 10)::int END
+             FROM (SELECT g, now() - interval '30 days' + g * (interval '30 days' / $4::bigint) AS ts,
+                          now() - interval '30 days' + (g / 10 * 10) * (interval '30 days' / $4::bigint) AS wts
                    FROM generate_series($1::bigint, $1::bigint + $2::bigint - 1) AS g) s",
         )
         .bind(done)
@@ -90,6 +101,24 @@ async fn seed_rows(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
         .context("seeding jobs")?;
         done += k;
     }
+    // The chains' rows, from their first jobs: mostly completed, with rare failed, running
+    // and cancelled ones, so a filter by state is not answered by reading the newest.
+    sqlx::query(
+        "INSERT INTO workflows (id, type, name, state, job_count, completed_count, failed_count, failed_step_index,
+                                created_at, started_at, finished_at, cancelled_at)
+         SELECT workflow_id, 'chain', 'seeded chain ' || w, s.state, 3,
+                CASE s.state WHEN 'completed' THEN 3 WHEN 'failed' THEN 1 ELSE 0 END,
+                CASE WHEN s.state = 'failed' THEN 1 ELSE 0 END, CASE WHEN s.state = 'failed' THEN 1 END,
+                created_at, created_at, CASE WHEN s.state <> 'running' THEN created_at + interval '3 seconds' END,
+                CASE WHEN s.state = 'cancelled' THEN created_at + interval '3 seconds' END
+         FROM (SELECT workflow_id, created_at, row_number() OVER (ORDER BY workflow_id) AS w
+               FROM jobs WHERE workflow_step = 0) f
+         CROSS JOIN LATERAL (SELECT CASE WHEN w % 100 = 0 THEN 'failed' WHEN w % 1000 = 1 THEN 'running'
+                                         WHEN w % 10000 = 2 THEN 'cancelled' ELSE 'completed' END AS state) s",
+    )
+    .execute(pool)
+    .await
+    .context("seeding workflows")?;
     sqlx::query(
         "INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, finished_at, outcome, error_type, error_message, delay_ms)
          SELECT j.id, a, 'seed-worker', j.created_at + a * interval '10 ms', j.created_at + a * interval '20 ms',
@@ -178,7 +207,11 @@ pub async fn measure(pool: &PgPool, dash: &Dashboard, n: usize) -> anyhow::Resul
         .bind(n as i64)
         .fetch_all(pool)
         .await?;
-    if ids.is_empty() || deep.is_empty() {
+    let chains: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM workflows TABLESAMPLE SYSTEM (1) LIMIT $1")
+        .bind(n as i64)
+        .fetch_all(pool)
+        .await?;
+    if ids.is_empty() || deep.is_empty() || chains.is_empty() {
         bail!("no seeded jobs: run with --seed first");
     }
     let same = |path: &str| (0..n).map(|_| path.to_string()).collect::<Vec<_>>();
@@ -189,7 +222,11 @@ pub async fn measure(pool: &PgPool, dash: &Dashboard, n: usize) -> anyhow::Resul
         ("policy editor", same("/policies/edit?type=pay.charge")),
         ("workers", same("/workers")),
         ("workflows", same("/workflows")),
-        ("workflows, failed", same("/workflows?state=failed")),
+        ("workflows, failed / running / cancelled", ["failed", "running", "cancelled"].iter().cycle().take(n).map(|s| format!("/workflows?state={s}")).collect()),
+        ("workflows, completed", same("/workflows?state=completed")),
+        ("workflows, an older page", chains.iter().map(|id| format!("/workflows?before={id}")).collect()),
+        ("workflows, an older page of failed", chains.iter().map(|id| format!("/workflows?state=failed&before={id}")).collect()),
+        ("workflow detail (a chain of 3)", chains.iter().map(|id| format!("/workflows/{id}")).collect()),
         ("cron", same("/cron")),
         ("audit log", same("/audit")),
         ("jobs, first page", same("/jobs")),

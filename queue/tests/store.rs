@@ -813,9 +813,11 @@ async fn pruning_steps_over_jobs_created_long_ago_but_finished_recently() {
 #[tokio::test]
 async fn every_connection_has_the_session_settings() {
     let db = TestDb::new().await;
-    let settings: (String, String) = sqlx::query_as("SELECT current_setting('jit'), current_setting('idle_in_transaction_session_timeout')")
-        .fetch_one(db.store.pool())
-        .await
-        .unwrap();
-    assert_eq!(settings, ("off".to_string(), "10s".to_string()));
+    let settings: (String, String, String) = sqlx::query_as(
+        "SELECT current_setting('jit'), current_setting('idle_in_transaction_session_timeout'), current_setting('max_parallel_workers_per_gather')",
+    )
+    .fetch_one(db.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(settings, ("off".to_string(), "10s".to_string(), "0".to_string()));
 }

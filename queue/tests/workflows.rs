@@ -384,6 +384,8 @@ async fn workflows_are_listed_newest_first_by_state_and_paged() {
     assert_eq!(page, [ids[1]]);
     let cancelled: Vec<Uuid> = s.list_workflows(Some("cancelled"), None, 10).await.unwrap().iter().map(|w| w.id).collect();
     assert_eq!(cancelled, [ids[1]]);
+    let running: Vec<Uuid> = s.list_workflows(Some("running"), Some(ids[2]), 10).await.unwrap().iter().map(|w| w.id).collect();
+    assert_eq!(running, [ids[0]], "each shape of the listing has a statement of its own: state and page together");
 }
 
 #[tokio::test]

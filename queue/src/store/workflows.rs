@@ -207,15 +207,16 @@ impl Store {
     /// A page of workflows without their jobs (`members` empty), newest first: those created
     /// before `before` (a workflow id), in `state` if given, at most `limit` (1–500).
     pub async fn list_workflows(&self, state: Option<&str>, before: Option<Uuid>, limit: i64) -> Result<Vec<Workflow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT * FROM workflows WHERE ($1::text IS NULL OR state = $1) AND ($2::uuid IS NULL OR id < $2)
-             ORDER BY id DESC LIMIT $3",
-        )
-        .bind(state)
-        .bind(before)
-        .bind(limit.clamp(1, 500))
-        .fetch_all(&self.pool)
-        .await?;
+        // One statement per shape, not `($1 IS NULL OR state = $1)`: a prepared statement's
+        // generic plan cannot use the state index for that, and walked the newest workflows
+        // until it found a page of a rare state (every workflow, at a million, for none).
+        let sql = match (state.is_some(), before.is_some()) {
+            (false, false) => "SELECT * FROM workflows WHERE $1::text IS NULL AND $2::uuid IS NULL ORDER BY id DESC LIMIT $3",
+            (false, true) => "SELECT * FROM workflows WHERE $1::text IS NULL AND id < $2 ORDER BY id DESC LIMIT $3",
+            (true, false) => "SELECT * FROM workflows WHERE state = $1 AND $2::uuid IS NULL ORDER BY id DESC LIMIT $3",
+            (true, true) => "SELECT * FROM workflows WHERE state = $1 AND id < $2 ORDER BY id DESC LIMIT $3",
+        };
+        let rows = sqlx::query(sql).bind(state).bind(before).bind(limit.clamp(1, 500)).fetch_all(&self.pool).await?;
         rows.iter().map(|row| workflow_from_row(row, Vec::new())).collect()
     }
 
