@@ -1,7 +1,8 @@
 //! Dashboard speed: seeds a large database (by default 10 000 000 jobs, 1 000 000 of them dead
-//! letters with attempt histories, a million workflows, plus an audit log) and measures how long the server takes
-//! to render every page and every kind of filter and search an operator can type, as
-//! percentiles over many requests. The budget is a p95 of 100 ms per page, server-side.
+//! letters with attempt histories, a million workflows, plus an audit log) and measures how
+//! long the server takes to render every page and every kind of filter and search an operator
+//! can type, as percentiles over many requests. The budget is a p95 of 100 ms per page,
+//! server-side.
 
 use std::time::{Duration, Instant};
 
