@@ -399,7 +399,7 @@ macro_rules! subject_events_sql {
     ($table:literal, $subject:literal, $order:literal) => {
         concat!(
             "SELECT * FROM (
-    SELECT ", evid!("w.at", "w.type || ':' || w.", $subject, " || ':' || w.id"), " AS id, w.type, w.at, w.", $subject, ", w.data
+    SELECT ", evid!("w.at", "w.type || ':' || w.", $subject, " || ':' || w.id"), " AS id, w.type, w.at, w.", $subject, " AS subject, w.data
     FROM ", $table, " w
     WHERE $3::uuid IS NULL AND cardinality($6::text[]) = 0 AND cardinality($2::text[]) = 0
       AND (cardinality($1::text[]) = 0 OR w.type = ANY($1))
@@ -590,36 +590,45 @@ impl Store {
     /// [`Store::events`]. None for a filter naming queues, a job or job types: workers are
     /// none of those.
     pub async fn worker_events(&self, filter: &EventFilter) -> Result<Vec<WorkerEvent>, StoreError> {
-        let sql = if filter.after.is_some() { WORKER_EVENTS_AFTER } else { WORKER_EVENTS_NEWEST_FIRST };
-        let rows = bind_filter(sql, filter.types.iter().map(String::as_str).collect(), filter)?.fetch_all(&self.pool).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(WorkerEvent {
-                    id: r.try_get("id")?,
-                    event_type: r.try_get("type")?,
-                    at: ts(r, "at")?,
-                    worker_id: r.try_get("worker_id")?,
-                    data: r.try_get("data")?,
-                })
-            })
-            .collect()
+        self.subject_events(WORKER_EVENTS_AFTER, WORKER_EVENTS_NEWEST_FIRST, filter, |id, event_type, at, worker_id, data| WorkerEvent {
+            id,
+            event_type,
+            at,
+            worker_id,
+            data,
+        })
+        .await
     }
 
     /// Workflow events (`filter.types` from [`WORKFLOW_EVENT_TYPES`]) matching `filter` like
     /// [`Store::events`]. None for a filter naming queues, a job or job types.
     pub async fn workflow_events(&self, filter: &EventFilter) -> Result<Vec<WorkflowEvent>, StoreError> {
-        let sql = if filter.after.is_some() { WORKFLOW_EVENTS_AFTER } else { WORKFLOW_EVENTS_NEWEST_FIRST };
+        self.subject_events(WORKFLOW_EVENTS_AFTER, WORKFLOW_EVENTS_NEWEST_FIRST, filter, |id, event_type, at, workflow_id, data| WorkflowEvent {
+            id,
+            event_type,
+            at,
+            workflow_id,
+            data,
+        })
+        .await
+    }
+
+    /// The events of a log read by `subject_events_sql!` (its `after` and newest-first
+    /// statements), each row made into an event by `make(id, type, at, subject, data)`.
+    async fn subject_events<S, E>(
+        &self,
+        after: &'static str,
+        newest_first: &'static str,
+        filter: &EventFilter,
+        make: fn(String, String, Timestamp, S, Value) -> E,
+    ) -> Result<Vec<E>, StoreError>
+    where
+        S: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+    {
+        let sql = if filter.after.is_some() { after } else { newest_first };
         let rows = bind_filter(sql, filter.types.iter().map(String::as_str).collect(), filter)?.fetch_all(&self.pool).await?;
         rows.iter()
-            .map(|r| {
-                Ok(WorkflowEvent {
-                    id: r.try_get("id")?,
-                    event_type: r.try_get("type")?,
-                    at: ts(r, "at")?,
-                    workflow_id: r.try_get("workflow_id")?,
-                    data: r.try_get("data")?,
-                })
-            })
+            .map(|r| Ok(make(r.try_get("id")?, r.try_get("type")?, ts(r, "at")?, r.try_get("subject")?, r.try_get("data")?)))
             .collect()
     }
 

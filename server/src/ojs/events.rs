@@ -23,6 +23,19 @@ use super::error::ApiError;
 use super::query::QueryParams;
 use crate::AppState;
 
+/// An event in the CloudEvents envelope OJS uses (ojs-events.md).
+fn cloud_event(id: &str, event_type: &str, source: &str, time: Timestamp, subject: &str, data: Value) -> Value {
+    json!({
+        "specversion": "1.0",
+        "id": id,
+        "type": event_type,
+        "source": source,
+        "time": time.to_string(),
+        "subject": subject,
+        "data": data,
+    })
+}
+
 fn event_json(e: &JobEvent) -> Value {
     let mut data = Map::new();
     data.insert("job_id".into(), Value::String(e.job_id.to_string()));
@@ -54,39 +67,15 @@ fn event_json(e: &JobEvent) -> Value {
     if let Some(m) = &e.progress_message {
         data.insert("progress_message".into(), Value::String(m.clone()));
     }
-    json!({
-        "specversion": "1.0",
-        "id": e.id,
-        "type": e.event_type,
-        "source": "ojs://rebound/jobs",
-        "time": e.at.to_string(),
-        "subject": e.job_id.to_string(),
-        "data": data,
-    })
+    cloud_event(&e.id, &e.event_type, "ojs://rebound/jobs", e.at, &e.job_id.to_string(), Value::Object(data))
 }
 
 fn worker_event_json(e: &WorkerEvent) -> Value {
-    json!({
-        "specversion": "1.0",
-        "id": e.id,
-        "type": e.event_type,
-        "source": "ojs://rebound/workers",
-        "time": e.at.to_string(),
-        "subject": e.worker_id,
-        "data": e.data,
-    })
+    cloud_event(&e.id, &e.event_type, "ojs://rebound/workers", e.at, &e.worker_id, e.data.clone())
 }
 
 fn workflow_event_json(e: &WorkflowEvent) -> Value {
-    json!({
-        "specversion": "1.0",
-        "id": e.id,
-        "type": e.event_type,
-        "source": "ojs://rebound/workflows",
-        "time": e.at.to_string(),
-        "subject": e.workflow_id.to_string(),
-        "data": e.data,
-    })
+    cloud_event(&e.id, &e.event_type, "ojs://rebound/workflows", e.at, &e.workflow_id.to_string(), e.data.clone())
 }
 
 fn dead_letter_event_json(e: &DeadLetterEvent) -> Value {
@@ -104,28 +93,12 @@ fn dead_letter_event_json(e: &DeadLetterEvent) -> Value {
             None => m.insert("count".into(), json!(e.count)),
         };
     }
-    json!({
-        "specversion": "1.0",
-        "id": e.id,
-        "type": e.event_type,
-        "source": "ojs://rebound/dead-letter",
-        "time": e.at.to_string(),
-        "subject": e.job_id.map_or_else(|| e.queue.clone(), |id| id.to_string()),
-        "data": data,
-    })
+    cloud_event(&e.id, &e.event_type, "ojs://rebound/dead-letter", e.at, &e.job_id.map_or_else(|| e.queue.clone(), |id| id.to_string()), data)
 }
 
 fn queue_event_json(e: &QueueEvent) -> Value {
     let by = if e.event_type == "queue.paused" { "paused_by" } else { "resumed_by" };
-    json!({
-        "specversion": "1.0",
-        "id": e.id,
-        "type": e.event_type,
-        "source": "ojs://rebound/queues",
-        "time": e.at.to_string(),
-        "subject": e.queue,
-        "data": { "queue": e.queue, by: e.actor },
-    })
+    cloud_event(&e.id, &e.event_type, "ojs://rebound/queues", e.at, &e.queue, json!({ "queue": e.queue, by: e.actor }))
 }
 
 fn cron_event_json(e: &CronEvent) -> Value {
@@ -152,15 +125,7 @@ fn cron_event_json(e: &CronEvent) -> Value {
             m.insert("reason".into(), Value::String(r.into()));
         }
     }
-    json!({
-        "specversion": "1.0",
-        "id": e.id,
-        "type": e.event_type,
-        "source": "ojs://rebound/cron",
-        "time": e.actual_time.to_string(),
-        "subject": e.cron_name,
-        "data": data,
-    })
+    cloud_event(&e.id, e.event_type, "ojs://rebound/cron", e.actual_time, &e.cron_name, data)
 }
 
 /// The filters of an events request, checked.
