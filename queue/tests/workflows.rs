@@ -1,13 +1,15 @@
 //! Workflows against a real database: chains pass results on and stop at a failure, groups and
 //! batches finish when all their jobs have, a batch's callbacks fire exactly once even when its
 //! last jobs finish in concurrent statements, cancelling stops what has not run, and a step's
-//! completion and the next step's start survive a lost connection together.
+//! completion and the next step's start survive a lost connection together. Graphs start a
+//! step once all it depends on has completed (once, however its dependencies finish), and a
+//! failure skips what is downstream of it while the other branches go on.
 
 use std::time::Duration;
 
 use rebound_queue::outcome::{HandlerError, Outcome};
 use rebound_queue::store::{
-    BatchCallbacks, ClaimRequest, Completion, Failure, NewWorkflow, StoreError, Workflow, WorkflowCancel, WorkflowType,
+    BatchCallbacks, ClaimRequest, Completion, Failure, GraphStep, NewWorkflow, StoreError, Workflow, WorkflowCancel, WorkflowType,
 };
 use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, TestDb};
 use rebound_queue::{Job, JobState, NewJob, Store};
@@ -47,7 +49,7 @@ fn job(t: &str, args: Value) -> NewJob {
 }
 
 fn workflow(kind: WorkflowType, jobs: Vec<NewJob>) -> NewWorkflow {
-    NewWorkflow { id: None, kind, name: Some("wf".into()), jobs, callbacks: BatchCallbacks::default() }
+    NewWorkflow { id: None, kind, name: Some("wf".into()), jobs, callbacks: BatchCallbacks::default(), graph: Vec::new() }
 }
 
 async fn get(s: &Store, id: Uuid) -> Workflow {
@@ -147,7 +149,7 @@ async fn a_group_finishes_when_all_its_jobs_have_and_fails_if_any_did() {
 }
 
 fn batch(jobs: usize, callbacks: BatchCallbacks) -> NewWorkflow {
-    NewWorkflow { id: None, kind: WorkflowType::Batch, name: None, jobs: (0..jobs).map(|i| job("b.job", json!([i]))).collect(), callbacks }
+    NewWorkflow { id: None, kind: WorkflowType::Batch, name: None, jobs: (0..jobs).map(|i| job("b.job", json!([i]))).collect(), callbacks, graph: Vec::new() }
 }
 
 fn all_callbacks() -> BatchCallbacks {
@@ -482,4 +484,200 @@ async fn a_workflow_s_start_steps_and_end_are_ojs_events() {
     // Aged out with the completed jobs.
     sqlx::query("UPDATE workflow_events SET at = at - interval '2 days'").execute(s.pool()).await.unwrap();
     assert_eq!(s.prune(&rebound_queue::store::PruneConfig::default()).await.unwrap().workflow_events, 6);
+}
+
+fn graph(steps: &[(&str, &[&str])]) -> NewWorkflow {
+    NewWorkflow {
+        id: None,
+        kind: WorkflowType::Graph,
+        name: Some("dag".into()),
+        jobs: steps.iter().map(|(id, _)| job(&format!("g.{id}"), json!([id]))).collect(),
+        callbacks: BatchCallbacks::default(),
+        graph: steps.iter().map(|(id, after)| GraphStep { id: id.to_string(), depends_on: after.iter().map(|a| a.to_string()).collect() }).collect(),
+    }
+}
+
+fn types(jobs: &[Job]) -> Vec<&str> {
+    let mut t: Vec<&str> = jobs.iter().map(|j| j.job_type.as_str()).collect();
+    t.sort_unstable();
+    t
+}
+
+async fn step_events(s: &Store, wf: Uuid, kind: &str, key: &str) -> Vec<String> {
+    sqlx::query_scalar("SELECT data->>$3 FROM workflow_events WHERE workflow_id = $1 AND type = $2 ORDER BY id")
+        .bind(wf)
+        .bind(kind)
+        .bind(key)
+        .fetch_all(s.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_graph_starts_each_step_once_everything_it_depends_on_has_completed() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    // a -> (b, c) -> d
+    let wf = s.create_workflow(graph(&[("a", &[]), ("b", &["a"]), ("c", &["a"]), ("d", &["b", "c"])])).await.unwrap();
+    assert_eq!((wf.kind, wf.state.as_str(), wf.job_count), (WorkflowType::Graph, "running", 4));
+    assert_eq!(states(&wf), [(0, JobState::Available), (1, JobState::Pending), (2, JobState::Pending), (3, JobState::Pending)]);
+    let ids: Vec<String> = wf.members.iter().map(|m| m.step_id()).collect();
+    assert_eq!(ids, ["a", "b", "c", "d"]);
+    assert_eq!(wf.members[3].graph.as_ref().map(|g| g.depends_on.clone()), Some(vec!["b".to_string(), "c".to_string()]));
+
+    let a = claim(s, 10).await;
+    assert_eq!(types(&a), ["g.a"], "only the root can run");
+    complete(s, &a[0], json!({"rows": 3})).await;
+    let fanned = claim(s, 10).await;
+    assert_eq!(types(&fanned), ["g.b", "g.c"], "both dependents of a start together");
+    for j in &fanned {
+        assert_eq!(j.extra["parent_results"], json!({"a": {"rows": 3}}), "the results upstream, by step id");
+    }
+    let (b, c) = if fanned[0].job_type == "g.b" { (&fanned[0], &fanned[1]) } else { (&fanned[1], &fanned[0]) };
+    complete(s, b, json!("b done")).await;
+    assert!(claim(s, 10).await.is_empty(), "d still waits for c");
+    assert_eq!(get(s, wf.id).await.members[3].state, JobState::Pending);
+    complete(s, c, json!(null)).await;
+    let d = claim(s, 10).await;
+    assert_eq!(types(&d), ["g.d"]);
+    assert_eq!(d[0].extra["parent_results"], json!({"a": {"rows": 3}, "b": "b done", "c": null}), "everything upstream, not only the direct dependencies");
+    assert_eq!(get(s, wf.id).await.state, "running");
+    complete(s, &d[0], json!(1)).await;
+
+    let done = get(s, wf.id).await;
+    assert_eq!((done.state.as_str(), done.completed_count, done.failed_count, done.skipped_count), ("completed", 4, 0, 0));
+    assert!(done.finished_at.is_some());
+    assert_eq!(step_events(s, wf.id, "workflow.step_completed", "step_id").await, ["a", "b", "c", "d"], "events name the steps by their ids");
+    assert_eq!(step_events(s, wf.id, "workflow.completed", "total_steps").await, ["4"]);
+}
+
+#[tokio::test]
+async fn a_graph_step_that_fails_skips_what_is_downstream_while_other_branches_go_on() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    // a -> b -> c, beside x -> y
+    let wf = s.create_workflow(graph(&[("a", &[]), ("b", &["a"]), ("c", &["b"]), ("x", &[]), ("y", &["x"])])).await.unwrap();
+    let roots = claim(s, 10).await;
+    assert_eq!(types(&roots), ["g.a", "g.x"]);
+    let (a, x) = if roots[0].job_type == "g.a" { (&roots[0], &roots[1]) } else { (&roots[1], &roots[0]) };
+    fail_for_good(s, a).await;
+
+    let after = get(s, wf.id).await;
+    assert_eq!((after.state.as_str(), after.failed_count, after.skipped_count), ("running", 1, 2), "x's branch is still running");
+    assert_eq!(states(&after), [(0, JobState::Discarded), (1, JobState::Cancelled), (2, JobState::Cancelled), (3, JobState::Active), (4, JobState::Pending)]);
+    let skipped = s.job(after.members[2].job_id).await.unwrap();
+    assert_eq!(skipped.last_error.as_ref().map(|e| (e["type"].clone(), e["message"].clone())), Some((json!("rebound.upstream_failed"), json!("step a failed"))));
+    assert_eq!(after.errors.as_array().map(Vec::len), Some(1), "the skipped steps are not failures of their own");
+
+    complete(s, x, json!("x")).await;
+    let y = claim(s, 10).await;
+    assert_eq!(types(&y), ["g.y"], "the branch that does not depend on a goes on");
+    complete(s, &y[0], json!("y")).await;
+    let failed = get(s, wf.id).await;
+    assert_eq!((failed.state.as_str(), failed.completed_count, failed.failed_count, failed.skipped_count), ("failed", 2, 1, 2));
+    assert!(failed.finished_at.is_some());
+    assert_eq!(step_events(s, wf.id, "workflow.failed", "failed_step_id").await, ["a"]);
+
+    // A failure whose downstream is all that is left finishes the graph at once.
+    let wf = s.create_workflow(graph(&[("p", &[]), ("q", &["p"])])).await.unwrap();
+    let p = claim(s, 10).await.remove(0);
+    fail_for_good(s, &p).await;
+    let failed = get(s, wf.id).await;
+    assert_eq!((failed.state.as_str(), failed.failed_count, failed.skipped_count), ("failed", 1, 1));
+}
+
+#[tokio::test]
+async fn a_graph_s_join_starts_once_when_its_dependencies_finish_side_by_side() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    // Forty roots, one join on all of them; ten writers finish the roots concurrently.
+    let names: Vec<String> = (0..40).map(|i| format!("r{i}")).collect();
+    let mut steps: Vec<(&str, &[&str])> = names.iter().map(|n| (n.as_str(), &[][..])).collect();
+    let all: Vec<&str> = names.iter().map(String::as_str).collect();
+    steps.push(("join", &all));
+    let wf = s.create_workflow(graph(&steps)).await.unwrap();
+    let roots = claim(s, 100).await;
+    assert_eq!(roots.len(), 40);
+    let mut writers = Vec::new();
+    for part in roots.chunks(4) {
+        let (store, part) = (s.clone(), part.to_vec());
+        writers.push(tokio::spawn(async move {
+            let items: Vec<Completion> =
+                part.iter().map(|j| Completion { id: j.id, attempt: Some(j.attempt), worker_id: Some("w1".into()), result: Some(j.args[0].clone()) }).collect();
+            store.complete_batch(&items).await.unwrap();
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let join = claim(s, 100).await;
+    assert_eq!(types(&join), ["g.join"], "started exactly once");
+    let results = join[0].extra["parent_results"].as_object().cloned().unwrap_or_default();
+    assert_eq!(results.len(), 40);
+    assert_eq!(results.get("r7"), Some(&json!("r7")));
+    assert_eq!(get(s, wf.id).await.completed_count, 40);
+}
+
+#[tokio::test]
+async fn a_bad_graph_is_refused_naming_the_step() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let refused = |r: Result<Workflow, StoreError>| match r {
+        Err(StoreError::Invalid { field, reason }) => format!("{field}: {reason}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let cycle = refused(s.create_workflow(graph(&[("a", &[]), ("b", &["a", "d"]), ("c", &["b"]), ("d", &["c"])])).await);
+    assert!(cycle.contains("depends_on: the dependencies form a cycle") && cycle.contains("b -> d -> c -> b"), "{cycle}");
+    let itself = refused(s.create_workflow(graph(&[("a", &["a"])])).await);
+    assert!(itself.starts_with("jobs[0].depends_on:") && itself.contains("a -> a"), "{itself}");
+    let unknown = refused(s.create_workflow(graph(&[("a", &[]), ("b", &["nope"])])).await);
+    assert!(unknown.starts_with("jobs[1].depends_on:") && unknown.contains("\"nope\""), "{unknown}");
+    let twice = refused(s.create_workflow(graph(&[("a", &[]), ("a", &[])])).await);
+    assert!(twice.starts_with("jobs[1].id:") && twice.contains("jobs[0]"), "{twice}");
+    let mut short = graph(&[("a", &[])]);
+    short.jobs.push(job("extra", json!([])));
+    assert!(refused(s.create_workflow(short).await).starts_with("graph:"));
+    let mut chain = workflow(WorkflowType::Chain, vec![job("a", json!([]))]);
+    chain.graph = vec![GraphStep { id: "a".into(), depends_on: vec![] }];
+    assert!(refused(s.create_workflow(chain).await).starts_with("graph:"));
+    let count: i64 = sqlx::query_scalar("SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM workflows) + (SELECT count(*) FROM workflow_steps)")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(count, 0, "nothing half-created");
+}
+
+#[tokio::test]
+async fn a_graph_s_creation_and_its_join_s_start_survive_a_lost_connection() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+
+    // Cut as the steps are sent, after the workflow's row: nothing of it stays.
+    let cut = proxy.inject(Fault::once("INSERT INTO workflow_steps", FaultPoint::BeforeSend));
+    let id = Uuid::now_v7();
+    let wf = NewWorkflow { id: Some(id), ..graph(&[("a", &[]), ("b", &[]), ("join", &["a", "b"])]) };
+    assert!(through.create_workflow(wf.clone()).await.is_err());
+    assert_eq!(cut.count(), 1);
+    let left: i64 = sqlx::query_scalar("SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM workflows) + (SELECT count(*) FROM workflow_steps)")
+        .fetch_one(db.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    through.create_workflow(wf).await.unwrap();
+
+    let roots = claim(&db.store, 10).await;
+    let (a, b) = if roots[0].job_type == "g.a" { (&roots[0], &roots[1]) } else { (&roots[1], &roots[0]) };
+    complete(&db.store, a, json!("a")).await;
+    // The last dependency's completion commits with its answer lost: the join started with it,
+    // once; writing the completion again changes nothing.
+    let item = Completion { id: b.id, attempt: Some(b.attempt), worker_id: Some("w1".into()), result: Some(json!("b")) };
+    let lost = proxy.inject(Fault::once("SET state = 'completed'", FaultPoint::AfterCommit));
+    assert!(through.complete_batch(std::slice::from_ref(&item)).await.is_err());
+    assert_eq!(lost.count(), 1);
+    assert_eq!(through.complete_batch(std::slice::from_ref(&item)).await.unwrap(), Vec::<Uuid>::new(), "already completed");
+    let join = claim(&db.store, 10).await;
+    assert_eq!(types(&join), ["g.join"]);
+    assert_eq!(join[0].extra["parent_results"], json!({"a": "a", "b": "b"}));
+    assert_eq!(get(&db.store, id).await.completed_count, 2, "counted once");
 }

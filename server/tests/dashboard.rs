@@ -544,7 +544,7 @@ async fn a_workflow_s_page_shows_each_step_and_an_operator_cancels_it() {
     let wf = d
         .db
         .store
-        .create_workflow(NewWorkflow { id: None, kind: WorkflowType::Chain, name: Some("order-42".into()), jobs: steps, callbacks: BatchCallbacks::default() })
+        .create_workflow(NewWorkflow { id: None, kind: WorkflowType::Chain, name: Some("order-42".into()), jobs: steps, callbacks: BatchCallbacks::default(), graph: Vec::new() })
         .await
         .expect("workflow");
     let claim = ClaimRequest { worker_id: "w1".into(), queues: vec!["default".into()], limit: 1, visibility_timeout: std::time::Duration::from_secs(60) };
@@ -589,4 +589,42 @@ async fn a_workflow_s_page_shows_each_step_and_an_operator_cancels_it() {
     assert!(audit.iter().any(|(actor, a, target)| actor == "olivia" && a == "workflow.cancel" && target.as_deref() == Some(wf.id.to_string().as_str())), "{audit:?}");
     let unknown = d.get("/workflows/019539a4-bbbb-7000-8000-000000000001", Some(&b)).await;
     assert!(unknown.text.contains("workflow 019539a4-bbbb-7000-8000-000000000001"), "the page says what is missing: {}", unknown.text);
+}
+
+#[tokio::test]
+async fn a_graph_s_page_names_each_step_with_what_it_waits_for_and_what_was_skipped() {
+    use rebound_queue::outcome::{HandlerError, Outcome};
+    use rebound_queue::store::{BatchCallbacks, ClaimRequest, Failure, GraphStep, NewWorkflow, WorkflowType};
+    let d = Dashboard::new().await;
+    d.user("victor", "viewer password", Role::Viewer).await;
+    let steps = [("fetch", vec![]), ("parse", vec!["fetch"]), ("index", vec!["parse"]), ("notify", vec!["fetch", "index"])];
+    let wf = NewWorkflow {
+        id: None,
+        kind: WorkflowType::Graph,
+        name: Some("crawl-7".into()),
+        jobs: steps.iter().map(|(id, _)| rebound_queue::NewJob::new(format!("crawl.{id}"), serde_json::json!([]))).collect(),
+        callbacks: BatchCallbacks::default(),
+        graph: steps.iter().map(|(id, after)| GraphStep { id: id.to_string(), depends_on: after.iter().map(|a| a.to_string()).collect() }).collect(),
+    };
+    let wf = d.db.store.create_workflow(wf).await.expect("workflow");
+    let claim = ClaimRequest { worker_id: "w1".into(), queues: vec!["default".into()], limit: 1, visibility_timeout: std::time::Duration::from_secs(60) };
+    let first = d.db.store.claim(&claim).await.expect("claim").remove(0);
+    let failure = Failure {
+        id: first.id,
+        attempt: Some(first.attempt),
+        worker_id: Some("w1".into()),
+        outcome: Outcome::Discard(HandlerError::new("net.dns", "no such host")),
+        error_code: None,
+    };
+    d.db.store.fail(&failure).await.expect("fail");
+
+    let viewer = d.sign_in("victor", "viewer password").await;
+    let page = d.get(&format!("/workflows/{}", wf.id), Some(&viewer)).await.text;
+    let row = |job_type: &str| page.split("<tr").find(|r| r.contains(job_type)).unwrap_or_default().split("</tr>").next().unwrap_or_default().to_string();
+    assert!(page.contains("crawl-7") && page.contains("1 failed") && page.contains("3 skipped"), "{page}");
+    assert!(row("crawl.notify").contains("notify (after fetch, index)") && row("crawl.notify").contains("cancelled"), "{}", row("crawl.notify"));
+    assert!(row("crawl.fetch").contains("discarded"), "{}", row("crawl.fetch"));
+    assert!(page.contains("net.dns"), "the failure is listed with its error: {page}");
+    let listed = d.get("/workflows?state=failed", Some(&viewer)).await.text;
+    assert!(listed.contains("crawl-7") && listed.contains("graph") && listed.contains("3 skipped"), "{listed}");
 }

@@ -126,9 +126,17 @@ impl JobContext {
 
     /// The results of the workflow's jobs before this one, by index: every earlier step of a
     /// chain, or every job of a batch for its callbacks (`null` where one failed). Empty for a
-    /// chain's first step, a group's jobs, and jobs outside workflows.
+    /// chain's first step, a group's jobs, a graph's steps (see [`Self::upstream_result`]) and
+    /// jobs outside workflows.
     pub fn parent_results(&self) -> &[Value] {
         self.job.extra.get("parent_results").and_then(Value::as_array).map_or(&[], Vec::as_slice)
+    }
+
+    /// In a graph workflow, the result of the step with id `step_id`, if it is upstream of
+    /// this one (a dependency, or a dependency's, and so on): a graph's step is given every
+    /// upstream result by step id.
+    pub fn upstream_result(&self, step_id: &str) -> Option<&Value> {
+        self.job.extra.get("parent_results").and_then(Value::as_object).and_then(|m| m.get(step_id))
     }
 }
 

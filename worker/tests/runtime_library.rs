@@ -426,7 +426,7 @@ async fn a_chain_s_steps_run_in_order_through_the_worker_each_seeing_the_results
     let steps = (0..3).map(|i| NewJob::new("lib.step", json!([i]))).collect();
     let wf = db
         .store
-        .create_workflow(NewWorkflow { id: None, kind: WorkflowType::Chain, name: None, jobs: steps, callbacks: BatchCallbacks::default() })
+        .create_workflow(NewWorkflow { id: None, kind: WorkflowType::Chain, name: None, jobs: steps, callbacks: BatchCallbacks::default(), graph: Vec::new() })
         .await
         .unwrap();
     let done = eventually("the chain to complete", Duration::from_secs(60), || {
@@ -446,4 +446,54 @@ async fn a_chain_s_steps_run_in_order_through_the_worker_each_seeing_the_results
             (json!(2), vec![json!({"step": 0}), json!({"step": 1})], Some(wf.id)),
         ]
     );
+}
+
+#[tokio::test]
+async fn a_graph_s_join_runs_through_the_worker_reading_each_upstream_result_by_step_id() {
+    use rebound_queue::store::{BatchCallbacks, GraphStep, NewWorkflow, WorkflowType};
+    let db = TestDb::new().await;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let worker = quick(Worker::builder(db.store.clone()))
+        .queue("default", 4)
+        .handler(
+            "lib.node",
+            handler_fn(move |job| {
+                let record = record.clone();
+                async move {
+                    let n = job.arg(0).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+                    let upstream = ["left", "right"].map(|id| job.upstream_result(id).cloned());
+                    if let Ok(mut seen) = record.lock() {
+                        seen.push((n.clone(), upstream, job.parent_results().len()));
+                    }
+                    Ok(Some(json!({ "node": n })))
+                }
+            }),
+        )
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+    let nodes = [("left", vec![]), ("right", vec![]), ("join", vec!["left".to_string(), "right".to_string()])];
+    let wf = NewWorkflow {
+        id: None,
+        kind: WorkflowType::Graph,
+        name: None,
+        jobs: nodes.iter().map(|(id, _)| NewJob::new("lib.node", json!([id]))).collect(),
+        callbacks: BatchCallbacks::default(),
+        graph: nodes.iter().map(|(id, after)| GraphStep { id: id.to_string(), depends_on: after.clone() }).collect(),
+    };
+    let wf = db.store.create_workflow(wf).await.unwrap();
+    let done = eventually("the graph to complete", Duration::from_secs(60), || {
+        let store = db.store.clone();
+        async move { store.workflow(wf.id).await.ok().flatten().filter(|w| w.state == "completed") }
+    })
+    .await;
+    assert_eq!(done.completed_count, 3);
+    shutdown.cancel();
+    run.await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let join = seen.iter().find(|(n, _, _)| n == "join").cloned();
+    assert_eq!(join, Some(("join".to_string(), [Some(json!({"node": "left"})), Some(json!({"node": "right"}))], 0)), "{seen:?}");
+    assert_eq!(seen.last().map(|(n, _, _)| n.as_str()), Some("join"), "after both: {seen:?}");
 }

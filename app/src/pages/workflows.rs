@@ -45,6 +45,8 @@ pub struct WorkflowView {
     pub job_count: i32,
     pub completed_count: i32,
     pub failed_count: i32,
+    /// A graph's steps cancelled unrun because one upstream of them failed.
+    pub skipped_count: i32,
     pub created: When,
     pub started: Option<When>,
     pub finished: Option<When>,
@@ -95,7 +97,7 @@ pub async fn list_workflows(#[server(default)] state: String, #[server(default)]
                 w.job_count,
                 if w.kind == rebound_queue::store::WorkflowType::Chain { "steps" } else { "jobs" },
                 if w.failed_count > 0 { format!(", {} failed", w.failed_count) } else { String::new() }
-            ),
+            ) + &if w.skipped_count > 0 { format!(", {} skipped", w.skipped_count) } else { String::new() },
             id: w.id.to_string(),
             kind: w.kind.as_str().to_string(),
             name: w.name,
@@ -167,7 +169,12 @@ pub async fn load_workflow(id: String) -> Result<WorkflowView, AppError> {
         .members
         .iter()
         .map(|m| StepView {
-            label: m.callback().map_or_else(|| format!("{} {}", if chain { "step" } else { "job" }, m.step), str::to_owned),
+            label: match (&m.graph, m.callback()) {
+                (Some(g), _) if g.depends_on.is_empty() => g.id.clone(),
+                (Some(g), _) => format!("{} (after {})", g.id, g.depends_on.join(", ")),
+                (None, Some(cb)) => cb.to_string(),
+                (None, None) => format!("{} {}", if chain { "step" } else { "job" }, m.step),
+            },
             job_id: m.job_id.to_string(),
             job_type: m.job_type.clone(),
             state: m.state.to_string(),
@@ -207,6 +214,7 @@ pub async fn load_workflow(id: String) -> Result<WorkflowView, AppError> {
         job_count: wf.job_count,
         completed_count: wf.completed_count,
         failed_count: wf.failed_count,
+        skipped_count: wf.skipped_count,
         created: When::of(wf.created_at, now),
         started: wf.started_at.map(|t| When::of(t, now)),
         finished: wf.finished_at.map(|t| When::of(t, now)),
@@ -250,10 +258,11 @@ pub fn WorkflowPage() -> impl IntoView {
                             _ => format!("{} of {} jobs completed", w.completed_count, w.job_count),
                         };
                         let failed = (w.failed_count > 0).then(|| format!(", {} failed", w.failed_count));
+                        let skipped = (w.skipped_count > 0).then(|| format!(", {} skipped (a step upstream failed)", w.skipped_count));
                         view! {
                             <h1>"Workflow " {title}</h1>
                             <p>
-                                <span class=format!("tag wf-state {}", w.state)>{w.state.clone()}</span> " " {w.kind.clone()} " · " {done} {failed}
+                                <span class=format!("tag wf-state {}", w.state)>{w.state.clone()}</span> " " {w.kind.clone()} " · " {done} {failed} {skipped}
                                 " · created " <span title=w.created.at.clone()>{w.created.relative.clone()}</span>
                                 {w.started.clone().map(|s| view! { " · started " <span title=s.at>{s.relative}</span> })}
                                 {w.finished.clone().map(|s| view! { " · finished " <span title=s.at>{s.relative}</span> })}

@@ -1,6 +1,8 @@
 //! OJS workflows (ojs-workflows.md): a chain runs its steps one after another, each given the
 //! results before it; a group runs its jobs side by side; a batch is a group whose callbacks
-//! (`on_complete`, `on_success`, `on_failure`) run once its jobs are done.
+//! (`on_complete`, `on_success`, `on_failure`) run once its jobs are done. A graph
+//! (ojs-http-binding.md §14.1) runs each step once the steps it depends on have completed; a
+//! step that fails for good skips everything downstream of it, and the other branches go on.
 //!
 //! Every job is inserted when the workflow is created, validated and defaulted like any
 //! enqueue. A chain's later steps and a batch's callbacks wait in `pending`. The database moves
@@ -23,13 +25,15 @@ use crate::job::{JobState, NewJob};
 /// takes the workflow's row lock, and creating it is one insert.
 pub const MAX_WORKFLOW_JOBS: usize = 10_000;
 
-/// The three OJS primitives.
+/// The three OJS primitives, and a general dependency graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkflowType {
     Chain,
     Group,
     Batch,
+    /// Steps with ids and dependencies ([`NewWorkflow::graph`]), acyclic.
+    Graph,
 }
 
 impl WorkflowType {
@@ -38,6 +42,7 @@ impl WorkflowType {
             WorkflowType::Chain => "chain",
             WorkflowType::Group => "group",
             WorkflowType::Batch => "batch",
+            WorkflowType::Graph => "graph",
         }
     }
 
@@ -46,6 +51,7 @@ impl WorkflowType {
             "chain" => Ok(WorkflowType::Chain),
             "group" => Ok(WorkflowType::Group),
             "batch" => Ok(WorkflowType::Batch),
+            "graph" => Ok(WorkflowType::Graph),
             other => Err(StoreError::invalid("type", format!("unknown workflow type {other:?}"))),
         }
     }
@@ -76,6 +82,93 @@ pub struct NewWorkflow {
     pub jobs: Vec<NewJob>,
     /// A batch's; must be empty for the others.
     pub callbacks: BatchCallbacks,
+    /// A graph's step ids and dependencies, one per job (in `jobs`' order); required for a
+    /// graph, refused for the other kinds.
+    pub graph: Vec<GraphStep>,
+}
+
+/// One step of a [`WorkflowType::Graph`]: the job at the same index of [`NewWorkflow::jobs`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GraphStep {
+    /// Unique within the workflow.
+    pub id: String,
+    /// Ids of the steps that must complete before it starts.
+    pub depends_on: Vec<String>,
+}
+
+/// A graph step's neighbours by index, sorted and without repeats.
+#[derive(Clone, Debug, Default)]
+struct Links {
+    depends_on: Vec<i32>,
+    dependents: Vec<i32>,
+}
+
+/// A graph's steps resolved to indexes. Refused, naming the step, when an id is empty or
+/// repeated, a dependency names no step, or the dependencies form a cycle (a step depending on
+/// itself is one).
+fn resolve_graph(steps: &[GraphStep]) -> Result<Vec<Links>, StoreError> {
+    let mut index = std::collections::HashMap::with_capacity(steps.len());
+    for (i, step) in steps.iter().enumerate() {
+        if step.id.is_empty() {
+            return Err(StoreError::invalid(format!("jobs[{i}].id"), "a graph's step needs an id"));
+        }
+        if let Some(first) = index.insert(step.id.as_str(), i) {
+            return Err(StoreError::invalid(format!("jobs[{i}].id"), format!("{:?} is the id of jobs[{first}] too: step ids are unique", step.id)));
+        }
+    }
+    let mut links = vec![Links::default(); steps.len()];
+    for (i, step) in steps.iter().enumerate() {
+        for dep in &step.depends_on {
+            let d = *index.get(dep.as_str()).ok_or_else(|| {
+                StoreError::invalid(format!("jobs[{i}].depends_on"), format!("{dep:?} is not the id of a step of this workflow"))
+            })?;
+            links[i].depends_on.push(d as i32);
+            links[d].dependents.push(i as i32);
+        }
+    }
+    for l in &mut links {
+        l.depends_on.sort_unstable();
+        l.depends_on.dedup();
+        l.dependents.sort_unstable();
+        l.dependents.dedup();
+    }
+    // Kahn's order: what it cannot reach lies on a cycle or downstream of one.
+    let mut waiting: Vec<usize> = links.iter().map(|l| l.depends_on.len()).collect();
+    let mut ready: Vec<usize> = (0..steps.len()).filter(|&i| waiting[i] == 0).collect();
+    let mut reached = 0;
+    while let Some(i) = ready.pop() {
+        reached += 1;
+        for &d in &links[i].dependents {
+            waiting[d as usize] -= 1;
+            if waiting[d as usize] == 0 {
+                ready.push(d as usize);
+            }
+        }
+    }
+    if reached < steps.len() {
+        // Every unreached step waits on another unreached one: following those from any of
+        // them comes back round, and that loop is the cycle to name.
+        let Some(start) = (0..steps.len()).find(|&i| waiting[i] > 0) else {
+            return Err(StoreError::invalid("jobs", "the dependencies form a cycle"));
+        };
+        let mut path = vec![start];
+        let mut at = start;
+        loop {
+            let Some(next) = links[at].depends_on.iter().map(|&d| d as usize).find(|&d| waiting[d] > 0) else {
+                return Err(StoreError::invalid(format!("jobs[{start}].depends_on"), "the dependencies form a cycle"));
+            };
+            if let Some(pos) = path.iter().position(|&p| p == next) {
+                let cycle: Vec<&str> = path[pos..].iter().chain([&next]).map(|&p| steps[p].id.as_str()).collect();
+                return Err(StoreError::invalid(
+                    format!("jobs[{next}].depends_on"),
+                    format!("the dependencies form a cycle: {} (each waits for the next)", cycle.join(" -> ")),
+                ));
+            }
+            path.push(next);
+            at = next;
+        }
+    }
+    Ok(links)
 }
 
 /// A workflow and where each of its jobs stands.
@@ -91,6 +184,8 @@ pub struct Workflow {
     pub job_count: i32,
     pub completed_count: i32,
     pub failed_count: i32,
+    /// A graph's steps cancelled unrun because a step upstream of them failed.
+    pub skipped_count: i32,
     /// The chain step that failed.
     pub failed_step_index: Option<i32>,
     /// `{job_id, code, message, attempt, role}` of each job that failed for good.
@@ -115,6 +210,8 @@ impl Workflow {
 pub struct WorkflowMember {
     /// Its index among the steps or jobs; a callback's is negative (see [`CALLBACKS`]).
     pub step: i32,
+    /// A graph step's id and the ids it depends on; `None` outside graphs.
+    pub graph: Option<GraphStep>,
     pub job_id: Uuid,
     pub job_type: String,
     pub state: JobState,
@@ -128,6 +225,16 @@ impl WorkflowMember {
     /// The callback's OJS name, if it is one.
     pub fn callback(&self) -> Option<&'static str> {
         CALLBACKS.iter().find(|(step, _)| *step == self.step).map(|(_, name)| *name)
+    }
+
+    /// Its id as the API and the events give it: a graph step's own, a callback's name, or
+    /// `step-N`.
+    pub fn step_id(&self) -> String {
+        match (&self.graph, self.callback()) {
+            (Some(g), _) => g.id.clone(),
+            (None, Some(cb)) => cb.to_string(),
+            (None, None) => format!("step-{}", self.step),
+        }
     }
 }
 
@@ -152,11 +259,21 @@ impl Store {
             WorkflowType::Batch if callbacks.is_empty() => {
                 return Err(StoreError::invalid("callbacks", "a batch needs at least one of on_complete, on_success, on_failure"));
             }
-            WorkflowType::Chain | WorkflowType::Group if !callbacks.is_empty() => {
+            WorkflowType::Chain | WorkflowType::Group | WorkflowType::Graph if !callbacks.is_empty() => {
                 return Err(StoreError::invalid("callbacks", format!("only a batch has callbacks, not a {}", wf.kind.as_str())));
             }
             _ => {}
         }
+        let links = match wf.kind {
+            WorkflowType::Graph if wf.graph.len() != wf.jobs.len() => {
+                return Err(StoreError::invalid("graph", format!("a graph names {} steps for {} jobs: one each", wf.graph.len(), wf.jobs.len())));
+            }
+            WorkflowType::Graph => resolve_graph(&wf.graph)?,
+            _ if !wf.graph.is_empty() => {
+                return Err(StoreError::invalid("graph", format!("only a graph has step ids and dependencies, not a {}", wf.kind.as_str())));
+            }
+            _ => Vec::new(),
+        };
         if wf.jobs.len() + callbacks.len() > MAX_WORKFLOW_JOBS {
             return Err(StoreError::invalid("jobs", format!("a workflow holds at most {MAX_WORKFLOW_JOBS} jobs")));
         }
@@ -173,8 +290,11 @@ impl Store {
             if job.pending {
                 return Err(StoreError::invalid(format!("{field}.pending"), "a workflow decides when its jobs start"));
             }
-            // A chain's later steps and every callback wait for the workflow to start them.
-            job.pending = step < 0 || (wf.kind == WorkflowType::Chain && step > 0);
+            // A chain's later steps, a graph's steps with dependencies and every callback wait
+            // for the workflow to start them.
+            job.pending = step < 0
+                || (wf.kind == WorkflowType::Chain && step > 0)
+                || links.get(step as usize).is_some_and(|l| !l.depends_on.is_empty());
             if let Value::Object(extra) = &mut job.extra {
                 extra.insert("workflow_id".into(), json!(id));
             }
@@ -198,6 +318,24 @@ impl Store {
             // Nothing was written; a failed rollback closes the connection instead.
             let _ = tx.rollback().await;
             return Err(StoreError::Duplicate { reason: format!("a workflow with id {id} already exists"), existing: Some(id) });
+        }
+        if !links.is_empty() {
+            let names: Vec<&str> = wf.graph.iter().map(|g| g.id.as_str()).collect();
+            // Arrays of arrays must be rectangular in Postgres: each step's go as text.
+            let list = |l: &[i32]| l.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
+            let depends_on: Vec<String> = links.iter().map(|l| list(&l.depends_on)).collect();
+            let dependents: Vec<String> = links.iter().map(|l| list(&l.dependents)).collect();
+            sqlx::query(
+                "INSERT INTO workflow_steps (workflow_id, step, name, depends_on, dependents)
+                 SELECT $1, s.i - 1, s.name, string_to_array(s.after, ',')::int[], string_to_array(s.before, ',')::int[]
+                 FROM unnest($2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS s(name, after, before, i)",
+            )
+            .bind(id)
+            .bind(&names)
+            .bind(&depends_on)
+            .bind(&dependents)
+            .execute(&mut *tx)
+            .await?;
         }
         insert_many(&mut tx, jobs, &checked, &members).await?;
         tx.commit().await?;
@@ -226,8 +364,10 @@ impl Store {
             return Ok(None);
         };
         let jobs = sqlx::query(
-            "SELECT id, type, state, attempt, result, started_at, completed_at, workflow_step FROM jobs
-             WHERE workflow_id = $1 ORDER BY workflow_step < 0, abs(workflow_step)",
+            "SELECT j.id, j.type, j.state, j.attempt, j.result, j.started_at, j.completed_at, j.workflow_step, s.name,
+                    ARRAY(SELECT d.name FROM workflow_steps d WHERE d.workflow_id = $1 AND d.step = ANY(s.depends_on) ORDER BY d.step) AS depends_on
+             FROM jobs j LEFT JOIN workflow_steps s ON s.workflow_id = $1 AND s.step = j.workflow_step
+             WHERE j.workflow_id = $1 ORDER BY j.workflow_step < 0, abs(j.workflow_step)",
         )
         .bind(id)
         .fetch_all(&self.pool)
@@ -235,8 +375,13 @@ impl Store {
         let members = jobs
             .iter()
             .map(|r| {
+                let name: Option<String> = r.try_get("name")?;
                 Ok(WorkflowMember {
                     step: r.try_get("workflow_step")?,
+                    graph: match name {
+                        Some(id) => Some(GraphStep { id, depends_on: r.try_get("depends_on")? }),
+                        None => None,
+                    },
                     job_id: r.try_get("id")?,
                     job_type: r.try_get("type")?,
                     state: r.try_get("state")?,
@@ -310,6 +455,7 @@ fn workflow_from_row(row: &sqlx::postgres::PgRow, members: Vec<WorkflowMember>) 
         job_count: row.try_get("job_count")?,
         completed_count: row.try_get("completed_count")?,
         failed_count: row.try_get("failed_count")?,
+        skipped_count: row.try_get("skipped_count")?,
         failed_step_index: row.try_get("failed_step_index")?,
         errors: row.try_get("errors")?,
         created_at: ts(row, "created_at")?,

@@ -15,7 +15,7 @@ use crate::config::ApiAuth;
 /// `GET /ojs/manifest`. The suites read `specversion`, the spec prose `ojs_version`: both.
 ///
 /// It declares what is implemented and nothing more: conformance level 3 (core, reliability,
-/// scheduling with cron, workflows without nesting), the level-4 features Rebound has as
+/// scheduling with cron, workflows and dependency graphs without nesting), the level-4 features Rebound has as
 /// capabilities, and each extension with what of it is covered (`extension_details`).
 pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
     let mut extensions = vec![
@@ -92,10 +92,11 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             },
             "workflows": {
                 "implemented": ["chain (each step given every earlier result as parent_results, an array by index), group, batch with on_complete / on_success / on_failure (fired exactly once, given every job's result)",
-                                "POST /workflows (the spec's shape, and the Python SDK's steps with depends_on when they describe a chain, group or batch), GET /workflows/{id} with every step's state and result, DELETE /workflows/{id}",
-                                "failure propagation: a chain stops at a step that failed for good and cancels the rest; failed_step_index, failed_job_ids, errors"],
+                                "POST /workflows (the spec's shape, and the HTTP binding's steps with id and depends_on: read as a chain, group or batch when they describe one, else as an acyclic graph), GET /workflows/{id} with every step's state, result and depends_on, DELETE /workflows/{id}",
+                                "graphs: a step starts once every step it depends on has completed, given every upstream result by step id as parent_results; cycles and unknown ids are refused at creation",
+                                "failure propagation: a chain stops at a step that failed for good and cancels the rest; a graph's failed step skips (cancels) what is downstream of it while other branches go on; failed_step_index, failed_job_ids, skipped_count, errors"],
                 "implemented_events": ["workflow.started", "workflow.step_completed", "workflow.completed", "workflow.failed"],
-                "not_implemented": ["nesting (the maximum depth is 1; a nested workflow is refused at creation)", "general DAGs"],
+                "not_implemented": ["nesting (the maximum depth is 1; a nested workflow is refused at creation)"],
             },
             "cron": {
                 "implemented": ["5/6-field expressions, names, L W #, @yearly…@hourly", "@every <duration> (1 s at least), anchored to its registration", "IANA time zones", "overlap skip/allow/cancel_previous/enqueue",

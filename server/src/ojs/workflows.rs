@@ -2,10 +2,11 @@
 //! `GET /ojs/v1/workflows/{id}`, `DELETE /ojs/v1/workflows/{id}`.
 //!
 //! Two request shapes are read, as the public SDKs send them: the spec's (`type` chain with
-//! `steps`, group or batch with `jobs` and a batch's `callbacks`), and the Python SDK's DAG
-//! (no `type`; `steps` with `id` and `depends_on`, callbacks marked `options.callback_type`),
-//! which is read as the chain, group or batch it describes; other graphs are refused. Nesting
-//! is not supported (the maximum depth is 1), and a nested workflow is refused at creation.
+//! `steps`, group or batch with `jobs` and a batch's `callbacks`), and the HTTP binding's
+//! graph, as the Python SDK sends it (no `type`; `steps` with `id` and `depends_on`, callbacks
+//! marked `options.callback_type`). A graph that is a chain, a group or a batch is read as one;
+//! any other acyclic graph is a `graph` workflow. Nesting is not supported (the maximum depth
+//! is 1), and a nested workflow is refused at creation.
 //!
 //! The answer is the workflow under `workflow` and, for clients that read it unwrapped (the
 //! JS SDK), its fields at the top level as well.
@@ -16,7 +17,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;
 use rebound_queue::{JobState, StoreError};
-use rebound_queue::store::{BatchCallbacks, MAX_WORKFLOW_JOBS, NewWorkflow, Workflow, WorkflowCancel, WorkflowMember, WorkflowType};
+use rebound_queue::store::{BatchCallbacks, GraphStep, MAX_WORKFLOW_JOBS, NewWorkflow, Workflow, WorkflowCancel, WorkflowMember, WorkflowType};
 use serde_json::{Map, Value, json};
 
 use super::body::{Fields, JsonObject, json_kind};
@@ -68,7 +69,7 @@ fn parse_workflow(f: &Fields<'_>, now: Timestamp) -> Result<NewWorkflow, ApiErro
         None => None,
     };
     let name = f.str("name")?.map(str::to_owned);
-    let (kind, jobs, callbacks) = match f.str("type")? {
+    let (kind, jobs, callbacks, graph) = match f.str("type")? {
         Some(t) => {
             let kind = match t {
                 "chain" => WorkflowType::Chain,
@@ -101,11 +102,11 @@ fn parse_workflow(f: &Fields<'_>, now: Timestamp) -> Result<NewWorkflow, ApiErro
                 }
                 None => BatchCallbacks::default(),
             };
-            (kind, jobs, callbacks)
+            (kind, jobs, callbacks, Vec::new())
         }
         None => dag(f, now)?,
     };
-    Ok(NewWorkflow { id, kind, name, jobs, callbacks })
+    Ok(NewWorkflow { id, kind, name, jobs, callbacks, graph })
 }
 
 fn jobs_of(f: &Fields<'_>, key: &str, now: Timestamp) -> Result<Vec<rebound_queue::NewJob>, ApiError> {
@@ -134,10 +135,14 @@ fn job_of(m: &Map<String, Value>, name: &str, now: Timestamp) -> Result<rebound_
     parse_new_job(&Fields::nested(m, name), now)
 }
 
-/// The Python SDK's shape: steps with ids and `depends_on`, read as the chain (each step on
+/// A workflow read from the request: its kind, jobs, a batch's callbacks and a graph's steps.
+type Parsed = (WorkflowType, Vec<rebound_queue::NewJob>, BatchCallbacks, Vec<GraphStep>);
+
+/// The HTTP binding's shape: steps with ids and `depends_on`, read as the chain (each step on
 /// the one before), group (none depends on anything) or batch (callbacks marked
-/// `options.callback_type`, depending on every job) it is.
-fn dag(f: &Fields<'_>, now: Timestamp) -> Result<(WorkflowType, Vec<rebound_queue::NewJob>, BatchCallbacks), ApiError> {
+/// `options.callback_type`, depending on every job) it is, else as a graph (the store refuses
+/// cycles and unknown ids).
+fn dag(f: &Fields<'_>, now: Timestamp) -> Result<Parsed, ApiError> {
     let items = f.array("steps")?.ok_or_else(|| f.error("type", "is required (chain, group or batch)"))?;
     if items.is_empty() {
         return Err(f.error("steps", "must hold at least one job"));
@@ -187,16 +192,23 @@ fn dag(f: &Fields<'_>, now: Timestamp) -> Result<(WorkflowType, Vec<rebound_queu
     let has_callbacks = callbacks.on_complete.is_some() || callbacks.on_success.is_some() || callbacks.on_failure.is_some();
     let independent = depends.iter().all(Vec::is_empty);
     let sequential = depends.iter().enumerate().all(|(i, d)| if i == 0 { d.is_empty() } else { d.len() == 1 && d[0] == ids[i - 1] });
-    let kind = if has_callbacks && independent {
-        WorkflowType::Batch
-    } else if jobs.len() > 1 && independent {
+    if has_callbacks && !independent {
+        return Err(f.error("steps", "callbacks (options.callback_type) belong to a batch, whose other steps depend on nothing; give the graph a final step that depends on the others instead"));
+    }
+    if has_callbacks {
+        return Ok((WorkflowType::Batch, jobs, callbacks, Vec::new()));
+    }
+    // Ids are kept only where the shape does not name its steps itself.
+    let standard = ids.iter().enumerate().all(|(i, id)| *id == format!("step-{i}"));
+    let kind = if standard && jobs.len() > 1 && independent {
         WorkflowType::Group
-    } else if sequential {
+    } else if standard && sequential {
         WorkflowType::Chain
     } else {
-        return Err(f.error("steps", "only a chain (each step depending on the one before), a group (no dependencies) or a batch (jobs without dependencies, callbacks with options.callback_type) is supported"));
+        let graph = ids.into_iter().zip(depends).map(|(id, depends_on)| GraphStep { id, depends_on }).collect();
+        return Ok((WorkflowType::Graph, jobs, callbacks, graph));
     };
-    Ok((kind, jobs, callbacks))
+    Ok((kind, jobs, callbacks, Vec::new()))
 }
 
 /// A job's state as a workflow step's (ojs-workflows.md §4.4).
@@ -213,7 +225,7 @@ fn step_state(s: JobState) -> &'static str {
 
 fn member_json(m: &WorkflowMember) -> Value {
     let mut v = json!({
-        "id": m.callback().map_or_else(|| format!("step-{}", m.step), str::to_owned),
+        "id": m.step_id(),
         "index": (m.step >= 0).then_some(m.step),
         "type": m.job_type,
         "state": step_state(m.state),
@@ -223,6 +235,9 @@ fn member_json(m: &WorkflowMember) -> Value {
     if let Value::Object(o) = &mut v {
         if let Some(cb) = m.callback() {
             o.insert("callback_type".into(), json!(cb));
+        }
+        if let Some(g) = &m.graph {
+            o.insert("depends_on".into(), json!(g.depends_on));
         }
         if let Some(r) = &m.result {
             o.insert("result".into(), r.clone());
@@ -253,6 +268,7 @@ pub fn workflow_json(wf: &Workflow) -> Value {
         total_key: wf.job_count,
         done_key: wf.completed_count,
         "failed_count": wf.failed_count,
+        "skipped_count": wf.skipped_count,
         "failed_step_index": wf.failed_step_index,
         "failed_job_ids": failed_job_ids,
         "errors": wf.errors,
@@ -264,6 +280,7 @@ pub fn workflow_json(wf: &Workflow) -> Value {
             "job_count": wf.job_count,
             "completed_count": wf.completed_count,
             "failed_count": wf.failed_count,
+            "skipped_count": wf.skipped_count,
         },
         "steps": wf.members.iter().map(member_json).collect::<Vec<_>>(),
     })
@@ -323,8 +340,22 @@ mod tests {
         let batch = parse(json!({"steps": [step("step-0", json!([])), step("step-1", json!([])), cb]})).unwrap();
         assert_eq!((batch.kind, batch.jobs.len()), (WorkflowType::Batch, 2));
         assert_eq!(batch.callbacks.on_success.map(|j| j.queue), Some("cb".to_string()));
-        let diamond = refused(json!({"steps": [step("a", json!([])), step("b", json!(["a"])), step("c", json!(["a"]))]}));
-        assert!(diamond.starts_with("steps:") && diamond.contains("only a chain"), "{diamond}");
         assert!(refused(json!({"name": "no type"})).starts_with("type:"));
+    }
+
+    #[test]
+    fn reads_any_other_graph_as_a_graph() {
+        let step = |id: &str, after: Value| json!({"id": id, "type": "t", "args": [], "depends_on": after});
+        let diamond = parse(json!({"steps": [step("a", json!([])), step("b", json!(["a"])), step("c", json!(["a"])), step("d", json!(["b", "c"]))]})).unwrap();
+        assert_eq!(diamond.kind, WorkflowType::Graph);
+        let links: Vec<(&str, Vec<&str>)> = diamond.graph.iter().map(|g| (g.id.as_str(), g.depends_on.iter().map(String::as_str).collect())).collect();
+        assert_eq!(links, [("a", vec![]), ("b", vec!["a"]), ("c", vec!["a"]), ("d", vec!["b", "c"])]);
+        // Named steps in a chain's or a group's shape keep their names.
+        let named = parse(json!({"steps": [step("extract", json!([])), step("load", json!(["extract"]))]})).unwrap();
+        assert_eq!((named.kind, named.graph[1].id.as_str()), (WorkflowType::Graph, "load"));
+        let mut cb = step("report", json!(["b"]));
+        cb["options"] = json!({"callback_type": "on_complete"});
+        let mixed = refused(json!({"steps": [step("a", json!([])), step("b", json!(["a"])), cb]}));
+        assert!(mixed.starts_with("steps:") && mixed.contains("callbacks"), "{mixed}");
     }
 }

@@ -146,6 +146,46 @@ async fn the_python_sdk_s_graph_is_read_as_the_workflow_it_describes() {
 }
 
 #[tokio::test]
+async fn any_other_graph_runs_each_step_after_what_it_depends_on() {
+    let s = TestServer::new().await;
+    let step = |id: &str, after: Value| json!({"id": id, "type": format!("g.{id}"), "args": [id], "depends_on": after, "options": {"queue": "dag"}});
+    let r = s
+        .post(
+            "/ojs/v1/workflows",
+            json!({"name": "onboarding", "steps": [step("welcome", json!([])), step("profile", json!([])), step("confirm", json!(["welcome", "profile"]))]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let wf = &r.body["workflow"];
+    assert_eq!((&wf["type"], &wf["state"], &wf["jobs_total"]), (&json!("graph"), &json!("running"), &json!(3)));
+    let steps: Vec<(&Value, &Value, &Value)> = wf["steps"].as_array().unwrap().iter().map(|s| (&s["id"], &s["state"], &s["depends_on"])).collect();
+    assert_eq!(
+        steps,
+        [
+            (&json!("welcome"), &json!("pending"), &json!([])),
+            (&json!("profile"), &json!("pending"), &json!([])),
+            (&json!("confirm"), &json!("waiting"), &json!(["welcome", "profile"]))
+        ]
+    );
+    let id = wf["id"].as_str().unwrap().to_string();
+
+    let roots = fetch(&s, "dag").await;
+    assert_eq!(roots.len(), 2, "{roots:?}");
+    ack(&s, &roots[0], json!(0)).await;
+    assert!(fetch(&s, "dag").await.is_empty(), "confirm waits for both");
+    ack(&s, &roots[1], json!(1)).await;
+    let last = fetch(&s, "dag").await;
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0]["type"], "g.confirm");
+    let upstream = last[0]["parent_results"].as_object().cloned().unwrap_or_default();
+    assert_eq!(upstream.keys().map(String::as_str).collect::<Vec<_>>(), ["profile", "welcome"], "by step id");
+    ack(&s, &last[0], json!("sent")).await;
+    let r = s.get(&format!("/ojs/v1/workflows/{id}")).await;
+    assert_eq!((&r.body["workflow"]["state"], &r.body["workflow"]["metadata"]["completed_count"]), (&json!("completed"), &json!(3)), "{}", r.text);
+    assert_eq!(r.body["workflow"]["steps"][2]["result"], "sent");
+}
+
+#[tokio::test]
 async fn a_bad_workflow_gets_a_400_naming_the_field_and_creates_nothing() {
     let s = TestServer::new().await;
     let cases = [
@@ -155,7 +195,9 @@ async fn a_bad_workflow_gets_a_400_naming_the_field_and_creates_nothing() {
         (json!({"type": "batch", "jobs": [{"type": "a", "args": []}]}), "callbacks"),
         (json!({"type": "chain", "steps": [{"type": "a", "args": [], "options": {"unique": {"keys": ["type"]}}}]}), "steps[0].unique"),
         (json!({"type": "chain", "steps": [{"type": "group", "jobs": [{"type": "a", "args": []}]}]}), "steps[0]"),
-        (json!({"steps": [{"id": "a", "type": "t", "args": [], "depends_on": []}, {"id": "b", "type": "t", "args": [], "depends_on": ["x"]}]}), "steps"),
+        (json!({"steps": [{"id": "a", "type": "t", "args": [], "depends_on": []}, {"id": "b", "type": "t", "args": [], "depends_on": ["x"]}]}), "steps[1].depends_on"),
+        (json!({"steps": [{"id": "a", "type": "t", "args": [], "depends_on": ["b"]}, {"id": "b", "type": "t", "args": [], "depends_on": ["a"]}]}), "steps[0].depends_on"),
+        (json!({"steps": [{"id": "a", "type": "t", "args": [], "depends_on": []}, {"id": "a", "type": "t", "args": [], "depends_on": ["a"]}]}), "steps[1].id"),
         (json!({"type": "chain", "steps": [{"type": "a", "args": []}], "id": "not-a-uuid"}), "id"),
     ];
     for (body, field) in cases {

@@ -227,11 +227,12 @@ async def cron(client: ojs.Client, q: str) -> None:
 
 
 async def workflows(url: str, client: ojs.Client, q: str) -> None:
-    """A chain and a batch built with the SDK's helpers, worked by an SDK worker."""
+    """A chain and a batch built with the SDK's helpers, and a graph of its own steps, worked by
+    an SDK worker."""
     wq = f"{q}-wf"
     ran: list[tuple[str, list]] = []
     worker = ojs.Worker(url, queues=[wq], concurrency=4, poll_interval=0.1, headers=ACCEPT_JSON)
-    for job_type in ("scenario.step", "scenario.mail", "scenario.report"):
+    for job_type in ("scenario.step", "scenario.mail", "scenario.report", "scenario.node"):
         @worker.register(job_type)
         async def record(ctx: ojs.JobContext, job_type: str = job_type):
             ran.append((job_type, ctx.args))
@@ -243,12 +244,19 @@ async def workflows(url: str, client: ojs.Client, q: str) -> None:
     mails = await client.workflow(ojs.batch("py-batch", [ojs.JobRequest(type="scenario.mail", args=[m], queue=wq) for m in "ab"],
                                             on_success=ojs.JobRequest(type="scenario.report", args=["ok"], queue=wq),
                                             on_failure=ojs.JobRequest(type="scenario.report", args=["failed"], queue=wq)))
+    node = lambda n, after: ojs.WorkflowStep(id=n, type="scenario.node", args=[n], depends_on=after, options={"queue": wq})  # noqa: E731
+    # A diamond: neither a chain, a group nor a batch.
+    dag = await client.workflow(ojs.WorkflowDefinition(name="py-dag", steps=[
+        node("extract", []), node("csv", ["extract"]), node("json", ["extract"]), node("load", ["csv", "json"])]))
+    check([(s.id, s.depends_on, s.state) for s in dag.steps] == [
+        ("extract", [], "pending"), ("csv", ["extract"], "waiting"), ("json", ["extract"], "waiting"), ("load", ["csv", "json"], "waiting")],
+        f"graph created: {dag.steps}")
     task = asyncio.create_task(worker.start())
     try:
         async def done() -> bool:
-            return (await client.get_workflow(pipeline.id)).state == "completed" and (await client.get_workflow(mails.id)).state == "completed"
+            return all([(await client.get_workflow(w.id)).state == "completed" for w in (pipeline, mails, dag)])
 
-        await wait_until("both workflows completed", done)
+        await wait_until("the three workflows completed", done)
     finally:
         await worker.stop()
         await asyncio.wait_for(task, 30)
@@ -256,6 +264,11 @@ async def workflows(url: str, client: ojs.Client, q: str) -> None:
     check(steps == ["first", "second", "third"], f"the chain's steps in order: {steps}")
     reports = [args[0] for t, args in ran if t == "scenario.report"]
     check(reports == ["ok"], f"on_success alone fired, once: {reports}")
+    nodes = [args[0] for t, args in ran if t == "scenario.node"]
+    check(len(nodes) == 4 and nodes[0] == "extract" and sorted(nodes[1:3]) == ["csv", "json"] and nodes[3] == "load",
+          f"the graph's steps after their dependencies: {nodes}")
+    graph = await client.get_workflow(dag.id)
+    check([s.state for s in graph.steps] == ["completed"] * 4 and graph.steps[3].result == {"done": "load"}, f"graph status: {graph.steps}")
     status = await client.get_workflow(pipeline.id)
     check([s.state for s in status.steps] == ["completed"] * 3 and status.steps[2].result == {"done": "third"}, f"chain status: {status.steps}")
 
