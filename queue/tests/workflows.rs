@@ -49,7 +49,7 @@ fn job(t: &str, args: Value) -> NewJob {
 }
 
 fn workflow(kind: WorkflowType, jobs: Vec<NewJob>) -> NewWorkflow {
-    NewWorkflow { id: None, kind, name: Some("wf".into()), jobs, callbacks: BatchCallbacks::default(), graph: Vec::new() }
+    NewWorkflow { id: None, kind, name: Some("wf".into()), jobs, callbacks: BatchCallbacks::default(), graph: Vec::new(), nested: Default::default() }
 }
 
 async fn get(s: &Store, id: Uuid) -> Workflow {
@@ -149,7 +149,7 @@ async fn a_group_finishes_when_all_its_jobs_have_and_fails_if_any_did() {
 }
 
 fn batch(jobs: usize, callbacks: BatchCallbacks) -> NewWorkflow {
-    NewWorkflow { id: None, kind: WorkflowType::Batch, name: None, jobs: (0..jobs).map(|i| job("b.job", json!([i]))).collect(), callbacks, graph: Vec::new() }
+    NewWorkflow { id: None, kind: WorkflowType::Batch, name: None, jobs: (0..jobs).map(|i| job("b.job", json!([i]))).collect(), callbacks, graph: Vec::new(), nested: Default::default() }
 }
 
 fn all_callbacks() -> BatchCallbacks {
@@ -494,6 +494,7 @@ fn graph(steps: &[(&str, &[&str])]) -> NewWorkflow {
         jobs: steps.iter().map(|(id, _)| job(&format!("g.{id}"), json!([id]))).collect(),
         callbacks: BatchCallbacks::default(),
         graph: steps.iter().map(|(id, after)| GraphStep { id: id.to_string(), depends_on: after.iter().map(|a| a.to_string()).collect() }).collect(),
+        nested: Default::default(),
     }
 }
 
@@ -680,4 +681,189 @@ async fn a_graph_s_creation_and_its_join_s_start_survive_a_lost_connection() {
     assert_eq!(types(&join), ["g.join"]);
     assert_eq!(join[0].extra["parent_results"], json!({"a": "a", "b": "b"}));
     assert_eq!(get(&db.store, id).await.completed_count, 2, "counted once");
+}
+
+fn nested(mut wf: NewWorkflow, inner: Vec<(usize, NewWorkflow)>) -> NewWorkflow {
+    for (i, w) in inner {
+        wf.jobs.insert(i, NewWorkflow::standing_job(w.kind));
+        wf.nested.insert(i, w);
+    }
+    wf
+}
+
+async fn claim_types(s: &Store) -> Vec<Job> {
+    let mut jobs = claim(s, 20).await;
+    jobs.sort_by(|a, b| a.job_type.cmp(&b.job_type));
+    jobs
+}
+
+#[tokio::test]
+async fn a_chain_with_a_group_as_a_step_fans_out_and_hands_the_group_s_results_on() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let group = workflow(WorkflowType::Group, vec![job("t.csv", json!([])), job("t.json", json!([]))]);
+    let wf = s.create_workflow(nested(workflow(WorkflowType::Chain, vec![job("extract", json!([])), job("load", json!([]))]), vec![(1, group)])).await.unwrap();
+    assert_eq!(wf.job_count, 3, "extract, the group, load");
+    let inner = wf.members[1].nested.clone().expect("step 1 is the group");
+    assert_eq!((inner.kind, inner.state.as_str(), inner.parent_id), (WorkflowType::Group, "pending", Some(wf.id)), "it waits for extract");
+    assert_eq!(wf.members[1].job_type, "rebound.workflow.group");
+    assert!(inner.members.iter().all(|m| m.state == JobState::Pending));
+    // The job standing for it is never handed out, not even when asked for.
+    assert!(s.activate(wf.members[1].job_id).await.is_err());
+
+    let extract = claim_types(s).await;
+    assert_eq!(types(&extract), ["extract"], "the group's jobs wait with it");
+    assert!(get(s, wf.id).await.started_at.is_some());
+    complete(s, &extract[0], json!({"rows": 2})).await;
+    let fanned = claim_types(s).await;
+    assert_eq!(types(&fanned), ["t.csv", "t.json"]);
+    for j in &fanned {
+        assert_eq!(j.extra["parent_results"], json!([{"rows": 2}]), "the group's jobs get the chain's results");
+        assert_eq!(j.extra["workflow_id"], json!(inner.id));
+    }
+    assert_eq!(get(s, inner.id).await.state, "running");
+    complete(s, &fanned[0], json!("a.csv")).await;
+    assert!(claim(s, 20).await.is_empty(), "load waits for the whole group");
+    complete(s, &fanned[1], json!("a.json")).await;
+
+    let load = claim_types(s).await;
+    assert_eq!(types(&load), ["load"]);
+    assert_eq!(load[0].extra["parent_results"], json!([{"rows": 2}, ["a.csv", "a.json"]]), "the group's entry holds each of its jobs' results");
+    complete(s, &load[0], json!("loaded")).await;
+    let done = get(s, wf.id).await;
+    assert_eq!((done.state.as_str(), done.completed_count), ("completed", 3));
+    let inner = done.members[1].nested.clone().expect("nested");
+    assert_eq!((inner.state.as_str(), inner.completed_count), ("completed", 2));
+    assert_eq!(done.members[1].state, JobState::Completed);
+    let listed: Vec<Uuid> = s.list_workflows(None, None, 10).await.unwrap().iter().map(|w| w.id).collect();
+    assert_eq!(listed, [wf.id], "nested workflows are listed through their parent");
+}
+
+#[tokio::test]
+async fn a_failure_three_levels_down_fails_each_workflow_it_is_nested_in() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    // chain[a, group[chain[b, c], d], e]
+    let inner_chain = workflow(WorkflowType::Chain, vec![job("b", json!([])), job("c", json!([]))]);
+    let group = nested(workflow(WorkflowType::Group, vec![job("d", json!([]))]), vec![(0, inner_chain)]);
+    let wf = s.create_workflow(nested(workflow(WorkflowType::Chain, vec![job("a", json!([])), job("e", json!([]))]), vec![(1, group)])).await.unwrap();
+    let a = claim_types(s).await;
+    assert_eq!(types(&a), ["a"]);
+    complete(s, &a[0], json!(1)).await;
+    let second = claim_types(s).await;
+    assert_eq!(types(&second), ["b", "d"], "the group starts, and the chain inside it");
+    let (b, d) = (&second[0], &second[1]);
+    complete(s, b, json!(2)).await;
+    let c = claim_types(s).await;
+    assert_eq!((types(&c), &c[0].extra["parent_results"]), (vec!["c"], &json!([2])), "the results before it in its own chain");
+    fail_for_good(s, &c[0]).await;
+
+    let mid = get(s, wf.id).await;
+    let group_now = mid.members[1].nested.clone().expect("group");
+    let chain_now = group_now.members[0].nested.clone().expect("inner chain");
+    assert_eq!(chain_now.state, "failed");
+    assert_eq!((group_now.state.as_str(), group_now.failed_count), ("running", 1), "the group waits for d");
+    assert_eq!(mid.state, "running");
+    complete(s, d, json!(3)).await;
+
+    let failed = get(s, wf.id).await;
+    assert_eq!((failed.state.as_str(), failed.failed_step_index), ("failed", Some(1)));
+    assert_eq!(failed.members[1].nested.as_ref().map(|g| g.state.as_str()), Some("failed"));
+    assert_eq!(failed.members[2].state, JobState::Cancelled, "the step after the group never runs");
+    assert_eq!(failed.errors[0]["code"], "rebound.workflow_failed");
+    let message = failed.errors[0]["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("nested group") && message.contains("nested chain") && message.contains("it broke"), "{message}");
+}
+
+#[tokio::test]
+async fn a_batch_s_callbacks_get_a_nested_chain_s_results_and_cancelling_reaches_every_level() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let callbacks = BatchCallbacks { on_complete: Some(job("report", json!([]))), ..Default::default() };
+    let inner = workflow(WorkflowType::Chain, vec![job("x", json!([])), job("y", json!([]))]);
+    let batch = NewWorkflow { callbacks, ..nested(workflow(WorkflowType::Batch, vec![job("z", json!([]))]), vec![(0, inner)]) };
+    let wf = s.create_workflow(batch).await.unwrap();
+    let first = claim_types(s).await;
+    assert_eq!(types(&first), ["x", "z"]);
+    complete(s, &first[0], json!("x")).await;
+    complete(s, &first[1], json!("z")).await;
+    let y = claim_types(s).await;
+    complete(s, &y[0], json!("y")).await;
+    let report = claim_types(s).await;
+    assert_eq!((types(&report), &report[0].extra["parent_results"]), (vec!["report"], &json!([["x", "y"], "z"])));
+    complete(s, &report[0], json!(null)).await;
+    assert_eq!(get(s, wf.id).await.state, "completed");
+
+    // Cancelled while its first step runs: the nested group that waits is cancelled with its jobs.
+    let group = workflow(WorkflowType::Group, vec![job("g1", json!([])), job("g2", json!([]))]);
+    let wf = s.create_workflow(nested(workflow(WorkflowType::Chain, vec![job("first", json!([]))]), vec![(1, group)])).await.unwrap();
+    let running = claim_types(s).await;
+    assert_eq!(types(&running), ["first"]);
+    let WorkflowCancel::Cancelled(cancelled) = s.cancel_workflow(wf.id, None).await.unwrap() else { panic!("it was running") };
+    let group = cancelled.members[1].nested.clone().expect("group");
+    assert_eq!(group.state, "cancelled");
+    assert!(group.members.iter().all(|m| m.state == JobState::Cancelled), "{:?}", states(&group));
+    complete(s, &running[0], json!(1)).await;
+    assert!(claim(s, 20).await.is_empty());
+}
+
+#[tokio::test]
+async fn nesting_deeper_than_three_levels_is_refused_at_creation() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let level = |inner: NewWorkflow| nested(workflow(WorkflowType::Group, vec![job("j", json!([]))]), vec![(0, inner)]);
+    let three = level(level(workflow(WorkflowType::Chain, vec![job("leaf", json!([]))])));
+    s.create_workflow(three).await.expect("three levels are fine");
+    let four = level(level(level(workflow(WorkflowType::Chain, vec![job("leaf", json!([]))]))));
+    match s.create_workflow(four).await {
+        Err(StoreError::Invalid { field, reason }) => {
+            assert_eq!(field, "jobs[0].jobs[0].jobs[0]");
+            assert!(reason.contains("at most 3 levels"), "{reason}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let bad_inner = level(workflow(WorkflowType::Chain, vec![job("ok", json!([])), job("bad", json!("not an array"))]));
+    match s.create_workflow(bad_inner).await {
+        Err(StoreError::InvalidJob(v)) => assert!(v.field.starts_with("jobs[0].jobs[1]."), "{}", v.field),
+        Err(StoreError::Invalid { field, .. }) => assert!(field.starts_with("jobs[0].jobs[1]."), "{field}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM workflows").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(count, 3, "only the three-level one, whole");
+}
+
+#[tokio::test]
+async fn a_nested_workflow_s_end_and_its_parent_s_next_step_are_one_write_under_a_lost_connection() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    let group = workflow(WorkflowType::Group, vec![job("g", json!([]))]);
+    let wf = db.store.create_workflow(nested(workflow(WorkflowType::Chain, vec![job("after", json!([]))]), vec![(0, group)])).await.unwrap();
+    let g = claim_types(&db.store).await;
+    assert_eq!(types(&g), ["g"], "the group is the chain's first step");
+    let item = Completion { id: g[0].id, attempt: Some(g[0].attempt), worker_id: Some("w1".into()), result: Some(json!("g")) };
+
+    // Dropped before the server sees it: the group, the job standing for it and the chain stay.
+    let dropped = proxy.inject(Fault::once("SET state = 'completed'", FaultPoint::BeforeSend));
+    assert!(through.complete_batch(std::slice::from_ref(&item)).await.is_err());
+    assert_eq!(dropped.count(), 1);
+    let now = get(&db.store, wf.id).await;
+    assert_eq!((now.members[0].state, now.members[0].nested.as_ref().map(|n| n.state.clone())), (JobState::Pending, Some("running".into())));
+    assert!(claim(&db.store, 10).await.is_empty());
+
+    // Committed with the answer lost: all of it happened, once.
+    let lost = proxy.inject(Fault::once("SET state = 'completed'", FaultPoint::AfterCommit));
+    assert!(through.complete_batch(std::slice::from_ref(&item)).await.is_err());
+    assert_eq!(lost.count(), 1);
+    assert_eq!(through.complete_batch(std::slice::from_ref(&item)).await.unwrap(), Vec::<Uuid>::new(), "already completed");
+    let next = claim_types(&db.store).await;
+    assert_eq!((types(&next), &next[0].extra["parent_results"]), (vec!["after"], &json!([["g"]])));
+    complete(&db.store, &next[0], json!(1)).await;
+
+    // Aged out, the outermost takes the nested one with it.
+    sqlx::query("UPDATE workflows SET finished_at = now() - interval '30 days'").execute(db.store.pool()).await.unwrap();
+    let report = db.store.prune(&rebound_queue::store::PruneConfig::default()).await.unwrap();
+    assert_eq!(report.workflows, 1, "the outermost is the one pruned");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM workflows").fetch_one(db.store.pool()).await.unwrap();
+    assert_eq!(left, 0);
 }

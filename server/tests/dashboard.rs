@@ -544,7 +544,7 @@ async fn a_workflow_s_page_shows_each_step_and_an_operator_cancels_it() {
     let wf = d
         .db
         .store
-        .create_workflow(NewWorkflow { id: None, kind: WorkflowType::Chain, name: Some("order-42".into()), jobs: steps, callbacks: BatchCallbacks::default(), graph: Vec::new() })
+        .create_workflow(NewWorkflow { id: None, kind: WorkflowType::Chain, name: Some("order-42".into()), jobs: steps, callbacks: BatchCallbacks::default(), graph: Vec::new(), nested: Default::default() })
         .await
         .expect("workflow");
     let claim = ClaimRequest { worker_id: "w1".into(), queues: vec!["default".into()], limit: 1, visibility_timeout: std::time::Duration::from_secs(60) };
@@ -605,6 +605,7 @@ async fn a_graph_s_page_names_each_step_with_what_it_waits_for_and_what_was_skip
         jobs: steps.iter().map(|(id, _)| rebound_queue::NewJob::new(format!("crawl.{id}"), serde_json::json!([]))).collect(),
         callbacks: BatchCallbacks::default(),
         graph: steps.iter().map(|(id, after)| GraphStep { id: id.to_string(), depends_on: after.iter().map(|a| a.to_string()).collect() }).collect(),
+        nested: Default::default(),
     };
     let wf = d.db.store.create_workflow(wf).await.expect("workflow");
     let claim = ClaimRequest { worker_id: "w1".into(), queues: vec!["default".into()], limit: 1, visibility_timeout: std::time::Duration::from_secs(60) };
@@ -627,4 +628,35 @@ async fn a_graph_s_page_names_each_step_with_what_it_waits_for_and_what_was_skip
     assert!(page.contains("net.dns"), "the failure is listed with its error: {page}");
     let listed = d.get("/workflows?state=failed", Some(&viewer)).await.text;
     assert!(listed.contains("crawl-7") && listed.contains("graph") && listed.contains("3 skipped"), "{listed}");
+}
+
+#[tokio::test]
+async fn a_nested_workflow_is_a_row_of_its_parent_s_page_linked_both_ways() {
+    use rebound_queue::store::{BatchCallbacks, NewWorkflow, WorkflowType};
+    let d = Dashboard::new().await;
+    d.user("victor", "viewer password", Role::Viewer).await;
+    let plain = |kind, name: &str, jobs: Vec<rebound_queue::NewJob>| NewWorkflow {
+        id: None,
+        kind,
+        name: Some(name.into()),
+        jobs,
+        callbacks: BatchCallbacks::default(),
+        graph: Vec::new(),
+        nested: Default::default(),
+    };
+    let group = plain(WorkflowType::Group, "thumbnails", vec![rebound_queue::NewJob::new("img.small", serde_json::json!([]))]);
+    let mut chain = plain(WorkflowType::Chain, "upload-9", vec![rebound_queue::NewJob::new("img.store", serde_json::json!([]))]);
+    chain.jobs.push(NewWorkflow::standing_job(WorkflowType::Group));
+    chain.nested.insert(1, group);
+    let wf = d.db.store.create_workflow(chain).await.expect("workflow");
+    let inner = wf.members[1].nested.clone().expect("nested");
+
+    let viewer = d.sign_in("victor", "viewer password").await;
+    let page = d.get(&format!("/workflows/{}", wf.id), Some(&viewer)).await.text;
+    let row = page.split("<tr").find(|r| r.contains("group workflow thumbnails")).unwrap_or_default().to_string();
+    assert!(row.contains(&format!("href=\"/workflows/{}\"", inner.id)) && row.contains("waiting"), "{row}");
+    let inner_page = d.get(&format!("/workflows/{}", inner.id), Some(&viewer)).await.text;
+    assert!(inner_page.contains("Nested in workflow") && inner_page.contains(&format!("href=\"/workflows/{}\"", wf.id)), "{inner_page}");
+    let listed = d.get("/workflows", Some(&viewer)).await.text;
+    assert!(listed.contains("upload-9") && !listed.contains("thumbnails"), "only outermost workflows are listed: {listed}");
 }

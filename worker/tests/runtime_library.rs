@@ -426,7 +426,7 @@ async fn a_chain_s_steps_run_in_order_through_the_worker_each_seeing_the_results
     let steps = (0..3).map(|i| NewJob::new("lib.step", json!([i]))).collect();
     let wf = db
         .store
-        .create_workflow(NewWorkflow { id: None, kind: WorkflowType::Chain, name: None, jobs: steps, callbacks: BatchCallbacks::default(), graph: Vec::new() })
+        .create_workflow(NewWorkflow { id: None, kind: WorkflowType::Chain, name: None, jobs: steps, callbacks: BatchCallbacks::default(), graph: Vec::new(), nested: Default::default() })
         .await
         .unwrap();
     let done = eventually("the chain to complete", Duration::from_secs(60), || {
@@ -482,6 +482,7 @@ async fn a_graph_s_join_runs_through_the_worker_reading_each_upstream_result_by_
         jobs: nodes.iter().map(|(id, _)| NewJob::new("lib.node", json!([id]))).collect(),
         callbacks: BatchCallbacks::default(),
         graph: nodes.iter().map(|(id, after)| GraphStep { id: id.to_string(), depends_on: after.clone() }).collect(),
+        nested: Default::default(),
     };
     let wf = db.store.create_workflow(wf).await.unwrap();
     let done = eventually("the graph to complete", Duration::from_secs(60), || {

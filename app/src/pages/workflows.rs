@@ -25,6 +25,8 @@ pub struct StepView {
     pub result: Option<String>,
     pub started: Option<When>,
     pub finished: Option<When>,
+    /// The id of the workflow this member is, when it is one (its row links to it).
+    pub nested: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -52,6 +54,8 @@ pub struct WorkflowView {
     pub finished: Option<When>,
     pub steps: Vec<StepView>,
     pub failures: Vec<FailureView>,
+    /// The workflow it is nested in.
+    pub parent_id: Option<String>,
     pub can_cancel: bool,
 }
 
@@ -168,24 +172,40 @@ pub async fn load_workflow(id: String) -> Result<WorkflowView, AppError> {
     let steps = wf
         .members
         .iter()
-        .map(|m| StepView {
-            label: match (&m.graph, m.callback()) {
-                (Some(g), _) if g.depends_on.is_empty() => g.id.clone(),
-                (Some(g), _) => format!("{} (after {})", g.id, g.depends_on.join(", ")),
-                (None, Some(cb)) => cb.to_string(),
-                (None, None) => format!("{} {}", if chain { "step" } else { "job" }, m.step),
+        .map(|m| match &m.nested {
+            // A nested workflow: its own state and times, not those of the job standing for it.
+            Some(n) => StepView {
+                label: format!("{} {}", if chain { "step" } else { "job" }, m.step),
+                job_id: m.job_id.to_string(),
+                job_type: format!("{} workflow{}", n.kind.as_str(), n.name.as_ref().map(|s| format!(" {s}")).unwrap_or_default()),
+                state: n.state.clone(),
+                waiting: n.state == "pending",
+                attempt: m.attempt,
+                result: None,
+                started: n.started_at.map(|t| When::of(t, now)),
+                finished: n.finished_at.map(|t| When::of(t, now)),
+                nested: Some(n.id.to_string()),
             },
-            job_id: m.job_id.to_string(),
-            job_type: m.job_type.clone(),
-            state: m.state.to_string(),
-            waiting: m.state == rebound_queue::JobState::Pending,
-            attempt: m.attempt,
-            result: m.result.as_ref().map(|r| {
-                let text = r.to_string();
-                if text.len() > 200 { format!("{}…", text.chars().take(200).collect::<String>()) } else { text }
-            }),
-            started: m.started_at.map(|t| When::of(t, now)),
-            finished: m.completed_at.map(|t| When::of(t, now)),
+            None => StepView {
+                label: match (&m.graph, m.callback()) {
+                    (Some(g), _) if g.depends_on.is_empty() => g.id.clone(),
+                    (Some(g), _) => format!("{} (after {})", g.id, g.depends_on.join(", ")),
+                    (None, Some(cb)) => cb.to_string(),
+                    (None, None) => format!("{} {}", if chain { "step" } else { "job" }, m.step),
+                },
+                job_id: m.job_id.to_string(),
+                job_type: m.job_type.clone(),
+                state: m.state.to_string(),
+                waiting: m.state == rebound_queue::JobState::Pending,
+                attempt: m.attempt,
+                result: m.result.as_ref().map(|r| {
+                    let text = r.to_string();
+                    if text.len() > 200 { format!("{}…", text.chars().take(200).collect::<String>()) } else { text }
+                }),
+                started: m.started_at.map(|t| When::of(t, now)),
+                finished: m.completed_at.map(|t| When::of(t, now)),
+                nested: None,
+            },
         })
         .collect();
     let text = |e: &serde_json::Value, k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
@@ -220,6 +240,7 @@ pub async fn load_workflow(id: String) -> Result<WorkflowView, AppError> {
         finished: wf.finished_at.map(|t| When::of(t, now)),
         steps,
         failures,
+        parent_id: wf.parent_id.map(|p| p.to_string()),
     })
 }
 
@@ -268,6 +289,7 @@ pub fn WorkflowPage() -> impl IntoView {
                                 {w.finished.clone().map(|s| view! { " · finished " <span title=s.at>{s.relative}</span> })}
                             </p>
                             <p class="mono muted">{w.id.clone()}</p>
+                            {w.parent_id.clone().map(|p| view! { <p>"Nested in workflow " <a class="mono" href=format!("/workflows/{p}")>{p.clone()}</a></p> })}
                             {w.can_cancel.then(|| view! {
                                 <ActionForm action=cancel>
                                     <CsrfField/>
@@ -300,7 +322,10 @@ pub fn WorkflowPage() -> impl IntoView {
                                         view! {
                                             <tr>
                                                 <td>{s.label.clone()}</td>
-                                                <td class="mono"><a href=format!("/jobs/{}", s.job_id)>{s.job_id.clone()}</a></td>
+                                                <td class="mono">{match s.nested.clone() {
+                                                    Some(n) => view! { <a href=format!("/workflows/{n}")>{n.clone()}</a> }.into_any(),
+                                                    None => view! { <a href=format!("/jobs/{}", s.job_id)>{s.job_id.clone()}</a> }.into_any(),
+                                                }}</td>
                                                 <td>{s.job_type.clone()}</td>
                                                 <td><span class=format!("tag {}", s.state)>{state}</span></td>
                                                 <td class="num">{s.attempt}</td>

@@ -203,12 +203,14 @@ impl Store {
         Ok(out)
     }
 
-    /// Moves a `pending` job to `available` (OJS activate).
+    /// Moves a `pending` job to `available` (OJS activate). A job standing for a nested
+    /// workflow is not one to run: it is refused as a job not pending.
     pub async fn activate(&self, id: Uuid) -> Result<Job, StoreError> {
         let row = sqlx::query(
             "UPDATE jobs SET state = CASE WHEN scheduled_at > now() THEN 'scheduled'::job_state ELSE 'available'::job_state END,
                              enqueued_at = CASE WHEN scheduled_at > now() THEN NULL ELSE now() END, updated_at = now()
-             WHERE id = $1 AND state = 'pending' RETURNING *",
+             WHERE id = $1 AND state = 'pending'
+               AND NOT EXISTS (SELECT 1 FROM workflows c WHERE c.parent_job = jobs.id) RETURNING *",
         )
         .bind(id)
         .fetch_optional(&self.pool)

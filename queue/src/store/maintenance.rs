@@ -409,11 +409,12 @@ impl Store {
         let dead_letter_events = self.delete_aged(aged_by_at!("dead_letter_log"), cfg.completed_after, cfg.batch).await?;
         let workflow_events = self.delete_aged(aged_by_at!("workflow_events"), cfg.completed_after, cfg.batch).await?;
         // A finished workflow is kept as long as its failed jobs are (the longer retention):
-        // its page explains them.
+        // its page explains them. Nested ones go with the outermost (the foreign key cascades).
         let workflows = self
             .delete_aged(
                 "DELETE FROM workflows WHERE id = ANY(ARRAY(
-                     SELECT id FROM workflows WHERE finished_at < now() - $1 * interval '1 millisecond' ORDER BY finished_at LIMIT $2))",
+                     SELECT id FROM workflows WHERE finished_at < now() - $1 * interval '1 millisecond' AND parent_id IS NULL
+                     ORDER BY finished_at LIMIT $2))",
                 cfg.completed_after.max(cfg.discarded_after),
                 cfg.batch,
             )

@@ -10,6 +10,8 @@
 //! step, fires the callbacks and keeps the counts, inside the transaction that finished the
 //! job, so no crash or lost connection can separate the two.
 
+use std::collections::BTreeMap;
+
 use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -21,9 +23,17 @@ use super::enqueue::{check, insert_many};
 use super::{Store, StoreError, ts, ts_opt};
 use crate::job::{JobState, NewJob};
 
-/// The most jobs (steps or jobs, and callbacks) one workflow may hold: each finish of a member
-/// takes the workflow's row lock, and creating it is one insert.
+/// The most jobs (steps or jobs, and callbacks, nested workflows' included) one workflow may
+/// hold: each finish of a member takes the workflow's row lock, and creating it is one insert.
 pub const MAX_WORKFLOW_JOBS: usize = 10_000;
+
+/// How many levels workflows nest: a workflow, one among its members, and one among that one's
+/// (ojs-workflows.md §10.2: at least three). Deeper ones are refused at creation.
+pub const MAX_WORKFLOW_DEPTH: usize = 3;
+
+/// The queue of the jobs that stand for nested workflows in their parents. Nothing claims
+/// them: they wait in `pending` until the nested workflow finishes them.
+pub const NESTED_WORKFLOW_QUEUE: &str = "rebound.workflows";
 
 /// The three OJS primitives, and a general dependency graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -85,6 +95,147 @@ pub struct NewWorkflow {
     /// A graph's step ids and dependencies, one per job (in `jobs`' order); required for a
     /// graph, refused for the other kinds.
     pub graph: Vec<GraphStep>,
+    /// Members that are workflows themselves (ojs-workflows.md §10), by their index among the
+    /// members (a chain's step, a group's or batch's job, a graph's step). The entry of `jobs`
+    /// at that index is replaced by the job that stands for the nested workflow in this one
+    /// ([`NewWorkflow::standing_job`]): nothing runs it; it finishes when the nested workflow
+    /// does (completed with its results, discarded when it failed), which moves this one on.
+    pub nested: BTreeMap<usize, NewWorkflow>,
+}
+
+impl NewWorkflow {
+    /// The job that stands for a nested workflow of `kind` among its parent's members:
+    /// `rebound.workflow.<kind>`, in [`NESTED_WORKFLOW_QUEUE`].
+    pub fn standing_job(kind: WorkflowType) -> NewJob {
+        let mut job = NewJob::new(format!("rebound.workflow.{}", kind.as_str()), json!([]));
+        job.queue = NESTED_WORKFLOW_QUEUE.to_string();
+        job
+    }
+}
+
+/// A workflow to insert, its nested ones after it.
+struct PlannedWorkflow {
+    id: Uuid,
+    kind: WorkflowType,
+    name: Option<String>,
+    job_count: i32,
+    /// The parent and the job standing for this one in it.
+    parent: Option<(Uuid, Uuid)>,
+    /// Whether its first members start at once (a nested one's parent starts it at once).
+    started: bool,
+    step_ids: Vec<String>,
+    links: Vec<Links>,
+}
+
+struct PlannedJob {
+    job: NewJob,
+    field: String,
+    workflow: Uuid,
+    step: i32,
+}
+
+/// A workflow and everything nested in it, flattened for insertion and checked as a whole.
+#[derive(Default)]
+struct Plan {
+    workflows: Vec<PlannedWorkflow>,
+    jobs: Vec<PlannedJob>,
+}
+
+impl Plan {
+    /// Adds `wf` (at nesting `depth`, from 1) and what is nested in it; `field` names it in
+    /// errors (`jobs[i]` of its parent, empty for the outermost).
+    fn add(&mut self, wf: NewWorkflow, id: Uuid, parent: Option<(Uuid, Uuid)>, started: bool, field: &str, depth: usize) -> Result<(), StoreError> {
+        let at = |f: &str| if field.is_empty() { f.to_string() } else { format!("{field}.{f}") };
+        if depth > MAX_WORKFLOW_DEPTH {
+            return Err(StoreError::invalid(field, format!("workflows nest at most {MAX_WORKFLOW_DEPTH} levels deep (a workflow, one inside it, and one inside that)")));
+        }
+        if wf.jobs.is_empty() {
+            return Err(StoreError::invalid(at("jobs"), "a workflow needs at least one job"));
+        }
+        if let Some(&i) = wf.nested.keys().find(|&&i| i >= wf.jobs.len()) {
+            return Err(StoreError::invalid(at(&format!("jobs[{i}]")), format!("a nested workflow's index must be one of the {} members", wf.jobs.len())));
+        }
+        let callbacks: Vec<(i32, &str, NewJob)> = [
+            (CALLBACKS[0], wf.callbacks.on_complete.clone()),
+            (CALLBACKS[1], wf.callbacks.on_success.clone()),
+            (CALLBACKS[2], wf.callbacks.on_failure.clone()),
+        ]
+        .into_iter()
+        .filter_map(|((step, name), job)| job.map(|j| (step, name, j)))
+        .collect();
+        match wf.kind {
+            WorkflowType::Batch if callbacks.is_empty() => {
+                return Err(StoreError::invalid(at("callbacks"), "a batch needs at least one of on_complete, on_success, on_failure"));
+            }
+            WorkflowType::Chain | WorkflowType::Group | WorkflowType::Graph if !callbacks.is_empty() => {
+                return Err(StoreError::invalid(at("callbacks"), format!("only a batch has callbacks, not a {}", wf.kind.as_str())));
+            }
+            _ => {}
+        }
+        let links = match wf.kind {
+            WorkflowType::Graph if wf.graph.len() != wf.jobs.len() => {
+                return Err(StoreError::invalid(at("graph"), format!("a graph names {} steps for {} jobs: one each", wf.graph.len(), wf.jobs.len())));
+            }
+            WorkflowType::Graph => resolve_graph(&wf.graph).map_err(|e| e.map_field(|f| at(f)))?,
+            _ if !wf.graph.is_empty() => {
+                return Err(StoreError::invalid(at("graph"), format!("only a graph has step ids and dependencies, not a {}", wf.kind.as_str())));
+            }
+            _ => Vec::new(),
+        };
+        let job_count = i32::try_from(wf.jobs.len()).map_err(|_| StoreError::invalid(at("jobs"), "too many jobs"))?;
+        if self.jobs.len() + wf.jobs.len() + callbacks.len() > MAX_WORKFLOW_JOBS {
+            return Err(StoreError::invalid(at("jobs"), format!("a workflow holds at most {MAX_WORKFLOW_JOBS} jobs, nested ones included")));
+        }
+        // Which members may run as soon as the workflow starts.
+        let first = |step: usize| match wf.kind {
+            WorkflowType::Chain => step == 0,
+            WorkflowType::Group | WorkflowType::Batch => true,
+            WorkflowType::Graph => links.get(step).is_some_and(|l| l.depends_on.is_empty()),
+        };
+        let starts: Vec<bool> = (0..wf.jobs.len()).map(|i| started && first(i)).collect();
+        self.workflows.push(PlannedWorkflow {
+            id,
+            kind: wf.kind,
+            name: wf.name,
+            job_count,
+            parent,
+            started,
+            step_ids: wf.graph.into_iter().map(|g| g.id).collect(),
+            links,
+        });
+        let mut nested = wf.nested;
+        let placed = wf.jobs.into_iter().enumerate().map(|(i, job)| (i as i32, at(&format!("jobs[{i}]")), job));
+        let placed = placed.chain(callbacks.into_iter().map(|(step, name, job)| (step, at(&format!("callbacks.{name}")), job)));
+        for (step, field, mut job) in placed {
+            let inner = if step >= 0 { nested.remove(&(step as usize)) } else { None };
+            if let Some(inner) = inner {
+                job = NewWorkflow::standing_job(inner.kind);
+                let standing = Uuid::now_v7();
+                job.id = Some(standing);
+                job.pending = true;
+                if let Value::Object(extra) = &mut job.extra {
+                    extra.insert("workflow_id".into(), json!(id));
+                }
+                self.jobs.push(PlannedJob { job, field: field.clone(), workflow: id, step });
+                let inner_id = inner.id.unwrap_or_else(Uuid::now_v7);
+                self.add(inner, inner_id, Some((id, standing)), starts[step as usize], &field, depth + 1)?;
+                continue;
+            }
+            if job.unique.is_some() {
+                return Err(StoreError::invalid(format!("{field}.unique"), "unique jobs are not supported inside a workflow"));
+            }
+            if job.pending {
+                return Err(StoreError::invalid(format!("{field}.pending"), "a workflow decides when its jobs start"));
+            }
+            // Callbacks, and members the workflow does not start at once, wait for it.
+            job.pending = step < 0 || !starts[step as usize];
+            if let Value::Object(extra) = &mut job.extra {
+                extra.insert("workflow_id".into(), json!(id));
+            }
+            self.jobs.push(PlannedJob { job, field, workflow: id, step });
+        }
+        Ok(())
+    }
 }
 
 /// One step of a [`WorkflowType::Graph`]: the job at the same index of [`NewWorkflow::jobs`].
@@ -196,6 +347,8 @@ pub struct Workflow {
     pub cancelled_at: Option<Timestamp>,
     /// Its jobs by index, then its callbacks (negative `step`s, see [`CALLBACKS`]).
     pub members: Vec<WorkflowMember>,
+    /// The workflow it is nested in.
+    pub parent_id: Option<Uuid>,
 }
 
 impl Workflow {
@@ -212,6 +365,8 @@ pub struct WorkflowMember {
     pub step: i32,
     /// A graph step's id and the ids it depends on; `None` outside graphs.
     pub graph: Option<GraphStep>,
+    /// The workflow this member is, if it is one; the rest describes the job standing for it.
+    pub nested: Option<Box<Workflow>>,
     pub job_id: Uuid,
     pub job_type: String,
     pub state: JobState,
@@ -239,79 +394,32 @@ impl WorkflowMember {
 }
 
 impl Store {
-    /// Creates a workflow and enqueues its jobs in one transaction: a chain's first step and
-    /// every job of a group or batch can run at once; the rest wait. Every job is checked as
-    /// an enqueue would check it (the error names `jobs[i]` or `callbacks.on_…`); unique keys
-    /// and `pending` are refused inside workflows.
+    /// Creates a workflow and enqueues its jobs in one transaction: a chain's first step, every
+    /// job of a group or batch and a graph's steps without dependencies can run at once (those
+    /// of nested workflows too, where their parents start them at once); the rest wait. Every
+    /// job is checked as an enqueue would check it (the error names `jobs[i]`, nested ones
+    /// `jobs[i].jobs[k]`, or `callbacks.on_…`); unique keys and `pending` are refused inside
+    /// workflows.
     pub async fn create_workflow(&self, wf: NewWorkflow) -> Result<Workflow, StoreError> {
-        if wf.jobs.is_empty() {
-            return Err(StoreError::invalid("jobs", "a workflow needs at least one job"));
-        }
-        let callbacks: Vec<(i32, &str, NewJob)> = [
-            (CALLBACKS[0], wf.callbacks.on_complete.clone()),
-            (CALLBACKS[1], wf.callbacks.on_success.clone()),
-            (CALLBACKS[2], wf.callbacks.on_failure.clone()),
-        ]
-        .into_iter()
-        .filter_map(|((step, name), job)| job.map(|j| (step, name, j)))
-        .collect();
-        match wf.kind {
-            WorkflowType::Batch if callbacks.is_empty() => {
-                return Err(StoreError::invalid("callbacks", "a batch needs at least one of on_complete, on_success, on_failure"));
-            }
-            WorkflowType::Chain | WorkflowType::Group | WorkflowType::Graph if !callbacks.is_empty() => {
-                return Err(StoreError::invalid("callbacks", format!("only a batch has callbacks, not a {}", wf.kind.as_str())));
-            }
-            _ => {}
-        }
-        let links = match wf.kind {
-            WorkflowType::Graph if wf.graph.len() != wf.jobs.len() => {
-                return Err(StoreError::invalid("graph", format!("a graph names {} steps for {} jobs: one each", wf.graph.len(), wf.jobs.len())));
-            }
-            WorkflowType::Graph => resolve_graph(&wf.graph)?,
-            _ if !wf.graph.is_empty() => {
-                return Err(StoreError::invalid("graph", format!("only a graph has step ids and dependencies, not a {}", wf.kind.as_str())));
-            }
-            _ => Vec::new(),
-        };
-        if wf.jobs.len() + callbacks.len() > MAX_WORKFLOW_JOBS {
-            return Err(StoreError::invalid("jobs", format!("a workflow holds at most {MAX_WORKFLOW_JOBS} jobs")));
-        }
         let id = wf.id.unwrap_or_else(Uuid::now_v7);
-        let job_count = i32::try_from(wf.jobs.len()).map_err(|_| StoreError::invalid("jobs", "too many jobs"))?;
-        let mut jobs = Vec::with_capacity(wf.jobs.len() + callbacks.len());
-        let mut members = Vec::with_capacity(jobs.capacity());
-        let placed = wf.jobs.into_iter().enumerate().map(|(i, job)| (i as i32, format!("jobs[{i}]"), job));
-        let placed = placed.chain(callbacks.into_iter().map(|(step, name, job)| (step, format!("callbacks.{name}"), job)));
-        for (step, field, mut job) in placed {
-            if job.unique.is_some() {
-                return Err(StoreError::invalid(format!("{field}.unique"), "unique jobs are not supported inside a workflow"));
-            }
-            if job.pending {
-                return Err(StoreError::invalid(format!("{field}.pending"), "a workflow decides when its jobs start"));
-            }
-            // A chain's later steps, a graph's steps with dependencies and every callback wait
-            // for the workflow to start them.
-            job.pending = step < 0
-                || (wf.kind == WorkflowType::Chain && step > 0)
-                || links.get(step as usize).is_some_and(|l| !l.depends_on.is_empty());
-            if let Value::Object(extra) = &mut job.extra {
-                extra.insert("workflow_id".into(), json!(id));
-            }
-            jobs.push(job);
-            members.push((id, step, field));
+        let mut planned = Plan::default();
+        planned.add(wf, id, None, true, "", 1)?;
+        let Plan { workflows, jobs: placed, .. } = planned;
+        let mut jobs = Vec::with_capacity(placed.len());
+        let mut members = Vec::with_capacity(placed.len());
+        let mut checked = Vec::with_capacity(placed.len());
+        for p in placed {
+            checked.push(check(&p.job).map_err(|e| e.map_field(|f| format!("{}.{f}", p.field)))?);
+            jobs.push(p.job);
+            members.push((p.workflow, p.step));
         }
-        let mut checked = Vec::with_capacity(jobs.len());
-        for (job, (_, _, field)) in jobs.iter().zip(&members) {
-            checked.push(check(job).map_err(|e| e.map_field(|f| format!("{field}.{f}")))?);
-        }
-        let members: Vec<(Uuid, i32)> = members.into_iter().map(|(id, step, _)| (id, step)).collect();
         let mut tx = self.begin().await?;
+        let root = &workflows[0];
         let inserted = sqlx::query("INSERT INTO workflows (id, type, name, job_count) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING")
-            .bind(id)
-            .bind(wf.kind.as_str())
-            .bind(&wf.name)
-            .bind(job_count)
+            .bind(root.id)
+            .bind(root.kind.as_str())
+            .bind(&root.name)
+            .bind(root.job_count)
             .execute(&mut *tx)
             .await?;
         if inserted.rows_affected() == 0 {
@@ -319,19 +427,40 @@ impl Store {
             let _ = tx.rollback().await;
             return Err(StoreError::Duplicate { reason: format!("a workflow with id {id} already exists"), existing: Some(id) });
         }
-        if !links.is_empty() {
-            let names: Vec<&str> = wf.graph.iter().map(|g| g.id.as_str()).collect();
+        let nested = &workflows[1..];
+        if !nested.is_empty() {
+            // Parents come before their children in the plan, as the foreign key wants.
+            let inserted = sqlx::query(
+                "INSERT INTO workflows (id, type, name, job_count, parent_id, parent_job, state)
+                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::uuid[], $6::uuid[], $7::text[])
+                 ON CONFLICT (id) DO NOTHING",
+            )
+            .bind(nested.iter().map(|w| w.id).collect::<Vec<_>>())
+            .bind(nested.iter().map(|w| w.kind.as_str()).collect::<Vec<_>>())
+            .bind(nested.iter().map(|w| w.name.clone()).collect::<Vec<_>>())
+            .bind(nested.iter().map(|w| w.job_count).collect::<Vec<_>>())
+            .bind(nested.iter().map(|w| w.parent.map(|(p, _)| p)).collect::<Vec<_>>())
+            .bind(nested.iter().map(|w| w.parent.map(|(_, j)| j)).collect::<Vec<_>>())
+            .bind(nested.iter().map(|w| if w.started { "running" } else { "pending" }).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await?;
+            if inserted.rows_affected() != nested.len() as u64 {
+                let _ = tx.rollback().await;
+                return Err(StoreError::Duplicate { reason: "a nested workflow's id is taken by another workflow".into(), existing: None });
+            }
+        }
+        for w in workflows.iter().filter(|w| !w.links.is_empty()) {
             // Arrays of arrays must be rectangular in Postgres: each step's go as text.
             let list = |l: &[i32]| l.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
-            let depends_on: Vec<String> = links.iter().map(|l| list(&l.depends_on)).collect();
-            let dependents: Vec<String> = links.iter().map(|l| list(&l.dependents)).collect();
+            let depends_on: Vec<String> = w.links.iter().map(|l| list(&l.depends_on)).collect();
+            let dependents: Vec<String> = w.links.iter().map(|l| list(&l.dependents)).collect();
             sqlx::query(
                 "INSERT INTO workflow_steps (workflow_id, step, name, depends_on, dependents)
                  SELECT $1, s.i - 1, s.name, string_to_array(s.after, ',')::int[], string_to_array(s.before, ',')::int[]
                  FROM unnest($2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS s(name, after, before, i)",
             )
-            .bind(id)
-            .bind(&names)
+            .bind(w.id)
+            .bind(&w.step_ids)
             .bind(&depends_on)
             .bind(&dependents)
             .execute(&mut *tx)
@@ -342,17 +471,18 @@ impl Store {
         self.workflow(id).await?.ok_or_else(|| StoreError::Missing { what: format!("workflow {id}") })
     }
 
-    /// A page of workflows without their jobs (`members` empty), newest first: those created
-    /// before `before` (a workflow id), in `state` if given, at most `limit` (1–500).
+    /// A page of outermost workflows (nested ones are read through their parents) without their
+    /// jobs (`members` empty), newest first: those created before `before` (a workflow id), in
+    /// `state` if given, at most `limit` (1–500).
     pub async fn list_workflows(&self, state: Option<&str>, before: Option<Uuid>, limit: i64) -> Result<Vec<Workflow>, StoreError> {
         // One statement per shape, not `($1 IS NULL OR state = $1)`: a prepared statement's
         // generic plan cannot use the state index for that: it walked the newest workflows
         // until it had a page of a rare state (510 000 of a million for the cancelled ones).
         let sql = match (state.is_some(), before.is_some()) {
-            (false, false) => "SELECT * FROM workflows WHERE $1::text IS NULL AND $2::uuid IS NULL ORDER BY id DESC LIMIT $3",
-            (false, true) => "SELECT * FROM workflows WHERE $1::text IS NULL AND id < $2 ORDER BY id DESC LIMIT $3",
-            (true, false) => "SELECT * FROM workflows WHERE state = $1 AND $2::uuid IS NULL ORDER BY id DESC LIMIT $3",
-            (true, true) => "SELECT * FROM workflows WHERE state = $1 AND id < $2 ORDER BY id DESC LIMIT $3",
+            (false, false) => "SELECT * FROM workflows WHERE $1::text IS NULL AND $2::uuid IS NULL AND parent_id IS NULL ORDER BY id DESC LIMIT $3",
+            (false, true) => "SELECT * FROM workflows WHERE $1::text IS NULL AND id < $2 AND parent_id IS NULL ORDER BY id DESC LIMIT $3",
+            (true, false) => "SELECT * FROM workflows WHERE state = $1 AND $2::uuid IS NULL AND parent_id IS NULL ORDER BY id DESC LIMIT $3",
+            (true, true) => "SELECT * FROM workflows WHERE state = $1 AND id < $2 AND parent_id IS NULL ORDER BY id DESC LIMIT $3",
         };
         let rows = sqlx::query(sql).bind(state).bind(before).bind(limit.clamp(1, 500)).fetch_all(&self.pool).await?;
         rows.iter().map(|row| workflow_from_row(row, Vec::new())).collect()
@@ -360,43 +490,53 @@ impl Store {
 
     /// The workflow with its jobs, or `None`.
     pub async fn workflow(&self, id: Uuid) -> Result<Option<Workflow>, StoreError> {
+        // Nested workflows are read the same way: at most MAX_WORKFLOW_DEPTH levels.
+        Box::pin(self.workflow_at(id)).await
+    }
+
+    async fn workflow_at(&self, id: Uuid) -> Result<Option<Workflow>, StoreError> {
         let Some(row) = sqlx::query("SELECT * FROM workflows WHERE id = $1").bind(id).fetch_optional(&self.pool).await? else {
             return Ok(None);
         };
         let jobs = sqlx::query(
             "SELECT j.id, j.type, j.state, j.attempt, j.result, j.started_at, j.completed_at, j.workflow_step, s.name,
-                    ARRAY(SELECT d.name FROM workflow_steps d WHERE d.workflow_id = $1 AND d.step = ANY(s.depends_on) ORDER BY d.step) AS depends_on
+                    ARRAY(SELECT d.name FROM workflow_steps d WHERE d.workflow_id = $1 AND d.step = ANY(s.depends_on) ORDER BY d.step) AS depends_on,
+                    (SELECT c.id FROM workflows c WHERE c.parent_job = j.id) AS nested_id
              FROM jobs j LEFT JOIN workflow_steps s ON s.workflow_id = $1 AND s.step = j.workflow_step
              WHERE j.workflow_id = $1 ORDER BY j.workflow_step < 0, abs(j.workflow_step)",
         )
         .bind(id)
         .fetch_all(&self.pool)
         .await?;
-        let members = jobs
-            .iter()
-            .map(|r| {
-                let name: Option<String> = r.try_get("name")?;
-                Ok(WorkflowMember {
-                    step: r.try_get("workflow_step")?,
-                    graph: match name {
-                        Some(id) => Some(GraphStep { id, depends_on: r.try_get("depends_on")? }),
-                        None => None,
-                    },
-                    job_id: r.try_get("id")?,
-                    job_type: r.try_get("type")?,
-                    state: r.try_get("state")?,
-                    attempt: r.try_get("attempt")?,
-                    result: r.try_get("result")?,
-                    started_at: ts_opt(r, "started_at")?,
-                    completed_at: ts_opt(r, "completed_at")?,
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
+        let mut members = Vec::with_capacity(jobs.len());
+        for r in &jobs {
+            let name: Option<String> = r.try_get("name")?;
+            let nested = match r.try_get::<Option<Uuid>, _>("nested_id")? {
+                Some(inner) => Box::pin(self.workflow_at(inner)).await?.map(Box::new),
+                None => None,
+            };
+            members.push(WorkflowMember {
+                step: r.try_get("workflow_step")?,
+                graph: match name {
+                    Some(id) => Some(GraphStep { id, depends_on: r.try_get("depends_on")? }),
+                    None => None,
+                },
+                nested,
+                job_id: r.try_get("id")?,
+                job_type: r.try_get("type")?,
+                state: r.try_get("state")?,
+                attempt: r.try_get("attempt")?,
+                result: r.try_get("result")?,
+                started_at: ts_opt(r, "started_at")?,
+                completed_at: ts_opt(r, "completed_at")?,
+            });
+        }
         Ok(Some(workflow_from_row(&row, members)?))
     }
 
     /// Cancels a workflow that has not finished: its waiting and queued jobs are cancelled,
-    /// and running ones finish (their results no longer move it). An unknown workflow is
+    /// and running ones finish (their results no longer move it); so are the workflows nested
+    /// in it that have not finished, level by level. An unknown workflow is
     /// [`StoreError::Missing`]. An operator's cancel (`actor`) is audited in the same
     /// transaction.
     pub async fn cancel_workflow(&self, id: Uuid, actor: Option<&Actor>) -> Result<WorkflowCancel, StoreError> {
@@ -463,5 +603,6 @@ fn workflow_from_row(row: &sqlx::postgres::PgRow, members: Vec<WorkflowMember>) 
         finished_at: ts_opt(row, "finished_at")?,
         cancelled_at: ts_opt(row, "cancelled_at")?,
         members,
+        parent_id: row.try_get("parent_id")?,
     })
 }

@@ -15,8 +15,9 @@ use crate::config::ApiAuth;
 /// `GET /ojs/manifest`. The suites read `specversion`, the spec prose `ojs_version`: both.
 ///
 /// It declares what is implemented and nothing more: conformance level 3 (core, reliability,
-/// scheduling with cron, workflows and dependency graphs without nesting), the level-4 features Rebound has as
-/// capabilities, and each extension with what of it is covered (`extension_details`).
+/// scheduling with cron, workflows nested three levels deep and dependency graphs), the
+/// level-4 features Rebound has as capabilities, and each extension with what of it is
+/// covered (`extension_details`).
 pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
     let mut extensions = vec![
         "urn:ojs:ext:admin-api",
@@ -96,7 +97,8 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
                                 "graphs: a step starts once every step it depends on has completed, given every upstream result by step id as parent_results; cycles and unknown ids are refused at creation",
                                 "failure propagation: a chain stops at a step that failed for good and cancels the rest; a graph's failed step skips (cancels) what is downstream of it while other branches go on; failed_step_index, failed_job_ids, skipped_count, errors"],
                 "implemented_events": ["workflow.started", "workflow.step_completed", "workflow.completed", "workflow.failed"],
-                "not_implemented": ["nesting (the maximum depth is 1; a nested workflow is refused at creation)"],
+                "max_nesting_depth": rebound_queue::store::MAX_WORKFLOW_DEPTH,
+                "notes": "a nested workflow (a chain's step or a group's or batch's job given as a workflow) is tracked on its own and stands in its parent as a job finished by its end; deeper nesting is refused at creation",
             },
             "cron": {
                 "implemented": ["5/6-field expressions, names, L W #, @yearly…@hourly", "@every <duration> (1 s at least), anchored to its registration", "IANA time zones", "overlap skip/allow/cancel_previous/enqueue",

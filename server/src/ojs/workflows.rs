@@ -5,8 +5,9 @@
 //! `steps`, group or batch with `jobs` and a batch's `callbacks`), and the HTTP binding's
 //! graph, as the Python SDK sends it (no `type`; `steps` with `id` and `depends_on`, callbacks
 //! marked `options.callback_type`). A graph that is a chain, a group or a batch is read as one;
-//! any other acyclic graph is a `graph` workflow. Nesting is not supported (the maximum depth
-//! is 1), and a nested workflow is refused at creation.
+//! any other acyclic graph is a `graph` workflow. In the spec's shape, a chain's step or a
+//! group's or batch's job may be a workflow itself (told by its `steps` or `jobs`, as the JS
+//! SDK sends it), three levels deep at most; deeper ones are refused at creation.
 //!
 //! The answer is the workflow under `workflow` and, for clients that read it unwrapped (the
 //! JS SDK), its fields at the top level as well.
@@ -17,6 +18,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;
 use rebound_queue::{JobState, StoreError};
+use std::collections::BTreeMap;
+
 use rebound_queue::store::{BatchCallbacks, GraphStep, MAX_WORKFLOW_JOBS, NewWorkflow, Workflow, WorkflowCancel, WorkflowMember, WorkflowType};
 use serde_json::{Map, Value, json};
 
@@ -69,7 +72,7 @@ fn parse_workflow(f: &Fields<'_>, now: Timestamp) -> Result<NewWorkflow, ApiErro
         None => None,
     };
     let name = f.str("name")?.map(str::to_owned);
-    let (kind, jobs, callbacks, graph) = match f.str("type")? {
+    let (kind, (jobs, nested), callbacks, graph) = match f.str("type")? {
         Some(t) => {
             let kind = match t {
                 "chain" => WorkflowType::Chain,
@@ -104,12 +107,19 @@ fn parse_workflow(f: &Fields<'_>, now: Timestamp) -> Result<NewWorkflow, ApiErro
             };
             (kind, jobs, callbacks, Vec::new())
         }
-        None => dag(f, now)?,
+        None => {
+            let (kind, jobs, callbacks, graph) = dag(f, now)?;
+            (kind, (jobs, BTreeMap::new()), callbacks, graph)
+        }
     };
-    Ok(NewWorkflow { id, kind, name, jobs, callbacks, graph })
+    Ok(NewWorkflow { id, kind, name, jobs, callbacks, graph, nested })
 }
 
-fn jobs_of(f: &Fields<'_>, key: &str, now: Timestamp) -> Result<Vec<rebound_queue::NewJob>, ApiError> {
+/// A workflow's members: its jobs, and the workflows nested among them by index (each with
+/// the job standing for it in its place).
+type Members = (Vec<rebound_queue::NewJob>, BTreeMap<usize, NewWorkflow>);
+
+fn jobs_of(f: &Fields<'_>, key: &str, now: Timestamp) -> Result<Members, ApiError> {
     let items = f.array(key)?.ok_or_else(|| f.error(key, "is required"))?;
     if items.is_empty() {
         return Err(f.error(key, "must hold at least one job"));
@@ -117,20 +127,33 @@ fn jobs_of(f: &Fields<'_>, key: &str, now: Timestamp) -> Result<Vec<rebound_queu
     if items.len() > MAX_WORKFLOW_JOBS {
         return Err(f.error(key, format!("holds {} jobs; a workflow holds at most {MAX_WORKFLOW_JOBS}", items.len())));
     }
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| match item {
-            Value::Object(m) => job_of(m, &f.name(&format!("{key}[{i}]")), now),
-            other => Err(f.error(&format!("{key}[{i}]"), format!("must be a job (a JSON object), got {}", json_kind(other)))),
-        })
-        .collect()
+    let mut jobs = Vec::with_capacity(items.len());
+    let mut nested = BTreeMap::new();
+    for (i, item) in items.iter().enumerate() {
+        let name = f.name(&format!("{key}[{i}]"));
+        match item {
+            Value::Object(m) if is_workflow(m) => {
+                let inner = parse_workflow(&Fields::nested(m, &name), now)?;
+                jobs.push(NewWorkflow::standing_job(inner.kind));
+                nested.insert(i, inner);
+            }
+            Value::Object(m) => jobs.push(parse_new_job(&Fields::nested(m, &name), now)?),
+            other => return Err(f.error(&format!("{key}[{i}]"), format!("must be a job or a workflow (a JSON object), got {}", json_kind(other)))),
+        }
+    }
+    Ok((jobs, nested))
 }
 
-/// One job of a workflow; a workflow in its place is refused (no nesting).
+/// Whether a member is a workflow: by its shape, as the JS SDK tells them (a job may be of any
+/// type), or by a workflow's type, so that one missing its members is told what it lacks.
+fn is_workflow(m: &Map<String, Value>) -> bool {
+    m.contains_key("steps") || m.contains_key("jobs") || matches!(m.get("type").and_then(Value::as_str), Some("chain" | "group" | "batch"))
+}
+
+/// One job of a workflow where only a job can be: a callback, a graph's step.
 fn job_of(m: &Map<String, Value>, name: &str, now: Timestamp) -> Result<rebound_queue::NewJob, ApiError> {
-    if m.contains_key("steps") || m.contains_key("jobs") || matches!(m.get("type").and_then(Value::as_str), Some("chain" | "group" | "batch")) {
-        return Err(ApiError::invalid_field(name, "nested workflows are not supported (the maximum nesting depth is 1): give a job"));
+    if is_workflow(m) {
+        return Err(ApiError::invalid_field(name, "must be a job: a workflow can be nested as a chain's step or a group's or batch's job, not here"));
     }
     parse_new_job(&Fields::nested(m, name), now)
 }
@@ -223,7 +246,30 @@ fn step_state(s: JobState) -> &'static str {
     }
 }
 
+/// A workflow's state as a step's, for a nested one.
+fn nested_state(state: &str) -> &str {
+    match state {
+        "pending" => "waiting",
+        "running" => "active",
+        other => other,
+    }
+}
+
 fn member_json(m: &WorkflowMember) -> Value {
+    if let Some(n) = &m.nested {
+        return json!({
+            "id": m.step_id(),
+            "index": m.step,
+            "type": n.kind.as_str(),
+            "state": nested_state(&n.state),
+            "job_id": m.job_id.to_string(),
+            "workflow_id": n.id.to_string(),
+            "result": m.result,
+            "started_at": n.started_at.map(|t| t.to_string()),
+            "completed_at": n.finished_at.map(|t| t.to_string()),
+            "workflow": workflow_json(n),
+        });
+    }
     let mut v = json!({
         "id": m.step_id(),
         "index": (m.step >= 0).then_some(m.step),
@@ -265,6 +311,7 @@ pub fn workflow_json(wf: &Workflow) -> Value {
         "started_at": time(wf.started_at),
         "completed_at": time(wf.finished_at),
         "cancelled_at": time(wf.cancelled_at),
+        "parent_id": wf.parent_id.map(|p| p.to_string()),
         total_key: wf.job_count,
         done_key: wf.completed_count,
         "failed_count": wf.failed_count,
@@ -322,8 +369,13 @@ mod tests {
         assert!(refused(json!({"type": "dag", "steps": []})).starts_with("type:"));
         assert!(refused(json!({"type": "group", "jobs": []})).starts_with("jobs:"));
         assert!(refused(json!({"type": "chain", "steps": [{"type": "a", "args": "x"}]})).starts_with("steps[0].args:"));
-        let nested = refused(json!({"type": "chain", "steps": [{"type": "group", "jobs": [{"type": "a", "args": []}]}]}));
-        assert!(nested.starts_with("steps[0]:") && nested.contains("nesting depth is 1"), "{nested}");
+        let nested = parse(json!({"type": "chain", "steps": [{"type": "a", "args": []}, {"type": "group", "jobs": [{"type": "b", "args": []}]}]})).unwrap();
+        assert_eq!((nested.jobs.len(), nested.nested.get(&1).map(|g| (g.kind, g.jobs.len()))), (2, Some((WorkflowType::Group, 1))));
+        assert_eq!(nested.jobs[1].job_type, "rebound.workflow.group", "the job standing for it");
+        assert!(refused(json!({"type": "chain", "steps": [{"type": "group"}]})).starts_with("steps[0].jobs:"));
+        assert!(refused(json!({"type": "chain", "steps": [{"type": "group", "jobs": [{"type": "a", "args": 1}]}]})).starts_with("steps[0].jobs[0].args:"));
+        let callback = refused(json!({"type": "batch", "jobs": [{"type": "a", "args": []}], "callbacks": {"on_complete": {"type": "chain", "steps": []}}}));
+        assert!(callback.starts_with("callbacks.on_complete:") && callback.contains("must be a job"), "{callback}");
         assert!(refused(json!({"type": "batch", "jobs": [{"type": "a", "args": []}], "callbacks": {"on_complete": "x"}})).starts_with("callbacks.on_complete:"));
     }
 

@@ -186,6 +186,44 @@ async fn any_other_graph_runs_each_step_after_what_it_depends_on() {
 }
 
 #[tokio::test]
+async fn a_chain_with_a_nested_group_as_the_js_sdk_sends_it() {
+    let s = TestServer::new().await;
+    let job = |t: &str| json!({"type": t, "args": [t], "options": {"queue": "nest"}});
+    let r = s
+        .post(
+            "/ojs/v1/workflows",
+            json!({"type": "chain", "name": "etl", "steps": [job("extract"), {"type": "group", "name": "transforms", "jobs": [job("csv"), job("json")]}, job("load")]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let wf = &r.body["workflow"];
+    let step = &wf["steps"][1];
+    assert_eq!((&step["type"], &step["state"], &step["workflow"]["name"], &step["workflow"]["state"]), (&json!("group"), &json!("waiting"), &json!("transforms"), &json!("pending")), "{step}");
+    assert_eq!(step["workflow"]["parent_id"], wf["id"]);
+    assert_eq!(step["workflow"]["steps"].as_array().map(Vec::len), Some(2));
+    let id = wf["id"].as_str().unwrap().to_string();
+
+    let first = fetch(&s, "nest").await;
+    assert_eq!(first.len(), 1, "{first:?}");
+    ack(&s, &first[0], json!({"rows": 2})).await;
+    let fanned = fetch(&s, "nest").await;
+    assert_eq!(fanned.len(), 2, "the group's jobs run side by side: {fanned:?}");
+    assert!(fanned.iter().all(|j| j["parent_results"] == json!([{"rows": 2}])), "{fanned:?}");
+    let r = s.get(&format!("/ojs/v1/workflows/{id}")).await;
+    assert_eq!(r.body["workflow"]["steps"][1]["state"], "active", "{}", r.text);
+    for j in &fanned {
+        ack(&s, j, j["args"][0].clone()).await;
+    }
+    let load = fetch(&s, "nest").await;
+    assert_eq!(load.len(), 1);
+    assert_eq!(load[0]["parent_results"], json!([{"rows": 2}, ["csv", "json"]]));
+    ack(&s, &load[0], json!("done")).await;
+    let r = s.get(&format!("/ojs/v1/workflows/{id}")).await;
+    let wf = &r.body["workflow"];
+    assert_eq!((&wf["state"], &wf["steps"][1]["state"], &wf["steps"][1]["result"]), (&json!("completed"), &json!("completed"), &json!(["csv", "json"])), "{}", r.text);
+}
+
+#[tokio::test]
 async fn a_bad_workflow_gets_a_400_naming_the_field_and_creates_nothing() {
     let s = TestServer::new().await;
     let cases = [
@@ -194,7 +232,8 @@ async fn a_bad_workflow_gets_a_400_naming_the_field_and_creates_nothing() {
         (json!({"type": "group", "jobs": [{"type": "a", "args": []}, {"type": "b", "args": "x"}]}), "jobs[1].args"),
         (json!({"type": "batch", "jobs": [{"type": "a", "args": []}]}), "callbacks"),
         (json!({"type": "chain", "steps": [{"type": "a", "args": [], "options": {"unique": {"keys": ["type"]}}}]}), "steps[0].unique"),
-        (json!({"type": "chain", "steps": [{"type": "group", "jobs": [{"type": "a", "args": []}]}]}), "steps[0]"),
+        (json!({"type": "chain", "steps": [{"type": "group", "jobs": [{"type": "a", "args": "x"}]}]}), "steps[0].jobs[0].args"),
+        (json!({"type": "group", "jobs": [{"type": "group", "jobs": [{"type": "group", "jobs": [{"type": "chain", "steps": [{"type": "a", "args": []}]}]}]}]}), "jobs[0].jobs[0].jobs[0]"),
         (json!({"steps": [{"id": "a", "type": "t", "args": [], "depends_on": []}, {"id": "b", "type": "t", "args": [], "depends_on": ["x"]}]}), "steps[1].depends_on"),
         (json!({"steps": [{"id": "a", "type": "t", "args": [], "depends_on": ["b"]}, {"id": "b", "type": "t", "args": [], "depends_on": ["a"]}]}), "steps[0].depends_on"),
         (json!({"steps": [{"id": "a", "type": "t", "args": [], "depends_on": []}, {"id": "a", "type": "t", "args": [], "depends_on": ["a"]}]}), "steps[1].id"),

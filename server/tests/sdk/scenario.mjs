@@ -20,7 +20,7 @@ import { pathToFileURL } from 'node:url';
 import path from 'node:path';
 
 const [url, sdkDir] = process.argv.slice(2);
-const { HttpTransport, OJSClient, OJSWorker, batch, chain, reportProgress, subscribeJob, subscribeQueue } = await import(pathToFileURL(path.join(sdkDir, 'dist/esm/index.js')).href);
+const { HttpTransport, OJSClient, OJSWorker, batch, chain, group, reportProgress, subscribeJob, subscribeQueue } = await import(pathToFileURL(path.join(sdkDir, 'dist/esm/index.js')).href);
 
 let checks = 0;
 function check(cond, what) {
@@ -159,12 +159,13 @@ async function cron() {
 }
 
 async function workflows() {
-  // A chain and a batch built with the SDK's helpers, worked by an SDK worker. The SDK leaves
-  // its context's parentResults unset; the job envelope carries `parent_results`.
+  // A chain, a batch and a chain with a group nested in it, built with the SDK's helpers and
+  // worked by an SDK worker. The SDK leaves its context's parentResults unset; the job
+  // envelope carries `parent_results`.
   const wq = `${q}-wf`;
   const seen = [];
   const worker = new OJSWorker({ url, queues: [wq], concurrency: 4, pollInterval: 100, handleSignals: false });
-  for (const type of ['scenario.step', 'scenario.mail', 'scenario.report']) {
+  for (const type of ['scenario.step', 'scenario.mail', 'scenario.report', 'scenario.etl']) {
     worker.register(type, async (ctx) => {
       seen.push({ type, args: ctx.job.args, parents: ctx.job.parent_results ?? null });
       return { done: ctx.job.args[0] };
@@ -175,13 +176,22 @@ async function workflows() {
   check(pipeline.type === 'chain' && ['pending', 'running'].includes(pipeline.state), `chain created: ${JSON.stringify(pipeline)}`);
   const mails = await client.workflow(batch([{ type: 'scenario.mail', args: ['a'], options: { queue: wq } }, { type: 'scenario.mail', args: ['b'], options: { queue: wq } }],
     { on_complete: { type: 'scenario.report', args: ['all'], options: { queue: wq } } }));
+  const etl = (n) => ({ type: 'scenario.etl', args: [n], options: { queue: wq } });
+  const nested = await client.workflow(chain(etl('extract'), group(etl('csv'), etl('json')), etl('load')));
+  check(nested.steps?.[1]?.type === 'group' && nested.steps[1].state === 'waiting', `nested group created: ${JSON.stringify(nested.steps?.[1])}`);
   await worker.start();
   try {
-    await waitUntil('both workflows completed', async () =>
-      (await client.getWorkflow(pipeline.id)).state === 'completed' && (await client.getWorkflow(mails.id)).state === 'completed');
+    await waitUntil('the three workflows completed', async () =>
+      (await Promise.all([pipeline, mails, nested].map((w) => client.getWorkflow(w.id)))).every((w) => w.state === 'completed'));
   } finally {
     await worker.stop();
   }
+  const etls = seen.filter((s) => s.type === 'scenario.etl').map((s) => s.args[0]);
+  check(etls.length === 4 && etls[0] === 'extract' && [etls[1], etls[2]].sort().join() === 'csv,json' && etls[3] === 'load',
+    `the nested group ran between the chain's steps: ${JSON.stringify(etls)}`);
+  const load = seen.find((s) => s.type === 'scenario.etl' && s.args[0] === 'load');
+  check(JSON.stringify(load?.parents) === JSON.stringify([{ done: 'extract' }, [{ done: 'csv' }, { done: 'json' }]]),
+    `the step after the group got its results: ${JSON.stringify(load?.parents)}`);
   const steps = seen.filter((s) => s.type === 'scenario.step');
   check(steps.length === 2 && steps[0].args[0] === 'first' && steps[1].args[0] === 'second', `the chain's steps in order: ${JSON.stringify(steps)}`);
   check(JSON.stringify(steps[1].parents) === JSON.stringify([{ done: 'first' }]), `the second step got the first's result: ${JSON.stringify(steps[1].parents)}`);
