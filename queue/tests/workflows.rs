@@ -867,3 +867,81 @@ async fn a_nested_workflow_s_end_and_its_parent_s_next_step_are_one_write_under_
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM workflows").fetch_one(db.store.pool()).await.unwrap();
     assert_eq!(left, 0);
 }
+
+#[tokio::test]
+async fn workflow_jobs_that_cannot_run_on_their_own_are_refused_a_retry() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let actor = rebound_queue::store::Actor::new("olivia");
+    // a -> b beside c; a fails, so b is skipped; c runs on.
+    let wf = s.create_workflow(graph(&[("a", &[]), ("b", &["a"]), ("c", &[])])).await.unwrap();
+    let roots = claim_types(s).await;
+    fail_for_good(s, &roots[0]).await;
+    let skipped = get(s, wf.id).await.members[1].job_id;
+    let report = s.retry_finished_jobs(&rebound_queue::store::JobSelection::Ids(vec![skipped]), &actor).await.unwrap();
+    assert_eq!(report.succeeded, 0);
+    assert!(report.refused.first().is_some_and(|(id, why)| *id == skipped && why.contains("workflow")), "{:?}", report.refused);
+    assert_eq!(s.job(skipped).await.unwrap().state, JobState::Cancelled);
+    // The failed step itself may run again; its completion leaves the graph's failure counted.
+    let failed = roots[0].id;
+    assert_eq!(s.retry_finished_jobs(&rebound_queue::store::JobSelection::Ids(vec![failed]), &actor).await.unwrap().succeeded, 1);
+    let again = claim_types(s).await;
+    let a = again.iter().find(|j| j.id == failed).expect("a runs again");
+    complete(s, a, json!("late")).await;
+    let now = get(s, wf.id).await;
+    assert_eq!((now.state.as_str(), now.failed_count, now.completed_count, now.errors.as_array().map(Vec::len)), ("running", 1, 0, Some(1)));
+    complete(s, &roots[1], json!("c")).await;
+    let done = get(s, wf.id).await;
+    assert_eq!((done.state.as_str(), done.failed_count, done.completed_count, done.skipped_count), ("failed", 1, 1, 1), "ended by c, naming a");
+    assert_eq!(step_events(s, wf.id, "workflow.failed", "failed_step_id").await, ["a"]);
+
+    // The job standing for a nested workflow that failed.
+    let inner = workflow(WorkflowType::Chain, vec![job("x", json!([]))]);
+    let wf = s.create_workflow(nested(workflow(WorkflowType::Group, vec![job("y", json!([]))]), vec![(0, inner)])).await.unwrap();
+    let x = claim_types(s).await.into_iter().find(|j| j.job_type == "x").expect("x");
+    fail_for_good(s, &x).await;
+    let standing = get(s, wf.id).await.members[0].job_id;
+    assert_eq!(s.job(standing).await.unwrap().state, JobState::Discarded);
+    let report = s.retry_finished_jobs(&rebound_queue::store::JobSelection::Ids(vec![standing]), &actor).await.unwrap();
+    assert_eq!((report.succeeded, report.refused.len()), (0, 1));
+}
+
+#[tokio::test]
+async fn cancelling_a_parent_while_its_nested_workflow_finishes_does_not_deadlock() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let inner = workflow(WorkflowType::Chain, vec![job("n", json!([]))]);
+    let wf = s.create_workflow(nested(workflow(WorkflowType::Group, vec![job("p", json!([]))]), vec![(0, inner)])).await.unwrap();
+    let jobs = claim_types(s).await;
+    let n = jobs.iter().find(|j| j.job_type == "n").expect("n").clone();
+
+    // The cancel locks the parent first, as cancel_workflow does, and holds it...
+    let mut cancel = s.pool().begin().await.unwrap();
+    sqlx::query("UPDATE workflows SET state = 'cancelled', cancelled_at = now(), finished_at = now() WHERE id = $1")
+        .bind(wf.id)
+        .execute(&mut *cancel)
+        .await
+        .unwrap();
+    // ...while the nested chain's last job completes, which ends the chain and finishes the job
+    // standing for it in the parent.
+    let store = s.clone();
+    let finishing = tokio::spawn(async move {
+        store.complete_batch(&[Completion { id: n.id, attempt: Some(n.attempt), worker_id: Some("w1".into()), result: Some(json!(1)) }]).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sqlx::query(
+        "UPDATE jobs SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL, updated_at = now()
+         WHERE workflow_id = $1 AND state IN ('pending', 'scheduled', 'available', 'retryable')",
+    )
+    .bind(wf.id)
+    .execute(&mut *cancel)
+    .await
+    .expect("the cancel goes through");
+    cancel.commit().await.unwrap();
+    let done = finishing.await.unwrap().expect("the completion goes through");
+    assert_eq!(done.len(), 1);
+    let after = get(s, wf.id).await;
+    assert_eq!(after.state, "cancelled");
+    let inner = after.members[0].nested.clone().expect("nested");
+    assert!(matches!(inner.state.as_str(), "cancelled" | "completed"), "{}", inner.state);
+}

@@ -39,16 +39,26 @@ pub struct DeadLetterStats {
     pub newest_at: Option<Timestamp>,
 }
 
+/// Which jobs a bulk action on finished jobs may touch.
+#[derive(Clone, Copy)]
+struct Eligible {
+    states: &'static [JobState],
+    /// Whether workflow jobs that cannot run on their own qualify too.
+    workflow_held: bool,
+}
+
 impl Store {
     /// Makes finished jobs that did not succeed (`discarded`, dead letters included, and
     /// `cancelled`) run again with a fresh attempt budget. Jobs in other states are reported
-    /// as refused. Audited.
+    /// as refused, and so are two kinds of workflow job that cannot run on their own: a graph's
+    /// step skipped because one it depends on failed (it would run without what it needs, and
+    /// count twice), and the job standing for a nested workflow (nothing runs it). Audited.
     pub async fn retry_finished_jobs(&self, sel: &JobSelection, actor: &Actor) -> Result<BulkReport, StoreError> {
         self.bulk_on_finished(
             sel,
             actor,
             "job.bulk_retry",
-            &[JobState::Discarded, JobState::Cancelled],
+            Eligible { states: &[JobState::Discarded, JobState::Cancelled], workflow_held: false },
             "UPDATE jobs SET state = 'available', attempt = 0, scheduled_at = now(), enqueued_at = now(),
                              dead_letter = false, dead_lettered_at = NULL, discarded_at = NULL, cancelled_at = NULL,
                              completed_at = NULL, locked_by = NULL, lock_expires_at = NULL, updated_at = now()
@@ -65,19 +75,28 @@ impl Store {
             sel,
             actor,
             "job.bulk_delete",
-            &[JobState::Completed, JobState::Cancelled, JobState::Discarded],
+            Eligible { states: &[JobState::Completed, JobState::Cancelled, JobState::Discarded], workflow_held: true },
             delete_with_history!("SELECT id FROM jobs WHERE id = ANY($1) AND state IN ('completed', 'cancelled', 'discarded')", "'deleted'", "$2"),
         )
         .await
     }
 
-    async fn bulk_on_finished(&self, sel: &JobSelection, actor: &Actor, action: &str, eligible: &[JobState], apply: &'static str) -> Result<BulkReport, StoreError> {
+    async fn bulk_on_finished(&self, sel: &JobSelection, actor: &Actor, action: &str, eligible: Eligible, apply: &'static str) -> Result<BulkReport, StoreError> {
         let mut tx = self.begin().await?;
         let mut qb = sel.select_ids("true", BULK_LIMIT);
         let matched: Vec<Uuid> = qb.build_query_scalar().fetch_all(&mut *tx).await?;
-        let states: Vec<(Uuid, JobState)> = sqlx::query_as("SELECT id, state FROM jobs WHERE id = ANY($1)").bind(&matched).fetch_all(&mut *tx).await?;
-        let (ok, refused): (Vec<_>, Vec<_>) = states.into_iter().partition(|(_, s)| eligible.contains(s));
-        let ids: Vec<Uuid> = ok.iter().map(|(id, _)| *id).collect();
+        let states: Vec<(Uuid, JobState, bool)> = sqlx::query_as(
+            "SELECT id, state,
+                    COALESCE(last_error->>'type' = 'rebound.upstream_failed', false)
+                    OR EXISTS (SELECT 1 FROM workflows c WHERE c.parent_job = jobs.id) AS held
+             FROM jobs WHERE id = ANY($1)",
+        )
+        .bind(&matched)
+        .fetch_all(&mut *tx)
+        .await?;
+        let (ok, refused): (Vec<_>, Vec<_>) =
+            states.into_iter().partition(|(_, s, held)| eligible.states.contains(s) && (eligible.workflow_held || !held));
+        let ids: Vec<Uuid> = ok.iter().map(|(id, _, _)| *id).collect();
         let succeeded = if apply.starts_with("WITH gone") {
             // A deletion logs its dead letters by who deleted them (see delete_with_history).
             sqlx::query_scalar::<_, i64>(apply).bind(&ids).bind(&actor.name).fetch_one(&mut *tx).await? as u64
@@ -96,14 +115,17 @@ impl Store {
         }
         record(&mut tx, actor, action, None, details).await?;
         tx.commit().await?;
-        let allowed: Vec<&str> = eligible.iter().map(|s| s.as_str()).collect();
+        let allowed: Vec<&str> = eligible.states.iter().map(|s| s.as_str()).collect();
         Ok(BulkReport {
             matched: matched.len() as u64,
             succeeded,
             refused: refused
                 .into_iter()
                 .take(100)
-                .map(|(id, s)| (id, format!("job is {s}; only {} jobs qualify", allowed.join(" or "))))
+                .map(|(id, s, held)| match held && eligible.states.contains(&s) {
+                    true => (id, "job belongs to a workflow that decides when it runs (a skipped graph step, or the job standing for a nested workflow)".to_string()),
+                    false => (id, format!("job is {s}; only {} jobs qualify", allowed.join(" or "))),
+                })
                 .collect(),
         })
     }

@@ -35,9 +35,7 @@ const CALLBACK_NAMES: [&str; 3] = ["on_complete", "on_success", "on_failure"];
 pub async fn create(State(state): State<AppState>, body: JsonObject) -> Result<Response, ApiError> {
     let f = body.fields();
     let wf = parse_workflow(&f, Timestamp::now())?;
-    // The store names a workflow's jobs `jobs[i]`; the request may have called them steps.
-    let key = if f.get("steps").is_some() { "steps[" } else { "jobs[" };
-    let created = state.store.create_workflow(wf).await.map_err(|e| e.map_field(|f| f.replacen("jobs[", key, 1)))?;
+    let created = state.store.create_workflow(wf).await.map_err(|e| e.map_field(|field| request_field(f.map(), field)))?;
     Ok((StatusCode::CREATED, Json(answer(&created))).into_response())
 }
 
@@ -59,6 +57,28 @@ pub async fn cancel(State(state): State<AppState>, caller: Caller, Path(id): Pat
         Err(StoreError::Missing { .. }) => Err(ApiError::not_found("workflow", id)),
         Err(e) => Err(e.into()),
     }
+}
+
+/// A store's field name as the request spelled it: the store calls every workflow's members
+/// `jobs[i]`, at every level of nesting; the request may have called a level's `steps`.
+fn request_field(request: &Map<String, Value>, field: &str) -> String {
+    let mut level = Some(request);
+    let mut out: Vec<String> = Vec::new();
+    for part in field.split('.') {
+        let member = part.strip_prefix("jobs[").and_then(|rest| rest.strip_suffix(']')).and_then(|i| i.parse::<usize>().ok());
+        match (level, member) {
+            (Some(m), Some(i)) => {
+                let key = if m.contains_key("steps") && !m.contains_key("jobs") { "steps" } else { "jobs" };
+                out.push(format!("{key}[{i}]"));
+                level = m.get(key).and_then(|v| v.get(i)).and_then(Value::as_object);
+            }
+            _ => {
+                out.push(part.to_string());
+                level = None;
+            }
+        }
+    }
+    out.join(".")
 }
 
 fn workflow_id(s: &str) -> Result<uuid::Uuid, ApiError> {
@@ -393,6 +413,15 @@ mod tests {
         assert_eq!((batch.kind, batch.jobs.len()), (WorkflowType::Batch, 2));
         assert_eq!(batch.callbacks.on_success.map(|j| j.queue), Some("cb".to_string()));
         assert!(refused(json!({"name": "no type"})).starts_with("type:"));
+    }
+
+    #[test]
+    fn names_a_nested_member_as_the_request_did() {
+        let body = json!({"type": "chain", "steps": [{"type": "group", "jobs": [{"type": "chain", "steps": [{"type": "a", "args": []}]}]}]});
+        let m = body.as_object().cloned().unwrap_or_default();
+        assert_eq!(request_field(&m, "jobs[0].jobs[0].jobs[0].options.retry"), "steps[0].jobs[0].steps[0].options.retry");
+        assert_eq!(request_field(&m, "jobs[0].callbacks.on_failure"), "steps[0].callbacks.on_failure");
+        assert_eq!(request_field(&m, "graph"), "graph");
     }
 
     #[test]
