@@ -821,3 +821,40 @@ async fn every_connection_has_the_session_settings() {
     .unwrap();
     assert_eq!(settings, ("off".to_string(), "10s".to_string(), "0".to_string()));
 }
+
+#[tokio::test]
+async fn audit_filters_combine_and_page_newest_first_across_the_actions_a_prefix_matches() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let entries = [
+        ("alice", "job.cancel", Some("j1")),
+        ("bob", "job.retry", Some("j2")),
+        ("alice", "queue.pause", Some("mail")),
+        ("bob", "job.cancel", Some("j1")),
+        ("alice", "job.retry", Some("j3")),
+        ("carol", "jobs.bulk_retry", None),
+    ];
+    for (actor, action, target) in entries {
+        s.audit(&Actor::new(actor), action, target, json!({})).await.unwrap();
+    }
+    let read = |f: AuditFilter| async move {
+        s.audit_log(&f).await.unwrap().into_iter().map(|e| (e.actor, e.action, e.target)).collect::<Vec<_>>()
+    };
+    let who = |rows: &[(String, String, Option<String>)]| rows.iter().map(|(a, act, _)| format!("{a}:{act}")).collect::<Vec<_>>();
+    let jobs = read(AuditFilter { action: Some("job.".into()), ..Default::default() }).await;
+    assert_eq!(who(&jobs), ["alice:job.retry", "bob:job.cancel", "bob:job.retry", "alice:job.cancel"], "two actions merged newest first; jobs.* is not job.*");
+    let alices = read(AuditFilter { action: Some("job.".into()), actor: Some("alice".into()), ..Default::default() }).await;
+    assert_eq!(who(&alices), ["alice:job.retry", "alice:job.cancel"]);
+    let on_j1 = read(AuditFilter { target: Some("j1".into()), ..Default::default() }).await;
+    assert_eq!(who(&on_j1), ["bob:job.cancel", "alice:job.cancel"]);
+    let on_j1_cancels = read(AuditFilter { target: Some("j1".into()), action: Some("job.c".into()), ..Default::default() }).await;
+    assert_eq!(on_j1_cancels.len(), 2);
+    assert!(read(AuditFilter { action: Some("nope.".into()), ..Default::default() }).await.is_empty());
+
+    // Paged two at a time through the prefix.
+    let first = s.audit_log(&AuditFilter { action: Some("job".into()), limit: 2, ..Default::default() }).await.unwrap();
+    let second = s.audit_log(&AuditFilter { action: Some("job".into()), limit: 2, before: first.last().map(|e| e.id), ..Default::default() }).await.unwrap();
+    let third = s.audit_log(&AuditFilter { action: Some("job".into()), limit: 2, before: second.last().map(|e| e.id), ..Default::default() }).await.unwrap();
+    let paged: Vec<String> = first.iter().chain(&second).chain(&third).map(|e| format!("{}:{}", e.actor, e.action)).collect();
+    assert_eq!(paged, ["carol:jobs.bulk_retry", "alice:job.retry", "bob:job.cancel", "bob:job.retry", "alice:job.cancel"]);
+}
