@@ -172,27 +172,15 @@ pub async fn load_workflow(id: String) -> Result<WorkflowView, AppError> {
     let steps = wf
         .members
         .iter()
-        .map(|m| match &m.nested {
-            // A nested workflow: its own state and times, not those of the job standing for it.
-            Some(n) => StepView {
-                label: format!("{} {}", if chain { "step" } else { "job" }, m.step),
-                job_id: m.job_id.to_string(),
-                job_type: format!("{} workflow{}", n.kind.as_str(), n.name.as_ref().map(|s| format!(" {s}")).unwrap_or_default()),
-                state: n.state.clone(),
-                waiting: n.state == "pending",
-                attempt: m.attempt,
-                result: None,
-                started: n.started_at.map(|t| When::of(t, now)),
-                finished: n.finished_at.map(|t| When::of(t, now)),
-                nested: Some(n.id.to_string()),
-            },
-            None => StepView {
-                label: match (&m.graph, m.callback()) {
-                    (Some(g), _) if g.depends_on.is_empty() => g.id.clone(),
-                    (Some(g), _) => format!("{} (after {})", g.id, g.depends_on.join(", ")),
-                    (None, Some(cb)) => cb.to_string(),
-                    (None, None) => format!("{} {}", if chain { "step" } else { "job" }, m.step),
-                },
+        .map(|m| {
+            let label = match (&m.graph, m.callback()) {
+                (Some(g), _) if g.depends_on.is_empty() => g.id.clone(),
+                (Some(g), _) => format!("{} (after {})", g.id, g.depends_on.join(", ")),
+                (None, Some(cb)) => cb.to_string(),
+                (None, None) => format!("{} {}", if chain { "step" } else { "job" }, m.step),
+            };
+            let mut step = StepView {
+                label,
                 job_id: m.job_id.to_string(),
                 job_type: m.job_type.clone(),
                 state: m.state.to_string(),
@@ -205,7 +193,18 @@ pub async fn load_workflow(id: String) -> Result<WorkflowView, AppError> {
                 started: m.started_at.map(|t| When::of(t, now)),
                 finished: m.completed_at.map(|t| When::of(t, now)),
                 nested: None,
-            },
+            };
+            // A nested workflow: its own state and times, not those of the job standing for it.
+            if let Some(n) = &m.nested {
+                step.job_type = format!("{} workflow{}", n.kind.as_str(), n.name.as_ref().map(|s| format!(" {s}")).unwrap_or_default());
+                step.state = n.state.clone();
+                step.waiting = n.state == "pending";
+                step.result = None;
+                step.started = n.started_at.map(|t| When::of(t, now));
+                step.finished = n.finished_at.map(|t| When::of(t, now));
+                step.nested = Some(n.id.to_string());
+            }
+            step
         })
         .collect();
     let text = |e: &serde_json::Value, k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();

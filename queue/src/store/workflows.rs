@@ -206,16 +206,20 @@ impl Plan {
         let mut nested = wf.nested;
         let placed = wf.jobs.into_iter().enumerate().map(|(i, job)| (i as i32, at(&format!("jobs[{i}]")), job));
         let placed = placed.chain(callbacks.into_iter().map(|(step, name, job)| (step, at(&format!("callbacks.{name}")), job)));
-        for (step, field, mut job) in placed {
+        // Every job of a workflow names it on its envelope.
+        let member = |mut job: NewJob| {
+            if let Value::Object(extra) = &mut job.extra {
+                extra.insert("workflow_id".into(), json!(id));
+            }
+            job
+        };
+        for (step, field, job) in placed {
             let inner = if step >= 0 { nested.remove(&(step as usize)) } else { None };
             if let Some(inner) = inner {
-                job = NewWorkflow::standing_job(inner.kind);
+                let mut job = member(NewWorkflow::standing_job(inner.kind));
                 let standing = Uuid::now_v7();
                 job.id = Some(standing);
                 job.pending = true;
-                if let Value::Object(extra) = &mut job.extra {
-                    extra.insert("workflow_id".into(), json!(id));
-                }
                 self.jobs.push(PlannedJob { job, field: field.clone(), workflow: id, step });
                 let inner_id = inner.id.unwrap_or_else(Uuid::now_v7);
                 self.add(inner, inner_id, Some((id, standing)), starts[step as usize], &field, depth + 1)?;
@@ -227,11 +231,9 @@ impl Plan {
             if job.pending {
                 return Err(StoreError::invalid(format!("{field}.pending"), "a workflow decides when its jobs start"));
             }
+            let mut job = member(job);
             // Callbacks, and members the workflow does not start at once, wait for it.
             job.pending = step < 0 || !starts[step as usize];
-            if let Value::Object(extra) = &mut job.extra {
-                extra.insert("workflow_id".into(), json!(id));
-            }
             self.jobs.push(PlannedJob { job, field, workflow: id, step });
         }
         Ok(())
