@@ -118,6 +118,13 @@ async fn overlap_policies() {
     assert_eq!(skipped.len(), 1);
     assert_eq!((skipped[0].cron_name.as_str(), skipped[0].reason, skipped[0].job_id), ("skip", Some("overlap_skip"), None));
     assert_eq!(db.store.cron_events(&EventFilter { queues: vec!["cq".into()], limit: 100, ..Default::default() }).await.unwrap().len(), 8, "7 triggered + 1 skipped");
+    // One job's: the run that enqueued it, newest first or after a cursor.
+    let allowed = cron_jobs_of(&db.store, "allow").await;
+    for after in [None, Some("evt_0000000000000000:".to_string())] {
+        let of_job = db.store.cron_events(&EventFilter { job_id: Some(allowed[1].0), after, limit: 10, ..Default::default() }).await.unwrap();
+        assert_eq!(of_job.iter().map(|e| (e.cron_name.as_str(), e.job_id)).collect::<Vec<_>>(), [("allow", Some(allowed[1].0))]);
+    }
+    assert!(db.store.cron_events(&EventFilter { job_id: Some(uuid::Uuid::now_v7()), limit: 10, ..Default::default() }).await.unwrap().is_empty());
     // The held job is released once the first run finished.
     let hold = cron_jobs_of(&db.store, "hold").await;
     db.store.cancel(hold[0].0, None).await.unwrap();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rebound_queue::outcome::{HandlerError, Outcome};
 use rebound_queue::store::{
-    BatchCallbacks, ClaimRequest, Completion, Failure, GraphStep, NewWorkflow, StoreError, Workflow, WorkflowCancel, WorkflowType,
+    BatchCallbacks, ClaimRequest, Completion, Failure, GraphStep, NestedCounts, NewWorkflow, StoreError, Workflow, WorkflowCancel, WorkflowType,
 };
 use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, TestDb};
 use rebound_queue::{Job, JobState, NewJob, Store};
@@ -773,6 +773,10 @@ async fn a_failure_three_levels_down_fails_each_workflow_it_is_nested_in() {
     assert_eq!(failed.errors[0]["code"], "rebound.workflow_failed");
     let message = failed.errors[0]["message"].as_str().unwrap_or_default().to_string();
     assert!(message.contains("nested group") && message.contains("nested chain") && message.contains("it broke"), "{message}");
+    // Five jobs through the levels: a, b and d completed, c failed, e never ran; the chain's
+    // own counters see three steps, one of them (the group) failed.
+    assert_eq!((failed.job_count, failed.completed_count, failed.failed_count), (3, 1, 1));
+    assert_eq!(failed.counts_with_nested(), NestedCounts { jobs: 5, completed: 3, failed: 1 });
 }
 
 #[tokio::test]

@@ -296,7 +296,15 @@ SELECT * FROM (
            UNION ALL
            (SELECT ", evid!("l.at", "'job.heartbeat:' || u.job_id || ':' || u.attempt"), ",
                    l.at, u.job_id, u.attempt, l.worker_id, u.visible_until
-            FROM jobs o JOIN job_heartbeats l ON l.queue = o.queue AND l.at >= o.created_at
+            -- Only the beats of the job's queue while it ran: from its first start to its last
+            -- write (heartbeats never write `updated_at`; the minutes allow for a beat that
+            -- locked the row before a batch write begun earlier reached it). Bounded only by
+            -- its creation, an old job's read every beat of its queue since (2.5 s for a day
+            -- of one worker's).
+            FROM jobs o
+            CROSS JOIN LATERAL (SELECT LEAST(o.started_at, (SELECT min(a.started_at) FROM job_attempts a WHERE a.job_id = o.id)) AS first_start) s
+            JOIN job_heartbeats l ON l.queue = o.queue AND l.at >= s.first_start
+             AND l.at <= CASE WHEN o.state = 'active' THEN 'infinity' ELSE o.updated_at + interval '5 minutes' END
             CROSS JOIN LATERAL unnest(l.job_ids, l.attempts, l.visible_until) AS u(job_id, attempt, visible_until)
             WHERE o.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND u.job_id = o.id
               AND (cardinality($1::text[]) = 0 OR 'job.heartbeat' = ANY($1))
@@ -1007,6 +1015,34 @@ mod tests {
         assert_eq!(w1.usage, ProcessUsage::default());
         let quiet = s.worker_events(&EventFilter { types: vec!["worker.quiet".into()], limit: 10, ..Default::default() }).await.unwrap();
         assert_eq!(quiet.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_finished_job_s_heartbeats_are_found_through_every_attempt() {
+        let db = TestDb::new().await;
+        let s = &db.store;
+        let job = s.enqueue(NewJob::new("ev.retried", serde_json::json!([])).queue("hb3")).await.unwrap().job;
+        let claim = ClaimRequest { worker_id: "w1".into(), queues: vec!["hb3".into()], limit: 1, visibility_timeout: Duration::from_secs(60) };
+        // A beat in the first attempt, which failed; one in the second, which completed; and
+        // one of another job of the queue after both.
+        s.claim(&claim).await.unwrap();
+        assert_eq!(s.heartbeat(None, &[job.id], None).await.unwrap().extended, vec![job.id]);
+        let failure = Failure { id: job.id, attempt: None, worker_id: None, outcome: Outcome::Retry(HandlerError::new("x.y", "boom")), error_code: None };
+        s.fail(&failure).await.unwrap();
+        sqlx::query("UPDATE jobs SET state = 'available', scheduled_at = now() WHERE id = $1").bind(job.id).execute(s.pool()).await.unwrap();
+        assert_eq!(s.claim(&claim).await.unwrap().len(), 1);
+        assert_eq!(s.heartbeat(None, &[job.id], None).await.unwrap().extended, vec![job.id]);
+        s.complete(&Completion { id: job.id, attempt: None, worker_id: None, result: None }).await.unwrap();
+        let later = s.enqueue(NewJob::new("ev.retried", serde_json::json!([])).queue("hb3")).await.unwrap().job;
+        s.claim(&claim).await.unwrap();
+        s.heartbeat(None, &[later.id], None).await.unwrap();
+
+        let beats = |id| EventFilter { job_id: Some(id), types: vec!["job.heartbeat".into()], limit: 10, ..Default::default() };
+        let of_job = s.events(&beats(job.id)).await.unwrap();
+        let mut attempts: Vec<Option<i32>> = of_job.iter().map(|e| e.attempt).collect();
+        attempts.sort();
+        assert_eq!(attempts, [Some(1), Some(2)], "both attempts' beats, the first before the job's last start: {of_job:?}");
+        assert_eq!(s.events(&beats(later.id)).await.unwrap().len(), 1, "a job still running: its beats up to now");
     }
 
     #[tokio::test]

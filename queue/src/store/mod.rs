@@ -149,7 +149,7 @@ pub use progress::{JobProgress, MAX_PROGRESS_DATA, MAX_PROGRESS_MESSAGE, Progres
 pub use maintenance_mode::Maintenance;
 pub use queues::QueueInfo;
 pub use rate_limits::{QueueRateLimit, RateLimitState, Window};
-pub use workflows::{BatchCallbacks, CALLBACKS, GraphStep, MAX_WORKFLOW_DEPTH, MAX_WORKFLOW_JOBS, NESTED_WORKFLOW_QUEUE, NewWorkflow, Workflow, WorkflowCancel, WorkflowMember, WorkflowType};
+pub use workflows::{BatchCallbacks, CALLBACKS, GraphStep, MAX_WORKFLOW_DEPTH, MAX_WORKFLOW_JOBS, NESTED_WORKFLOW_QUEUE, NestedCounts, NewWorkflow, Workflow, WorkflowCancel, WorkflowMember, WorkflowType};
 pub use workers::{BeatReport, ProcessUsage, WorkerBeat, WorkerInfo, WorkerRegistration, WorkerStatus};
 
 /// The migrations, embedded so both binaries can migrate on start.

@@ -358,6 +358,37 @@ impl Workflow {
     pub fn is_finished(&self) -> bool {
         matches!(self.state.as_str(), "completed" | "failed" | "cancelled")
     }
+
+    /// Its jobs counted through every workflow nested in it, as OJS's `metadata` counts them
+    /// ("including nested"): a nested workflow's jobs stand in for the job that represents it
+    /// in this one, so a finished group of nested chains still has `completed + failed = jobs`.
+    /// The workflow's own counters (`job_count`, …) count that job once, as its state
+    /// machine does. Needs the nested workflows loaded, as [`Store::workflow`] loads them.
+    pub fn counts_with_nested(&self) -> NestedCounts {
+        let mut c = NestedCounts { jobs: self.job_count, completed: self.completed_count, failed: self.failed_count };
+        for m in &self.members {
+            if let Some(inner) = &m.nested {
+                let i = inner.counts_with_nested();
+                // The standing job was counted as completed when its workflow completed, and
+                // as failed (discarded) when it failed.
+                c.jobs += i.jobs - 1;
+                c.completed += i.completed - i32::from(m.state == JobState::Completed);
+                c.failed += i.failed - i32::from(m.state == JobState::Discarded);
+            }
+        }
+        c
+    }
+}
+
+/// A workflow's jobs counted through its nested workflows ([`Workflow::counts_with_nested`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NestedCounts {
+    /// Every job of the workflow and of the workflows nested in it; callbacks not counted.
+    pub jobs: i32,
+    /// Those that completed.
+    pub completed: i32,
+    /// Those that failed for good.
+    pub failed: i32,
 }
 
 /// One job of a workflow.

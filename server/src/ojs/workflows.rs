@@ -322,6 +322,8 @@ pub fn workflow_json(wf: &Workflow) -> Value {
     let time = |t: Option<Timestamp>| t.map(|t| t.to_string());
     let (total_key, done_key) = if wf.kind == WorkflowType::Chain { ("steps_total", "steps_completed") } else { ("jobs_total", "jobs_completed") };
     let failed_job_ids: Vec<&Value> = wf.errors.as_array().map(|e| e.iter().filter_map(|e| e.get("job_id")).collect()).unwrap_or_default();
+    // The spec's metadata counts nested workflows' jobs; the top-level totals count members.
+    let all = wf.counts_with_nested();
     json!({
         "id": wf.id.to_string(),
         "type": wf.kind.as_str(),
@@ -344,9 +346,9 @@ pub fn workflow_json(wf: &Workflow) -> Value {
             "started_at": time(wf.started_at),
             "completed_at": time(wf.finished_at),
             "cancelled_at": time(wf.cancelled_at),
-            "job_count": wf.job_count,
-            "completed_count": wf.completed_count,
-            "failed_count": wf.failed_count,
+            "job_count": all.jobs,
+            "completed_count": all.completed,
+            "failed_count": all.failed,
             "skipped_count": wf.skipped_count,
         },
         "steps": wf.members.iter().map(member_json).collect::<Vec<_>>(),

@@ -201,6 +201,8 @@ async fn a_chain_with_a_nested_group_as_the_js_sdk_sends_it() {
     assert_eq!((&step["type"], &step["state"], &step["workflow"]["name"], &step["workflow"]["state"]), (&json!("group"), &json!("waiting"), &json!("transforms"), &json!("pending")), "{step}");
     assert_eq!(step["workflow"]["parent_id"], wf["id"]);
     assert_eq!(step["workflow"]["steps"].as_array().map(Vec::len), Some(2));
+    // Three steps, four jobs: the metadata counts the nested group's jobs (ojs-workflows §3.3).
+    assert_eq!((&wf["steps_total"], &wf["metadata"]["job_count"], &wf["metadata"]["completed_count"]), (&json!(3), &json!(4), &json!(0)), "{wf}");
     let id = wf["id"].as_str().unwrap().to_string();
 
     let first = fetch(&s, "nest").await;
@@ -221,6 +223,7 @@ async fn a_chain_with_a_nested_group_as_the_js_sdk_sends_it() {
     let r = s.get(&format!("/ojs/v1/workflows/{id}")).await;
     let wf = &r.body["workflow"];
     assert_eq!((&wf["state"], &wf["steps"][1]["state"], &wf["steps"][1]["result"]), (&json!("completed"), &json!("completed"), &json!(["csv", "json"])), "{}", r.text);
+    assert_eq!((&wf["steps_completed"], &wf["metadata"]["job_count"], &wf["metadata"]["completed_count"], &wf["metadata"]["failed_count"]), (&json!(3), &json!(4), &json!(4), &json!(0)), "{wf}");
 }
 
 #[tokio::test]
