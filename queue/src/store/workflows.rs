@@ -121,8 +121,6 @@ struct PlannedWorkflow {
     job_count: i32,
     /// The parent and the job standing for this one in it.
     parent: Option<(Uuid, Uuid)>,
-    /// Whether its first members start at once (a nested one's parent starts it at once).
-    started: bool,
     step_ids: Vec<String>,
     links: Vec<Links>,
 }
@@ -144,7 +142,7 @@ struct Plan {
 impl Plan {
     /// Adds `wf` (at nesting `depth`, from 1) and what is nested in it; `field` names it in
     /// errors (`jobs[i]` of its parent, empty for the outermost).
-    fn add(&mut self, wf: NewWorkflow, id: Uuid, parent: Option<(Uuid, Uuid)>, started: bool, field: &str, depth: usize) -> Result<(), StoreError> {
+    fn add(&mut self, wf: NewWorkflow, id: Uuid, parent: Option<(Uuid, Uuid)>, field: &str, depth: usize) -> Result<(), StoreError> {
         let at = |f: &str| if field.is_empty() { f.to_string() } else { format!("{field}.{f}") };
         if depth > MAX_WORKFLOW_DEPTH {
             return Err(StoreError::invalid(field, format!("workflows nest at most {MAX_WORKFLOW_DEPTH} levels deep (a workflow, one inside it, and one inside that)")));
@@ -186,20 +184,12 @@ impl Plan {
         if self.jobs.len() + wf.jobs.len() + callbacks.len() > MAX_WORKFLOW_JOBS {
             return Err(StoreError::invalid(at("jobs"), format!("a workflow holds at most {MAX_WORKFLOW_JOBS} jobs, nested ones included")));
         }
-        // Which members may run as soon as the workflow starts.
-        let first = |step: usize| match wf.kind {
-            WorkflowType::Chain => step == 0,
-            WorkflowType::Group | WorkflowType::Batch => true,
-            WorkflowType::Graph => links.get(step).is_some_and(|l| l.depends_on.is_empty()),
-        };
-        let starts: Vec<bool> = (0..wf.jobs.len()).map(|i| started && first(i)).collect();
         self.workflows.push(PlannedWorkflow {
             id,
             kind: wf.kind,
             name: wf.name,
             job_count,
             parent,
-            started,
             step_ids: wf.graph.into_iter().map(|g| g.id).collect(),
             links,
         });
@@ -222,7 +212,7 @@ impl Plan {
                 job.pending = true;
                 self.jobs.push(PlannedJob { job, field: field.clone(), workflow: id, step });
                 let inner_id = inner.id.unwrap_or_else(Uuid::now_v7);
-                self.add(inner, inner_id, Some((id, standing)), starts[step as usize], &field, depth + 1)?;
+                self.add(inner, inner_id, Some((id, standing)), &field, depth + 1)?;
                 continue;
             }
             if job.unique.is_some() {
@@ -232,8 +222,10 @@ impl Plan {
                 return Err(StoreError::invalid(format!("{field}.pending"), "a workflow decides when its jobs start"));
             }
             let mut job = member(job);
-            // Callbacks, and members the workflow does not start at once, wait for it.
-            job.pending = step < 0 || !starts[step as usize];
+            // Every member waits for the workflow: `rebound_workflow_start` decides which
+            // start it (see migrations/…_workflow_start.sql), at its creation for the
+            // outermost one, when its parent gets to it for a nested one.
+            job.pending = true;
             self.jobs.push(PlannedJob { job, field, workflow: id, step });
         }
         Ok(())
@@ -436,7 +428,7 @@ impl Store {
     pub async fn create_workflow(&self, wf: NewWorkflow) -> Result<Workflow, StoreError> {
         let id = wf.id.unwrap_or_else(Uuid::now_v7);
         let mut planned = Plan::default();
-        planned.add(wf, id, None, true, "", 1)?;
+        planned.add(wf, id, None, "", 1)?;
         let Plan { workflows, jobs: placed, .. } = planned;
         let mut jobs = Vec::with_capacity(placed.len());
         let mut members = Vec::with_capacity(placed.len());
@@ -448,7 +440,7 @@ impl Store {
         }
         let mut tx = self.begin().await?;
         let root = &workflows[0];
-        let inserted = sqlx::query("INSERT INTO workflows (id, type, name, job_count) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING")
+        let inserted = sqlx::query("INSERT INTO workflows (id, type, name, job_count, state) VALUES ($1, $2, $3, $4, 'pending') ON CONFLICT (id) DO NOTHING")
             .bind(root.id)
             .bind(root.kind.as_str())
             .bind(&root.name)
@@ -465,7 +457,7 @@ impl Store {
             // Parents come before their children in the plan, as the foreign key wants.
             let inserted = sqlx::query(
                 "INSERT INTO workflows (id, type, name, job_count, parent_id, parent_job, state)
-                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::uuid[], $6::uuid[], $7::text[])
+                 SELECT *, 'pending' FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::uuid[], $6::uuid[])
                  ON CONFLICT (id) DO NOTHING",
             )
             .bind(nested.iter().map(|w| w.id).collect::<Vec<_>>())
@@ -474,7 +466,6 @@ impl Store {
             .bind(nested.iter().map(|w| w.job_count).collect::<Vec<_>>())
             .bind(nested.iter().map(|w| w.parent.map(|(p, _)| p)).collect::<Vec<_>>())
             .bind(nested.iter().map(|w| w.parent.map(|(_, j)| j)).collect::<Vec<_>>())
-            .bind(nested.iter().map(|w| if w.started { "running" } else { "pending" }).collect::<Vec<_>>())
             .execute(&mut *tx)
             .await?;
             if inserted.rows_affected() != nested.len() as u64 {
@@ -500,6 +491,7 @@ impl Store {
             .await?;
         }
         insert_many(&mut tx, jobs, &checked, &members).await?;
+        sqlx::query("SELECT rebound_workflow_start($1, NULL)").bind(id).execute(&mut *tx).await?;
         tx.commit().await?;
         self.workflow(id).await?.ok_or_else(|| StoreError::Missing { what: format!("workflow {id}") })
     }
