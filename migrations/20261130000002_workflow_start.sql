@@ -3,7 +3,8 @@
 -- batch, a graph's steps without dependencies) is decided by `rebound_workflow_start` alone.
 -- An outermost workflow's first members are owed no results (`results` null): their envelopes
 -- carry no `parent_results`, as before. The queues that got work are notified once each,
--- not once per job (a group of 10 000 started at its creation).
+-- not once per job (a group of 10 000 started at its creation), and members made `scheduled`
+-- are logged as such (`job.scheduled`), as when they were inserted scheduled.
 CREATE OR REPLACE FUNCTION rebound_workflow_release(wf uuid, steps integer[], results jsonb) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     q text;
@@ -25,7 +26,13 @@ BEGIN
             updated_at = now()
         WHERE workflow_id = wf AND workflow_step = ANY(steps) AND state = 'pending'
           AND NOT EXISTS (SELECT 1 FROM workflows c WHERE c.parent_job = jobs.id)
-        RETURNING queue, state
+        RETURNING id, queue, state
+    ), logged AS (
+        -- `job.scheduled` events, as an insert of scheduled jobs logs them (see
+        -- migrations/…_job_transitions.sql): at a workflow's creation they are its first
+        -- members' scheduling, at their `created_at` like any job inserted scheduled.
+        INSERT INTO job_transitions (queue, state, job_ids)
+        SELECT queue, 'scheduled', array_agg(id) FROM released WHERE state = 'scheduled' GROUP BY queue
     )
     SELECT array_agg(DISTINCT queue) INTO queues FROM released WHERE state = 'available';
     FOREACH q IN ARRAY COALESCE(queues, '{}') LOOP

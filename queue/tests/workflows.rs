@@ -949,3 +949,19 @@ async fn cancelling_a_parent_while_its_nested_workflow_finishes_does_not_deadloc
     let inner = after.members[0].nested.clone().expect("nested");
     assert!(matches!(inner.state.as_str(), "cancelled" | "completed"), "{}", inner.state);
 }
+
+#[tokio::test]
+async fn a_workflow_s_first_job_scheduled_for_later_is_a_job_scheduled_event() {
+    use rebound_queue::store::EventFilter;
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let mut later = job("later", json!([]));
+    later.scheduled_at = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600));
+    let wf = s.create_workflow(workflow(WorkflowType::Group, vec![later, job("now", json!([]))])).await.unwrap();
+    assert_eq!((wf.members[0].state, wf.members[1].state), (JobState::Scheduled, JobState::Available));
+    let later_id = wf.members[0].job_id;
+    let scheduled = |job_id| EventFilter { job_id, types: vec!["job.scheduled".into()], limit: 10, ..Default::default() };
+    let all = s.events(&scheduled(None)).await.unwrap();
+    assert_eq!(all.iter().map(|e| e.job_id).collect::<Vec<_>>(), [later_id], "in the stream");
+    assert_eq!(s.events(&scheduled(Some(later_id))).await.unwrap().len(), 1, "and among the job's own");
+}
