@@ -67,7 +67,7 @@ async fn seed_rows(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
         // millisecond timestamp, so id order is creation order like real enqueues.
         sqlx::query(
             "INSERT INTO jobs (id, type, queue, args, state, attempt, max_attempts, created_at, scheduled_at,
-                               completed_at, discarded_at, dead_letter, dead_lettered_at, last_error,
+                               completed_at, discarded_at, dead_letter, dead_lettered_at, last_error, error_signature,
                                workflow_id, workflow_step)
              SELECT (lpad(to_hex((extract(epoch FROM ts) * 1000)::bigint), 12, '0')
                         || '7' || substr(md5(g::text), 1, 3) || '8' || substr(md5(g::text), 4, 15))::uuid,
@@ -80,10 +80,7 @@ async fn seed_rows(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
                     CASE WHEN g < $3 OR g % 50 <> 0 THEN ts + interval '1 second' END,
                     CASE WHEN g < $3 THEN ts + interval '1 second' END,
                     g < $3, CASE WHEN g < $3 THEN ts + interval '1 second' END,
-                    CASE WHEN g < $3 OR g % 50 = 0 THEN jsonb_build_object(
-                        'type', (ARRAY['smtp.rejected', 'http.5xx', 'http.timeout', 'db.deadlock'])[1 + g % 4],
-                        'code', 'E' || (g % 4), 'message', 'upstream said no to customer ' || (g % 10000),
-                        'retryable', true, 'attempt', 3, 'occurred_at', ts) END,
+                    e.last_error, CASE WHEN g < $3 THEN rebound_error_signature(e.last_error) END,
                     -- Every tenth job starts a chain of three (it and the next two): a million
                     -- workflows at 10M jobs, each id shaped like its first job's.
                     CASE WHEN g % 10 < 3 THEN (lpad(to_hex((extract(epoch FROM wts) * 1000)::bigint), 12, '0')
@@ -91,7 +88,11 @@ async fn seed_rows(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
                     CASE WHEN g % 10 < 3 THEN (g % 10)::int END
              FROM (SELECT g, now() - interval '30 days' + g * (interval '30 days' / $4::bigint) AS ts,
                           now() - interval '30 days' + (g / 10 * 10) * (interval '30 days' / $4::bigint) AS wts
-                   FROM generate_series($1::bigint, $1::bigint + $2::bigint - 1) AS g) s",
+                   FROM generate_series($1::bigint, $1::bigint + $2::bigint - 1) AS g) s
+             CROSS JOIN LATERAL (SELECT CASE WHEN g < $3 OR g % 50 = 0 THEN jsonb_build_object(
+                        'type', (ARRAY['smtp.rejected', 'http.5xx', 'http.timeout', 'db.deadlock'])[1 + g % 4],
+                        'code', 'E' || (g % 4), 'message', 'upstream said no to customer ' || (g % 10000),
+                        'retryable', true, 'attempt', 3, 'occurred_at', ts) END AS last_error) e",
         )
         .bind(done)
         .bind(k)

@@ -486,7 +486,10 @@ async fn dead_letters_are_redriven_by_id_or_filter_and_purged() {
 
     let purged = s.purge_dead_letters(&JobSelection::Filter(JobFilter::default()), &actor, Some("cleanup")).await.unwrap();
     assert_eq!(purged, 0, "ids[0] was plain-discarded (policy default on_exhaustion), not a dead letter");
-    sqlx::query("UPDATE jobs SET dead_letter = true, dead_lettered_at = now() WHERE id = $1").bind(ids[0]).execute(s.pool()).await.unwrap();
+    // A hand edit that dead-letters a job without its signature is refused, not left ungrouped.
+    let forgot = sqlx::query("UPDATE jobs SET dead_letter = true, dead_lettered_at = now() WHERE id = $1").bind(ids[0]).execute(s.pool()).await;
+    assert!(forgot.is_err_and(|e| e.to_string().contains("jobs_error_signature")));
+    sqlx::query("UPDATE jobs SET dead_letter = true, dead_lettered_at = now(), error_signature = rebound_error_signature(last_error) WHERE id = $1").bind(ids[0]).execute(s.pool()).await.unwrap();
     assert_eq!(s.purge_dead_letters(&JobSelection::Ids(vec![ids[0]]), &actor, None).await.unwrap(), 1);
     assert!(s.get_job(ids[0]).await.unwrap().is_none());
     assert!(s.attempts(ids[0]).await.unwrap().is_empty());

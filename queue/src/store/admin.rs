@@ -60,7 +60,7 @@ impl Store {
             "job.bulk_retry",
             Eligible { states: &[JobState::Discarded, JobState::Cancelled], workflow_held: false },
             "UPDATE jobs SET state = 'available', attempt = 0, scheduled_at = now(), enqueued_at = now(),
-                             dead_letter = false, dead_lettered_at = NULL, discarded_at = NULL, cancelled_at = NULL,
+                             dead_letter = false, dead_lettered_at = NULL, error_signature = NULL, discarded_at = NULL, cancelled_at = NULL,
                              completed_at = NULL, locked_by = NULL, lock_expires_at = NULL, updated_at = now()
              WHERE id = ANY($1) AND state IN ('discarded', 'cancelled')
              RETURNING queue",

@@ -169,7 +169,7 @@ async fn redrive_in(conn: &mut PgConnection, sel: &JobSelection, opts: &RedriveO
                  -- One more means one more, whatever the live policy says: pin it on the job.
                  retry = CASE WHEN $2 THEN j.retry
                               ELSE COALESCE(j.retry, '{}'::jsonb) || jsonb_build_object('max_attempts', j.attempt + 1) END,
-                 dead_letter = false, dead_lettered_at = NULL, discarded_at = NULL, completed_at = NULL,
+                 dead_letter = false, dead_lettered_at = NULL, error_signature = NULL, discarded_at = NULL, completed_at = NULL,
                  updated_at = now()
              FROM picked p
              WHERE j.id = p.id

@@ -76,6 +76,8 @@ WITH input AS (
         discarded_at = CASE WHEN i.state = 'discarded' THEN now() END,
         completed_at = CASE WHEN i.state = 'discarded' THEN now() ELSE j.completed_at END,
         dead_letter = i.dead_letter,
+        -- Dead letters are grouped by it (see migrations/…_error_signature_written.sql).
+        error_signature = CASE WHEN i.dead_letter THEN rebound_error_signature(COALESCE(i.last_error, j.last_error)) END,
         dead_lettered_at = CASE WHEN i.dead_letter THEN now() END,
         locked_by = NULL, lock_expires_at = NULL, updated_at = now()
     FROM input i
