@@ -29,8 +29,8 @@ BEGIN
         RETURNING id, queue, state
     ), logged AS (
         -- `job.scheduled` events, as an insert of scheduled jobs logs them (see
-        -- migrations/…_job_transitions.sql): at a workflow's creation they are its first
-        -- members' scheduling, at their `created_at` like any job inserted scheduled.
+        -- migrations/…_job_transitions.sql): a workflow's first members' at its creation, a
+        -- later step's when the workflow gets to it.
         INSERT INTO job_transitions (queue, state, job_ids)
         SELECT queue, 'scheduled', array_agg(id) FROM released WHERE state = 'scheduled' GROUP BY queue
     )

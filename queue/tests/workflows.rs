@@ -951,7 +951,7 @@ async fn cancelling_a_parent_while_its_nested_workflow_finishes_does_not_deadloc
 }
 
 #[tokio::test]
-async fn a_workflow_s_first_job_scheduled_for_later_is_a_job_scheduled_event() {
+async fn a_workflow_s_jobs_scheduled_for_later_are_job_scheduled_events() {
     use rebound_queue::store::EventFilter;
     let db = TestDb::new().await;
     let s = &db.store;
@@ -964,4 +964,16 @@ async fn a_workflow_s_first_job_scheduled_for_later_is_a_job_scheduled_event() {
     let all = s.events(&scheduled(None)).await.unwrap();
     assert_eq!(all.iter().map(|e| e.job_id).collect::<Vec<_>>(), [later_id], "in the stream");
     assert_eq!(s.events(&scheduled(Some(later_id))).await.unwrap().len(), 1, "and among the job's own");
+
+    // A chain's second step, scheduled for later, is scheduled when the chain gets to it.
+    let mut second = job("second", json!([]));
+    second.scheduled_at = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600));
+    let chain = s.create_workflow(workflow(WorkflowType::Chain, vec![job("first", json!([])), second])).await.unwrap();
+    let claimed = claim_types(s).await;
+    assert_eq!(types(&claimed), ["first", "now"], "the chain's first step, and the group's job not held back");
+    complete(s, &claimed[0], json!(1)).await;
+    let second_id = chain.members[1].job_id;
+    assert_eq!(s.job(second_id).await.unwrap().state, JobState::Scheduled);
+    assert_eq!(s.events(&scheduled(Some(second_id))).await.unwrap().len(), 1, "logged when released");
+    assert_eq!(s.events(&scheduled(None)).await.unwrap().len(), 2);
 }

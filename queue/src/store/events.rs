@@ -124,8 +124,8 @@ macro_rules! evid {
 // given order, over all queues or per asked-for queue, as (at, state, job_id, attempt,
 // worker_id); for one job (`$3`), `$one_job` reads the same from its rows (the log is not
 // searchable by job): a job's starts are then its executions' (in-place retries' too, which
-// the log, written by claims, lacks), its scheduling the log row of its insert (at its
-// `created_at`). Without a job (`$3` null) they look up a key no job has: compared with null,
+// the log, written by claims, lacks), its scheduling the log rows of its lifetime (its
+// insert's, or a workflow's release of it later; the minutes as for heartbeats, below). Without a job (`$3` null) they look up a key no job has: compared with null,
 // the planner saw a filter it could not index and planned a parallel scan, whose workers were
 // started (200 ms each) although the branch never ran. Before the jobs are
 // joined the id lacks its attempt: a job makes a transition once per row of the log, so that
@@ -266,7 +266,8 @@ SELECT * FROM (
      ",
             logged!("scheduled", "job.scheduled", $logged_order,
                 "SELECT l.at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id
-          FROM jobs j JOIN job_transitions l ON l.state = 'scheduled' AND l.queue = j.queue AND l.at = j.created_at
+          FROM jobs j JOIN job_transitions l ON l.state = 'scheduled' AND l.queue = j.queue
+           AND l.at >= j.created_at AND l.at <= j.updated_at + interval '5 minutes'
           WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.id = ANY(l.job_ids)"),
             ") f
            JOIN jobs j ON j.id = f.job_id
