@@ -243,8 +243,11 @@ SELECT * FROM (
             logged!("active", "job.started", $logged_order,
                 "SELECT a.started_at AS at, a.job_id, a.attempt, a.worker_id FROM job_attempts a
           WHERE a.job_id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND a.started_at IS NOT NULL
-          UNION
-          SELECT j.started_at, j.id, j.attempt, j.locked_by FROM jobs j WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.started_at IS NOT NULL"),
+          UNION ALL
+          -- The job row's execution, unless an attempt row records it already (a failure's
+          -- does, with the worker the row has let go of: a UNION kept both).
+          SELECT j.started_at, j.id, j.attempt, j.locked_by FROM jobs j WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.started_at IS NOT NULL
+            AND NOT EXISTS (SELECT 1 FROM job_attempts a WHERE a.job_id = j.id AND a.attempt = j.attempt AND a.started_at = j.started_at)"),
             "
      UNION ALL
      ",
@@ -1016,6 +1019,45 @@ mod tests {
         assert_eq!(w1.usage, ProcessUsage::default());
         let quiet = s.worker_events(&EventFilter { types: vec!["worker.quiet".into()], limit: 10, ..Default::default() }).await.unwrap();
         assert_eq!(quiet.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn one_job_s_events_are_the_stream_s_events_of_that_job() {
+        let db = TestDb::new().await;
+        let s = &db.store;
+        let claim = |q: &str| ClaimRequest { worker_id: "w9".into(), queues: vec![q.into()], limit: 1, visibility_timeout: Duration::from_secs(60) };
+        // Failed by its worker, completed by its worker, cancelled while it ran.
+        let failed = s.enqueue(NewJob::new("ev.one", serde_json::json!([])).queue("one1")).await.unwrap().job;
+        s.claim(&claim("one1")).await.unwrap();
+        let failure = Failure { id: failed.id, attempt: Some(1), worker_id: Some("w9".into()), outcome: Outcome::Retry(HandlerError::new("x.y", "boom")), error_code: None };
+        s.fail(&failure).await.unwrap();
+        let done = s.enqueue(NewJob::new("ev.one", serde_json::json!([])).queue("one2")).await.unwrap().job;
+        s.claim(&claim("one2")).await.unwrap();
+        s.complete(&Completion { id: done.id, attempt: Some(1), worker_id: Some("w9".into()), result: None }).await.unwrap();
+        let cut = s.enqueue(NewJob::new("ev.one", serde_json::json!([])).queue("one3")).await.unwrap().job;
+        s.claim(&claim("one3")).await.unwrap();
+        s.cancel(cut.id, None).await.unwrap();
+        // Dead-lettered after a beat; scheduled for later.
+        let dead = s.enqueue(NewJob::new("ev.one", serde_json::json!([])).queue("one4")).await.unwrap().job;
+        s.claim(&claim("one4")).await.unwrap();
+        s.heartbeat(Some("w9"), &[dead.id], None).await.unwrap();
+        let failure = Failure { id: dead.id, attempt: Some(1), worker_id: Some("w9".into()), outcome: Outcome::DeadLetter(HandlerError::new("x.y", "gone")), error_code: None };
+        s.fail(&failure).await.unwrap();
+        let later = NewJob { scheduled_at: Some(Timestamp::now() + jiff::SignedDuration::from_secs(3600)), ..NewJob::new("ev.one", serde_json::json!([])).queue("one5") };
+        let later = s.enqueue(later).await.unwrap().job;
+
+        let until = Some(Timestamp::now() + jiff::SignedDuration::from_secs(60));
+        let all = EventFilter { after: Some(position_at(Timestamp::UNIX_EPOCH)), until, limit: 100, ..Default::default() };
+        let stream = s.events(&all).await.unwrap();
+        for id in [failed.id, done.id, cut.id, dead.id, later.id] {
+            let theirs: Vec<(&str, &str)> = stream.iter().filter(|e| e.job_id == id).map(|e| (e.event_type.as_str(), e.id.as_str())).collect();
+            let own = s.events(&EventFilter { job_id: Some(id), ..all.clone() }).await.unwrap();
+            let own: Vec<(&str, &str)> = own.iter().map(|e| (e.event_type.as_str(), e.id.as_str())).collect();
+            assert_eq!(own, theirs, "job {id}");
+        }
+        let kinds = |id| stream.iter().filter(move |e| e.job_id == id).map(|e| e.event_type.as_str()).collect::<Vec<_>>();
+        assert_eq!(kinds(dead.id), ["job.enqueued", "job.started", "job.heartbeat", "job.failed", "job.dead_lettered"]);
+        assert_eq!(kinds(later.id), ["job.enqueued", "job.scheduled"]);
     }
 
     #[tokio::test]
