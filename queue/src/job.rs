@@ -443,7 +443,7 @@ pub struct Attempt {
     pub started_at: Option<Timestamp>,
     pub finished_at: Timestamp,
     /// `completed`, `retried`, `snoozed`, `discarded`, `dead_lettered`, `failed`,
-    /// `exhausted`, `non_retryable`, `released`.
+    /// `exhausted`, `non_retryable`, `released`, `cancelled` (cancelled while it ran).
     pub outcome: String,
     pub error_type: Option<String>,
     pub error_code: Option<String>,

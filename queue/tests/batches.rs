@@ -313,7 +313,8 @@ async fn retries_in_place_record_every_failure_and_stay_guarded() {
     // Its next result names the new attempt, as for any claim.
     assert_eq!(s.complete_batch(&[Completion { id: claimed[1].id, attempt: Some(2), worker_id: None, result: None }]).await.unwrap(), vec![claimed[1].id]);
 
-    assert!(s.attempts(claimed[2].id).await.unwrap().is_empty(), "a refused run records no failure");
+    let cancelled: Vec<String> = s.attempts(claimed[2].id).await.unwrap().into_iter().map(|a| a.outcome).collect();
+    assert_eq!(cancelled, ["cancelled"], "a refused run records no failure, only the cancellation that cut it");
     assert!(s.attempts(claimed[3].id).await.unwrap().is_empty());
     assert_eq!(s.job(claimed[3].id).await.unwrap().attempt, 1);
 

@@ -14,9 +14,13 @@ use uuid::Uuid;
 use super::audit::{Actor, record};
 use super::cancel::{BULK_LIMIT, JobSelection};
 use super::listing::JobFilter;
+use super::complete::release_ctes;
 use super::notify::notify_queues;
 use super::{Store, StoreError, millis, ts_opt};
 use crate::job::JobState;
+
+/// Why [`Store::deregister_stale_worker`] handed a job back, as its `released` row says.
+pub const DEREGISTERED_REASON: &str = "its worker was deregistered as stale by an operator; the attempt is not counted";
 
 /// What a bulk action did to the jobs a filter matched.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -234,20 +238,19 @@ impl Store {
             tx.rollback().await?;
             return Err(StoreError::invalid("id", format!("worker {id} sent a heartbeat within the last {}s; only stale workers can be deregistered (ask it to go quiet instead)", stale_after.as_secs())));
         }
-        let queues: Vec<String> = sqlx::query_scalar(
-            "UPDATE jobs SET state = 'available', attempt = GREATEST(attempt - 1, 0), locked_by = NULL, lock_expires_at = NULL,
-                             enqueued_at = now(), updated_at = now()
-             WHERE state = 'active' AND locked_by = $1 RETURNING queue",
-        )
+        // Handed back as a worker's own release hands them back: each execution cut short
+        // keeps a `released` row of its history, with why (before, it left none).
+        let released: i64 = sqlx::query_scalar(concat!(
+            "WITH ",
+            release_ctes!("j.locked_by = $1", "$2", "j.id, j.attempt, j.started_at, j.queue"),
+            " SELECT count(*) FROM released WHERE (SELECT count(*) FROM woken) >= 0"
+        ))
         .bind(id)
-        .fetch_all(&mut *tx)
+        .bind(DEREGISTERED_REASON)
+        .fetch_one(&mut *tx)
         .await?;
         sqlx::query("DELETE FROM workers WHERE id = $1").bind(id).execute(&mut *tx).await?;
-        let released = queues.len() as u64;
-        let mut distinct = queues;
-        distinct.sort();
-        distinct.dedup();
-        notify_queues(&mut *tx, &distinct).await?;
+        let released = released as u64;
         record(&mut tx, actor, "worker.deregister", Some(id), json!({"released": released})).await?;
         tx.commit().await?;
         Ok(Some(released))

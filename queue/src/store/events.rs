@@ -211,6 +211,8 @@ SELECT * FROM (
                     WHEN a.outcome = 'retried' THEN ARRAY['job.failed', 'job.retrying']
                     WHEN a.outcome = 'released' THEN ARRAY['job.released']
                     WHEN a.outcome = 'snoozed' THEN ARRAY['job.snoozed']
+                    -- Its `job.cancelled` comes from the log of transitions, as any job's.
+                    WHEN a.outcome = 'cancelled' THEN ARRAY[]::text[]
                     WHEN a.outcome = 'dead_lettered'
                          OR (a.outcome IN ('exhausted', 'non_retryable') AND p.policy->>'on_exhaustion' = 'dead_letter')
                          THEN ARRAY['job.failed', 'job.dead_lettered']
@@ -284,7 +286,7 @@ SELECT * FROM (
        AND ($8::timestamptz IS NULL OR g.at < $8::timestamptz))
     UNION ALL
     -- Heartbeats, from their own log (see migrations/…_job_heartbeats.sql), over every queue
-    -- or the asked-for ones by time; for one job, its queue's in the job's lifetime.
+    -- or the asked-for ones by time; for one job, its queue's while the job ran.
     (SELECT h.id, 'job.heartbeat'::text, h.at, h.job_id, j.type, j.queue, h.attempt, NULL::bigint, NULL::jsonb, h.worker_id,
             NULL::timestamptz, NULL::int, NULL::timestamptz, h.visible_until, NULL::float8, NULL::text
      FROM ((SELECT ", evid!("l.at", "'job.heartbeat:' || u.job_id || ':' || u.attempt"), " AS id,
@@ -300,14 +302,15 @@ SELECT * FROM (
            UNION ALL
            (SELECT ", evid!("l.at", "'job.heartbeat:' || u.job_id || ':' || u.attempt"), ",
                    l.at, u.job_id, u.attempt, l.worker_id, u.visible_until
-            -- Only the beats of the job's queue in its lifetime: from its creation to its last
-            -- write unless it runs (heartbeats never write `updated_at`; the minutes allow for
-            -- a beat that locked the row before a batch write begun earlier reached it).
-            -- Bounded only by its creation, an old job's read every beat of its queue since
-            -- (2.5 s for a day of one worker's). Its first start would bound it closer, but an
-            -- execution cancelled by hand, then retried, leaves no attempt row to find it by.
+            -- Only the beats of the job's queue while it ran: from its first start (every
+            -- execution but the job row's own is an attempt row) to its last write unless it
+            -- runs (heartbeats never write `updated_at`; the minutes allow for a beat that
+            -- locked the row before a batch write begun earlier reached it). Bounded only by
+            -- its creation, an old job's read every beat of its queue since (2.5 s for a day
+            -- of one worker's).
             FROM jobs o
-            JOIN job_heartbeats l ON l.queue = o.queue AND l.at >= o.created_at
+            CROSS JOIN LATERAL (SELECT LEAST(o.started_at, (SELECT min(a.started_at) FROM job_attempts a WHERE a.job_id = o.id)) AS first_start) s
+            JOIN job_heartbeats l ON l.queue = o.queue AND l.at >= s.first_start
              AND l.at <= CASE WHEN o.state = 'active' THEN 'infinity' ELSE o.updated_at + interval '5 minutes' END
             CROSS JOIN LATERAL unnest(l.job_ids, l.attempts, l.visible_until) AS u(job_id, attempt, visible_until)
             WHERE o.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND u.job_id = o.id
@@ -1087,8 +1090,8 @@ mod tests {
         assert_eq!(attempts, [Some(1), Some(2)], "both attempts' beats, the first before the job's last start: {of_job:?}");
         assert_eq!(s.events(&beats(later.id)).await.unwrap().len(), 1, "a job still running: its beats up to now");
 
-        // An execution cancelled by hand leaves no attempt row; retried (as an operator's retry
-        // writes it) and run again, the job still has that execution's beat.
+        // An execution cancelled while it ran is an attempt row of its own; retried (as an
+        // operator's retry writes it) and run again, the job still has that execution's beat.
         let cut = s.enqueue(NewJob::new("ev.retried", serde_json::json!([])).queue("hb4")).await.unwrap().job;
         let claim = ClaimRequest { queues: vec!["hb4".into()], ..claim };
         s.claim(&claim).await.unwrap();
@@ -1102,6 +1105,8 @@ mod tests {
         s.claim(&claim).await.unwrap();
         s.complete(&Completion { id: cut.id, attempt: None, worker_id: None, result: None }).await.unwrap();
         assert_eq!(s.events(&beats(cut.id)).await.unwrap().len(), 1, "the cancelled execution's beat");
+        let history: Vec<(i32, String, Option<String>)> = s.attempts(cut.id).await.unwrap().into_iter().map(|a| (a.attempt, a.outcome, a.worker_id)).collect();
+        assert_eq!(history, [(1, "cancelled".to_string(), Some("w1".to_string())), (1, "completed".to_string(), Some("w1".to_string()))]);
     }
 
     #[tokio::test]

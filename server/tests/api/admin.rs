@@ -302,6 +302,17 @@ async fn workers_quiet_and_stale_deregistration() {
     assert_eq!((r.status, r.body["released_jobs"].as_i64()), (StatusCode::OK, Some(1)), "{}", r.text);
     let j = s.get(&format!("/ojs/v1/jobs/{}", id(&job))).await;
     assert_eq!((j.body["job"]["state"].as_str(), j.body["job"]["attempt"].as_i64()), (Some("available"), Some(0)));
+    // The execution cut short stays in the job's history, saying why.
+    let history: Vec<(String, i32, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT outcome, attempt, worker_id, error_message FROM job_attempts WHERE job_id = $1::uuid")
+            .bind(id(&job))
+            .fetch_all(s.db.store.pool())
+            .await
+            .expect("history");
+    assert!(
+        matches!(history.as_slice(), [(o, 1, Some(w), Some(m))] if o == "released" && w == "w-1" && m.contains("deregistered")),
+        "{history:?}"
+    );
     assert_eq!(s.call("DELETE", "/ojs/v1/admin/workers/w-1", None).await.status, StatusCode::NOT_FOUND);
 }
 
