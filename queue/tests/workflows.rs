@@ -977,3 +977,24 @@ async fn a_workflow_s_jobs_scheduled_for_later_are_job_scheduled_events() {
     assert_eq!(s.events(&scheduled(Some(second_id))).await.unwrap().len(), 1, "logged when released");
     assert_eq!(s.events(&scheduled(None)).await.unwrap().len(), 2);
 }
+
+#[tokio::test]
+async fn a_nested_workflow_cancelled_on_its_own_is_no_failed_job_in_the_counts_through_it() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    // group[a, chain[b, c]]: b completes, then the chain alone is cancelled while the group runs.
+    let inner = workflow(WorkflowType::Chain, vec![job("b", json!([])), job("c", json!([]))]);
+    let wf = s.create_workflow(nested(workflow(WorkflowType::Group, vec![job("a", json!([]))]), vec![(1, inner)])).await.unwrap();
+    let first = claim_types(s).await;
+    assert_eq!(types(&first), ["a", "b"]);
+    complete(s, &first[1], json!("b")).await;
+    let chain_id = get(s, wf.id).await.members[1].nested.as_ref().expect("chain").id;
+    assert!(matches!(s.cancel_workflow(chain_id, None).await.unwrap(), WorkflowCancel::Cancelled(_)));
+    complete(s, &first[0], json!("a")).await;
+
+    let done = get(s, wf.id).await;
+    // The group's own counters take the cancelled chain as a failed member, as its state
+    // machine does; counted through it, no job failed: a and b completed, c never ran.
+    assert_eq!((done.state.as_str(), done.job_count, done.completed_count, done.failed_count), ("failed", 2, 1, 1));
+    assert_eq!(done.counts_with_nested(), NestedCounts { jobs: 3, completed: 2, failed: 0 });
+}

@@ -353,19 +353,23 @@ impl Workflow {
 
     /// Its jobs counted through every workflow nested in it, as OJS's `metadata` counts them
     /// ("including nested"): a nested workflow's jobs stand in for the job that represents it
-    /// in this one, so a finished group of nested chains still has `completed + failed = jobs`.
-    /// The workflow's own counters (`job_count`, …) count that job once, as its state
-    /// machine does. Needs the nested workflows loaded, as [`Store::workflow`] loads them.
+    /// in this one, so a finished group whose jobs all ran still has `completed + failed =
+    /// jobs` with nested workflows in it. The workflow's own counters (`job_count`, …) count
+    /// that job once, as its state machine does. Needs the nested workflows loaded, as
+    /// [`Store::workflow`] loads them.
     pub fn counts_with_nested(&self) -> NestedCounts {
         let mut c = NestedCounts { jobs: self.job_count, completed: self.completed_count, failed: self.failed_count };
         for m in &self.members {
             if let Some(inner) = &m.nested {
                 let i = inner.counts_with_nested();
                 // The standing job was counted as completed when its workflow completed, and
-                // as failed (discarded) when it failed.
+                // as failed, with an entry in `errors`, when it ended otherwise (failed, or
+                // cancelled on its own while this one ran).
+                let id = m.job_id.to_string();
+                let counted_failed = self.errors.as_array().is_some_and(|e| e.iter().any(|x| x.get("job_id").and_then(Value::as_str) == Some(id.as_str())));
                 c.jobs += i.jobs - 1;
                 c.completed += i.completed - i32::from(m.state == JobState::Completed);
-                c.failed += i.failed - i32::from(m.state == JobState::Discarded);
+                c.failed += i.failed - i32::from(counted_failed);
             }
         }
         c
