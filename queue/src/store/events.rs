@@ -124,8 +124,9 @@ macro_rules! evid {
 // given order, over all queues or per asked-for queue, as (at, state, job_id, attempt,
 // worker_id); for one job (`$3`), `$one_job` reads the same from its rows (the log is not
 // searchable by job): a job's starts are then its executions' (in-place retries' too, which
-// the log, written by claims, lacks), its scheduling the log rows of its lifetime (its
-// insert's, or a workflow's release of it later; the minutes as for heartbeats, below). Without a job (`$3` null) they look up a key no job has: compared with null,
+// the log, written by claims, lacks), its scheduling, cancellations and expiries the log rows
+// of its lifetime (a scheduling is its insert's, or a workflow's release of it later; the
+// minutes as for heartbeats, below). Without a job (`$3` null) they look up a key no job has: compared with null,
 // the planner saw a filter it could not index and planned a parallel scan, whose workers were
 // started (200 ms each) although the branch never ran. Before the jobs are
 // joined the id lacks its attempt: a job makes a transition once per row of the log, so that
@@ -247,9 +248,11 @@ SELECT * FROM (
           WHERE a.job_id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND a.started_at IS NOT NULL
           UNION ALL
           -- The job row's execution, unless an attempt row records it already (a failure's
-          -- does, with the worker the row has let go of: a UNION kept both).
+          -- does, with the worker the row has let go of: a UNION kept both). Matched by its
+          -- start alone: a snooze, a release or an operator's retry moves the row's attempt
+          -- number back, not its start, and no two executions start at once.
           SELECT j.started_at, j.id, j.attempt, j.locked_by FROM jobs j WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.started_at IS NOT NULL
-            AND NOT EXISTS (SELECT 1 FROM job_attempts a WHERE a.job_id = j.id AND a.attempt = j.attempt AND a.started_at = j.started_at)"),
+            AND NOT EXISTS (SELECT 1 FROM job_attempts a WHERE a.job_id = j.id AND a.started_at = j.started_at)"),
             "
      UNION ALL
      ",
@@ -258,14 +261,22 @@ SELECT * FROM (
             "
      UNION ALL
      ",
+            // A cancelled or expired job may be retried and run on: its cancellation or
+            // expiry is then the log's, not the row's (both are rare, so the log's rows of its
+            // lifetime are few).
             logged!("cancelled", "job.cancelled", $logged_order,
-                "SELECT j.cancelled_at AS at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id FROM jobs j WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.state = 'cancelled'"),
+                "SELECT l.at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id
+          FROM jobs j JOIN job_transitions l ON l.state = 'cancelled' AND l.queue = j.queue
+           AND l.at >= j.created_at AND l.at <= j.updated_at + interval '5 minutes'
+          WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.id = ANY(l.job_ids)"),
             "
      UNION ALL
      ",
             logged!("discarded", "job.expired", $logged_order,
-                "SELECT j.discarded_at AS at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id FROM jobs j
-          WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.state = 'discarded' AND j.last_error->>'type' = 'rebound.expired'"),
+                "SELECT l.at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id
+          FROM jobs j JOIN job_transitions l ON l.state = 'discarded' AND l.queue = j.queue
+           AND l.at >= j.created_at AND l.at <= j.updated_at + interval '5 minutes'
+          WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.id = ANY(l.job_ids)"),
             "
      UNION ALL
      ",
@@ -1048,11 +1059,28 @@ mod tests {
         s.fail(&failure).await.unwrap();
         let later = NewJob { scheduled_at: Some(Timestamp::now() + jiff::SignedDuration::from_secs(3600)), ..NewJob::new("ev.one", serde_json::json!([])).queue("one5") };
         let later = s.enqueue(later).await.unwrap().job;
+        // Snoozed, released by its worker, and cancelled while it ran then retried: each moves
+        // the job row's attempt number back and keeps its start.
+        let snoozed = s.enqueue(NewJob::new("ev.one", serde_json::json!([])).queue("one6")).await.unwrap().job;
+        s.claim(&claim("one6")).await.unwrap();
+        let snooze = Outcome::RetryAfter { at: Timestamp::now() + jiff::SignedDuration::from_secs(3600), error: None };
+        s.fail(&Failure { id: snoozed.id, attempt: Some(1), worker_id: Some("w9".into()), outcome: snooze, error_code: None }).await.unwrap();
+        let released = s.enqueue(NewJob::new("ev.one", serde_json::json!([])).queue("one7")).await.unwrap().job;
+        s.claim(&claim("one7")).await.unwrap();
+        s.release(&[released.id], Some("w9"), "shutting down").await.unwrap();
+        let retried = s.enqueue(NewJob::new("ev.one", serde_json::json!([])).queue("one8")).await.unwrap().job;
+        s.claim(&claim("one8")).await.unwrap();
+        s.cancel(retried.id, None).await.unwrap();
+        sqlx::query("UPDATE jobs SET state = 'available', attempt = 0, cancelled_at = NULL, scheduled_at = now(), updated_at = now() WHERE id = $1")
+            .bind(retried.id)
+            .execute(s.pool())
+            .await
+            .unwrap();
 
         let until = Some(Timestamp::now() + jiff::SignedDuration::from_secs(60));
         let all = EventFilter { after: Some(position_at(Timestamp::UNIX_EPOCH)), until, limit: 100, ..Default::default() };
         let stream = s.events(&all).await.unwrap();
-        for id in [failed.id, done.id, cut.id, dead.id, later.id] {
+        for id in [failed.id, done.id, cut.id, dead.id, later.id, snoozed.id, released.id, retried.id] {
             let theirs: Vec<(&str, &str)> = stream.iter().filter(|e| e.job_id == id).map(|e| (e.event_type.as_str(), e.id.as_str())).collect();
             let own = s.events(&EventFilter { job_id: Some(id), ..all.clone() }).await.unwrap();
             let own: Vec<(&str, &str)> = own.iter().map(|e| (e.event_type.as_str(), e.id.as_str())).collect();
