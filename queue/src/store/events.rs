@@ -1035,6 +1035,13 @@ mod tests {
         assert_eq!(quiet.len(), 3);
     }
 
+    /// An operator's retry of a finished job that did not succeed.
+    async fn retry_by_hand(s: &Store, id: Uuid) {
+        let ops = crate::store::Actor::new("ops@example.com");
+        let report = s.retry_finished_jobs(&crate::store::JobSelection::Ids(vec![id]), &ops).await.unwrap();
+        assert_eq!(report.succeeded, 1, "{report:?}");
+    }
+
     #[tokio::test]
     async fn one_job_s_events_are_the_stream_s_events_of_that_job() {
         let db = TestDb::new().await;
@@ -1071,11 +1078,7 @@ mod tests {
         let retried = s.enqueue(NewJob::new("ev.one", serde_json::json!([])).queue("one8")).await.unwrap().job;
         s.claim(&claim("one8")).await.unwrap();
         s.cancel(retried.id, None).await.unwrap();
-        sqlx::query("UPDATE jobs SET state = 'available', attempt = 0, cancelled_at = NULL, scheduled_at = now(), updated_at = now() WHERE id = $1")
-            .bind(retried.id)
-            .execute(s.pool())
-            .await
-            .unwrap();
+        retry_by_hand(s, retried.id).await;
 
         let until = Some(Timestamp::now() + jiff::SignedDuration::from_secs(60));
         let all = EventFilter { after: Some(position_at(Timestamp::UNIX_EPOCH)), until, limit: 100, ..Default::default() };
@@ -1118,18 +1121,14 @@ mod tests {
         assert_eq!(attempts, [Some(1), Some(2)], "both attempts' beats, the first before the job's last start: {of_job:?}");
         assert_eq!(s.events(&beats(later.id)).await.unwrap().len(), 1, "a job still running: its beats up to now");
 
-        // An execution cancelled while it ran is an attempt row of its own; retried (as an
-        // operator's retry writes it) and run again, the job still has that execution's beat.
+        // An execution cancelled while it ran is an attempt row of its own; retried by an
+        // operator and run again, the job still has that execution's beat.
         let cut = s.enqueue(NewJob::new("ev.retried", serde_json::json!([])).queue("hb4")).await.unwrap().job;
         let claim = ClaimRequest { queues: vec!["hb4".into()], ..claim };
         s.claim(&claim).await.unwrap();
         s.heartbeat(None, &[cut.id], None).await.unwrap();
         s.cancel(cut.id, None).await.unwrap();
-        sqlx::query("UPDATE jobs SET state = 'available', attempt = 0, cancelled_at = NULL, scheduled_at = now(), updated_at = now() WHERE id = $1")
-            .bind(cut.id)
-            .execute(s.pool())
-            .await
-            .unwrap();
+        retry_by_hand(s, cut.id).await;
         s.claim(&claim).await.unwrap();
         s.complete(&Completion { id: cut.id, attempt: None, worker_id: None, result: None }).await.unwrap();
         assert_eq!(s.events(&beats(cut.id)).await.unwrap().len(), 1, "the cancelled execution's beat");
