@@ -132,7 +132,7 @@ macro_rules! evid {
 // joined the id lacks its attempt: a job makes a transition once per row of the log, so that
 // prefix orders it among ids alike.
 macro_rules! logged {
-    ($state:literal, $event:literal, $order:literal, $one_job:literal) => {
+    ($state:literal, $event:literal, $order:literal, $one_job:expr) => {
         concat!(
             "(SELECT l.at, l.state, u.job_id, u.attempt, l.worker_id
       FROM job_transitions l CROSS JOIN LATERAL unnest(l.job_ids, l.attempts) AS u(job_id, attempt)
@@ -161,6 +161,20 @@ macro_rules! logged {
     };
 }
 
+
+// One job's rows of the log of transitions into `$state` in its lifetime (for `logged!`): from
+// its creation to its last write, with minutes' slack for a write that began before another
+// reached its row (as for heartbeats, below).
+macro_rules! in_its_lifetime {
+    ($state:literal) => {
+        concat!(
+            "SELECT l.at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id
+          FROM jobs j JOIN job_transitions l ON l.state = '", $state, "' AND l.queue = j.queue
+           AND l.at >= j.created_at AND l.at <= j.updated_at + interval '5 minutes'
+          WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.id = ANY(l.job_ids)"
+        )
+    };
+}
 
 // Each branch takes its own first `limit` rows in the order asked for through an index, so
 // the merge stays cheap; a branch whose type is not asked for is cut by a one-time filter.
@@ -265,26 +279,17 @@ SELECT * FROM (
             // expiry is then the log's, not the row's (both are rare, so the log's rows of its
             // lifetime are few).
             logged!("cancelled", "job.cancelled", $logged_order,
-                "SELECT l.at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id
-          FROM jobs j JOIN job_transitions l ON l.state = 'cancelled' AND l.queue = j.queue
-           AND l.at >= j.created_at AND l.at <= j.updated_at + interval '5 minutes'
-          WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.id = ANY(l.job_ids)"),
+                in_its_lifetime!("cancelled")),
             "
      UNION ALL
      ",
             logged!("discarded", "job.expired", $logged_order,
-                "SELECT l.at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id
-          FROM jobs j JOIN job_transitions l ON l.state = 'discarded' AND l.queue = j.queue
-           AND l.at >= j.created_at AND l.at <= j.updated_at + interval '5 minutes'
-          WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.id = ANY(l.job_ids)"),
+                in_its_lifetime!("discarded")),
             "
      UNION ALL
      ",
             logged!("scheduled", "job.scheduled", $logged_order,
-                "SELECT l.at, j.id AS job_id, NULL::int AS attempt, NULL::text AS worker_id
-          FROM jobs j JOIN job_transitions l ON l.state = 'scheduled' AND l.queue = j.queue
-           AND l.at >= j.created_at AND l.at <= j.updated_at + interval '5 minutes'
-          WHERE j.id = COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000') AND j.id = ANY(l.job_ids)"),
+                in_its_lifetime!("scheduled")),
             ") f
            JOIN jobs j ON j.id = f.job_id
            CROSS JOIN LATERAL (SELECT CASE f.state WHEN 'active' THEN 'job.started' WHEN 'completed' THEN 'job.completed'
