@@ -169,6 +169,9 @@ pub enum OnConflict {
     Ignore,
     /// Cancel the existing job and enqueue the new one.
     Replace,
+    /// Like [`OnConflict::Replace`], but a `scheduled` job's time is kept: the new job runs
+    /// when the one it replaces would have (OJS `replace_except_schedule`).
+    ReplaceExceptSchedule,
 }
 
 /// Uniqueness of an enqueue: the key, what to do on a clash, which states count, and for how long.

@@ -130,11 +130,13 @@ async fn lean_completions_record_the_attempt_and_refuse_stale_ones() {
     s.claim(&claim_req("default", "holder", 3)).await.unwrap();
     let done = s
         .complete_batch(&[
-            Completion { id: ids[0], attempt: Some(1), worker_id: Some("named".into()), result: Some(json!({"ok": 1})) },
+            Completion { id: ids[0], attempt: Some(1), worker_id: Some("holder".into()), result: Some(json!({"ok": 1})) },
             // No worker given: the attempt is recorded under the job's holder.
             Completion { id: ids[1], attempt: Some(1), worker_id: None, result: None },
             // A stale attempt: refused, the job stays active.
-            Completion { id: ids[2], attempt: Some(2), worker_id: Some("named".into()), result: None },
+            Completion { id: ids[2], attempt: Some(2), worker_id: Some("holder".into()), result: None },
+            // The right attempt, from a worker that does not hold it: refused too.
+            Completion { id: ids[2], attempt: Some(1), worker_id: Some("other".into()), result: None },
         ])
         .await
         .unwrap();
@@ -142,7 +144,7 @@ async fn lean_completions_record_the_attempt_and_refuse_stale_ones() {
     let first = s.job(ids[0]).await.unwrap();
     assert_eq!(first.state, JobState::Completed);
     assert_eq!(first.result, Some(json!({"ok": 1})));
-    assert_eq!(first.locked_by.as_deref(), Some("named"), "kept as the worker that ran it");
+    assert_eq!(first.locked_by.as_deref(), Some("holder"), "kept as the worker that ran it");
     assert_eq!(first.lock_expires_at, None);
     let attempts = s.attempts(ids[0]).await.unwrap();
     assert_eq!(attempts.len(), 1, "the completing execution, read from the job row");
@@ -151,7 +153,7 @@ async fn lean_completions_record_the_attempt_and_refuse_stale_ones() {
     assert_eq!(Some(attempts[0].finished_at), first.completed_at);
     let workers: Vec<Option<String>> =
         vec![s.attempts(ids[0]).await.unwrap()[0].worker_id.clone(), s.attempts(ids[1]).await.unwrap()[0].worker_id.clone()];
-    assert_eq!(workers, vec![Some("named".to_string()), Some("holder".to_string())]);
+    assert_eq!(workers, vec![Some("holder".to_string()), Some("holder".to_string())]);
     assert!(s.attempts(ids[2]).await.unwrap().is_empty());
     assert_eq!(s.job(ids[2]).await.unwrap().state, JobState::Active);
 }

@@ -102,6 +102,47 @@ async fn a_claim_whose_answer_is_lost_costs_no_attempt() {
     assert!(through.release_orphans("w1", &known).await.unwrap().is_empty());
 }
 
+/// A fetch over two queues whose second claim fails after the first committed: the first
+/// queue's jobs are already active under the caller's name, so they are returned to it rather
+/// than stranded behind an error until the rescuer charged them an attempt that never ran.
+#[tokio::test]
+async fn a_claim_over_several_queues_keeps_what_the_earlier_queues_gave_when_a_later_one_fails() {
+    let db = TestDb::new().await;
+    // A concurrency limit makes the claim lock the queue's row; another transaction holds it,
+    // and the claimer gives up on the lock after 300 ms.
+    let sep = if db.url.contains('?') { '&' } else { '?' };
+    let impatient = Store::connect(&format!("{}{sep}options=-c%20lock_timeout%3D300", db.url), 2).await.unwrap();
+    let ids: Vec<Uuid> = db
+        .store
+        .enqueue_batch((0..4).map(|i| NewJob::new("t.claim", json!([i])).queue(if i < 2 { "a" } else { "b" })).collect())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.job.id)
+        .collect();
+    sqlx::query("INSERT INTO queues (name, concurrency_limit) VALUES ('b', 100) ON CONFLICT (name) DO UPDATE SET concurrency_limit = 100")
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+    let mut holder = db.store.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM queues WHERE name = 'b' FOR UPDATE").execute(&mut *holder).await.unwrap();
+
+    let req = ClaimRequest { worker_id: "w1".into(), queues: vec!["a".into(), "b".into()], limit: 10, visibility_timeout: Duration::from_secs(60) };
+    let got = impatient.claim(&req).await.expect("queue a's jobs come back despite queue b's failure");
+    let mut got: Vec<Uuid> = got.iter().map(|j| j.id).collect();
+    got.sort();
+    let mut from_a = ids[..2].to_vec();
+    from_a.sort();
+    assert_eq!(got, from_a);
+    for id in &ids[2..] {
+        assert_eq!(db.store.job(*id).await.unwrap().state, JobState::Available, "queue b's jobs were not claimed");
+    }
+    // Nothing was claimed when the first queue is the one that fails: that is an error.
+    let only_b = ClaimRequest { queues: vec!["b".into()], ..req };
+    assert!(impatient.claim(&only_b).await.is_err());
+    holder.rollback().await.unwrap();
+}
+
 /// Registers worker `w1` and claims `n` fresh jobs for it (visibility 60 s).
 async fn w1_holding(s: &Store, n: u32) -> Vec<Uuid> {
     let registration = WorkerRegistration {
@@ -271,9 +312,17 @@ async fn after_a_restart_the_rescuer_gives_every_lock_one_visibility_timeout() {
     // Long enough that a loaded machine brings the database back well inside it.
     job.visibility_timeout_ms = Some(6_000);
     let job = store.enqueue(job).await.unwrap().job;
-    store.claim(&claim_req("w1", 1, Duration::from_secs(6))).await.unwrap();
+    // And one whose per-attempt timeout ran out while the database was down: its worker may
+    // hold a result it made in time and could not write, and the restart is no more its fault
+    // than the other's lapsed lock.
+    let mut timed = NewJob::new("t.restart", json!([]));
+    timed.visibility_timeout_ms = Some(6_000);
+    timed.timeout_ms = Some(1_000);
+    let timed = store.enqueue(timed).await.unwrap().job;
+    assert_eq!(store.claim(&claim_req("w1", 2, Duration::from_secs(6))).await.unwrap().len(), 2);
     // Its lock lapsed while the database was down (nobody could have extended it).
-    sqlx::query("UPDATE jobs SET lock_expires_at = now() - interval '1 second'").execute(store.pool()).await.unwrap();
+    sqlx::query("UPDATE jobs SET lock_expires_at = now() - interval '1 second' WHERE id = $1").bind(job.id).execute(store.pool()).await.unwrap();
+    sqlx::query("UPDATE jobs SET started_at = now() - interval '8 seconds' WHERE id = $1").bind(timed.id).execute(store.pool()).await.unwrap();
     cluster.pg_ctl(&["-m", "immediate", "restart"]);
 
     let rescued = async || {
@@ -285,7 +334,7 @@ async fn after_a_restart_the_rescuer_gives_every_lock_one_visibility_timeout() {
         }
         panic!("the database did not come back");
     };
-    let first = rescued().await.stalled;
+    let first = rescued().await;
     let since_start: f64 = sqlx::query_scalar("SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8")
         .fetch_one(store.pool())
         .await
@@ -293,7 +342,7 @@ async fn after_a_restart_the_rescuer_gives_every_lock_one_visibility_timeout() {
     // A loaded machine can take most of the grace to reconnect; only a pass that ran inside
     // it can show that the grace held.
     if since_start < 5.0 {
-        assert_eq!(first, 0, "just after the restart, the worker gets to extend the lock first");
+        assert_eq!((first.stalled, first.timed_out), (0, 0), "just after the restart, the worker gets to extend the lock or deliver its result first");
     } else {
         eprintln!("reconnecting took {since_start:.1}s of the 6s grace: the first pass proves nothing");
     }
@@ -303,8 +352,12 @@ async fn after_a_restart_the_rescuer_gives_every_lock_one_visibility_timeout() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs_f64(left.max(0.0))).await;
-    let second = rescued().await.stalled;
-    assert_eq!(first + second, 1, "one visibility timeout after the restart, the lock has lapsed");
+    let second = rescued().await;
+    assert_eq!(first.stalled + second.stalled, 1, "one visibility timeout after the restart, the lock has lapsed");
+    assert_eq!(first.timed_out + second.timed_out, 1, "and the timeout is charged");
     let after = store.job(job.id).await.unwrap();
     assert_eq!((after.state, after.attempt), (JobState::Available, 1));
+    let after = store.job(timed.id).await.unwrap();
+    assert_eq!((after.state, after.attempt), (JobState::Retryable, 1));
+    assert_eq!(after.last_error.unwrap()["type"], "rebound.timeout");
 }

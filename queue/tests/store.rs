@@ -356,16 +356,21 @@ async fn dead_letters_go_by_age_and_by_each_queues_cap_in_the_order_they_were_de
     assert_eq!(s.prune(&PruneConfig { dead_letters_per_queue: 2, ..Default::default() }).await.unwrap().dead_letters, 0, "nothing more to do");
 }
 
+/// A run past its timeout is charged at the deadline, whether or not its lock is still held
+/// (a worker enforces the timeout itself; the rescuer is the backstop for one that does not,
+/// such as an OJS client that keeps beating).
 #[tokio::test]
 async fn per_attempt_timeouts_are_failed_attempts_with_backoff() {
     let db = TestDb::new().await;
     let s = &db.store;
     let mut job = NewJob::new("t", json!([]));
-    job.timeout_ms = Some(1);
+    job.timeout_ms = Some(1_000);
+    job.visibility_timeout_ms = Some(60_000);
     let id = s.enqueue(job).await.unwrap().job.id;
     claim_one(s, "default").await;
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    assert_eq!(s.rescue_expired(100).await.unwrap().timed_out, 1);
+    assert_eq!(s.rescue_expired(100).await.unwrap().timed_out, 0, "inside its timeout");
+    sqlx::query("UPDATE jobs SET started_at = now() - interval '2 seconds' WHERE id = $1").bind(id).execute(s.pool()).await.unwrap();
+    assert_eq!(s.rescue_expired(100).await.unwrap().timed_out, 1, "past it, its lock still held");
     let job = s.job(id).await.unwrap();
     assert_eq!(job.state, JobState::Retryable);
     assert_eq!(job.last_error.unwrap()["type"], "rebound.timeout");
@@ -392,6 +397,36 @@ async fn scheduled_jobs_wait_then_are_promoted_and_expired_jobs_never_run() {
     let stale = s.job(stale.id).await.unwrap();
     assert_eq!(stale.state, JobState::Discarded);
     assert!(stale.completed_at.is_none(), "an expired job never ran to an end");
+}
+
+/// OJS `replace_except_schedule`: the new job replaces a scheduled one at its time, and a job
+/// that is not scheduled is replaced as by `replace`.
+#[tokio::test]
+async fn replacing_a_scheduled_duplicate_can_keep_its_time() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let at = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600);
+    let unique = |args: serde_json::Value, scheduled_at: Option<jiff::Timestamp>| {
+        let mut j = NewJob::new("t.report", args);
+        j.scheduled_at = scheduled_at;
+        j.unique = Some(UniqueSpec { key: "report".into(), on_conflict: OnConflict::ReplaceExceptSchedule, states: vec![], period: None });
+        j
+    };
+    let first = s.enqueue(unique(json!(["old"]), Some(at))).await.unwrap().job;
+    assert_eq!(first.state, JobState::Scheduled);
+    let second = s.enqueue(unique(json!(["new"]), None)).await.unwrap();
+    assert_eq!(second.outcome, EnqueueOutcome::Replaced { old: first.id });
+    assert_eq!((second.job.state, second.job.scheduled_at, second.job.args.clone()), (JobState::Scheduled, first.scheduled_at, json!(["new"])));
+    assert_eq!(s.job(second.job.id).await.unwrap().scheduled_at, first.scheduled_at, "as stored");
+    assert_eq!(s.job(first.id).await.unwrap().state, JobState::Cancelled);
+    // Not scheduled: the new job's own time.
+    s.cancel(second.job.id, None).await.unwrap();
+    let now_job = s.enqueue(unique(json!(["now"]), None)).await.unwrap().job;
+    assert_eq!(now_job.state, JobState::Available);
+    let later = s.enqueue(unique(json!(["later"]), Some(at))).await.unwrap();
+    assert_eq!(later.outcome, EnqueueOutcome::Replaced { old: now_job.id });
+    assert_eq!((later.job.state, later.job.scheduled_at), (JobState::Scheduled, s.job(later.job.id).await.unwrap().scheduled_at));
+    assert!(later.job.scheduled_at > jiff::Timestamp::now());
 }
 
 #[tokio::test]
@@ -436,6 +471,40 @@ async fn batch_enqueue_is_all_or_nothing_and_keeps_order() {
     assert_eq!(out.iter().map(|e| e.job.args[0].as_i64().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
     let claimed = s.claim(&claim_req(&["b"], 5)).await.unwrap();
     assert_eq!(claimed.iter().map(|j| j.args[0].as_i64().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+}
+
+/// An error far longer than an index key (a stack trace, a whole response body) still
+/// dead-letters its job: the error is kept whole, its signature (the grouping key) is cut.
+#[tokio::test]
+async fn a_dead_letter_with_a_huge_error_is_recorded_whole_and_grouped_by_its_start() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    // Letters only, no digits, varied, so nothing shortens it and nothing compresses it into
+    // a small key: the shape that broke the index.
+    let mut rng = fastrand::Rng::with_seed(7);
+    let long: String = (0..10_000).map(|_| rng.alphabetic()).collect();
+    let mut ids = Vec::new();
+    for tail in ["x", "y"] {
+        let id = s.enqueue(NewJob::new("t.long", json!([]))).await.unwrap().job.id;
+        claim_one(s, "default").await;
+        let message = format!("{long}{tail}");
+        let r = s
+            .fail(&Failure { id, attempt: None, worker_id: None, outcome: Outcome::DeadLetter(HandlerError::new("upstream.refused", message.clone())), error_code: None })
+            .await
+            .expect("dead-lettered despite the long error");
+        assert!(r.job.dead_letter);
+        assert_eq!(r.job.last_error.unwrap()["message"], message.as_str(), "the error is kept whole");
+        ids.push(id);
+    }
+    let groups = s.dead_letter_groups(&JobFilter::default(), 10).await.unwrap();
+    assert_eq!(groups.len(), 1, "errors differing only past the signature's length share a group");
+    assert_eq!(groups[0].count, 2);
+    assert_eq!(groups[0].signature.chars().count(), 400);
+    assert!(groups[0].signature.starts_with("upstream.refused: "));
+    // Re-driven and dead-lettered again through the same check.
+    let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: Actor::new("ops"), reason: None };
+    assert_eq!(s.redrive(&JobSelection::Ids(ids.clone()), &opts).await.unwrap(), 2);
+    assert!(s.dead_letter_groups(&JobFilter::default(), 10).await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -732,7 +801,7 @@ async fn history_events_and_chart_read_the_completing_execution_from_the_job_row
     claim_one(s, "default").await;
     s.fail(&failure(id, "net.reset")).await.unwrap();
     make_due(s, id).await;
-    claim_one(s, "default").await;
+    assert_eq!(s.claim(&ClaimRequest { worker_id: "w2".into(), ..claim_req(&["default"], 1) }).await.unwrap().len(), 1);
     s.complete(&Completion { id, attempt: Some(2), worker_id: Some("w2".into()), result: None }).await.unwrap();
 
     let history = s.attempts(id).await.unwrap();

@@ -41,6 +41,7 @@ const READ_ONLY_FUNCTIONS: &[&str] = &[
     "workers",
     "load_workflow",
     "list_workflows",
+    "maintenance_state",
 ];
 
 /// Holds a hash of the one error a no-JavaScript form post was just answered with, so that the

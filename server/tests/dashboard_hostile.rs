@@ -225,6 +225,11 @@ async fn big_bodies_cross_site_posts_and_forced_logouts_are_refused() {
         let r = d.post("/api/set_queue_paused", Some(&b), with_token.clone(), false, &headers).await;
         assert_eq!(r.status, StatusCode::OK, "{headers:?}: {}", r.text);
     }
+    // Reads need no token: the queues page refreshes the maintenance state on its own.
+    for read in ["/api/maintenance_state", "/api/queues"] {
+        let r = d.post(read, Some(&b), String::new(), false, &[("sec-fetch-site", "same-origin")]).await;
+        assert_eq!(r.status, StatusCode::OK, "{read}: {}", r.text);
+    }
 }
 
 /// Item 4 and 8 (login CSRF): `next` is kept only as a path on this site; a login form posted
@@ -306,6 +311,33 @@ async fn password_guessing_is_slowed_but_the_operator_is_not_locked_out() {
         .await
         .expect("insert");
     assert_eq!(d.login("olivia", "correct horse", "/", &[]).await.status, StatusCode::SEE_OTHER);
+}
+
+/// A username no operator can have (longer than any is allowed to be, here far longer than an
+/// index key) is a 400, not a database error, and touches neither the throttle nor a session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_username_longer_than_any_operator_s_is_refused() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Operator).await;
+    // Letters that do not repeat in a pattern, so Postgres could not compress the key small.
+    let mut x: u64 = 3;
+    let varied: String = (0..200_000)
+        .map(|_| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            char::from(b'a' + ((x >> 33) % 26) as u8)
+        })
+        .collect();
+    for name in [varied, "o".repeat(65)] {
+        let r = d.login(&name, "correct horse", "/", &[]).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+        assert!(r.text.contains("too long"), "{}", r.text);
+        assert!(r.header("set-cookie").is_none());
+    }
+    assert_eq!(d.count("SELECT count(*) FROM login_failures").await, 0, "not counted: it was never checked");
+    // The longest allowed name still signs in.
+    let longest = "o".repeat(64);
+    d.user(&longest, "correct horse", Role::Operator).await;
+    assert_eq!(d.login(&longest, "correct horse", "/", &[]).await.status, StatusCode::SEE_OTHER);
 }
 
 /// Item 5: guesses sent in parallel do not slip past the count (each attempt is counted

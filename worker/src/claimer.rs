@@ -196,8 +196,13 @@ impl Claimer {
                     // Let the statement finish (bounded: with the database down it may be
                     // waiting for a connection, and then it has claimed nothing), then hand
                     // back whatever it claimed without counting the attempt.
-                    if let Ok(Ok((jobs, _permit))) = tokio::time::timeout(IN_FLIGHT_CLAIM_GRACE, claim).await {
-                        self.hand_back(&jobs).await;
+                    match tokio::time::timeout(IN_FLIGHT_CLAIM_GRACE, claim).await {
+                        Ok(Ok((jobs, _permit))) => self.hand_back(&jobs).await,
+                        // The claim failed and said so (it suspected orphans itself).
+                        Ok(Err(_)) => {}
+                        // Dropped unanswered: it may still commit under our name. The final
+                        // sweep, after the results are written, hands back whatever it took.
+                        Err(_) => self.orphans.suspect(),
                     }
                     return Err(StoreError::Cancelled);
                 }
@@ -236,7 +241,12 @@ impl Claimer {
         let reason = "worker shutting down before the job started; the attempt is not counted";
         match self.retry.run("release", &give_up, || self.store.release(&ids, Some(&self.worker_id), reason)).await {
             Ok(released) => tracing::info!(queue = %self.queue, count = released.len(), "handed back jobs claimed as shutdown began"),
-            Err(e) => tracing::warn!(queue = %self.queue, error = %e, "could not hand back jobs claimed as shutdown began; they will be rescued"),
+            Err(e) => {
+                // They are still ours and never ran: the final sweep tries again, so that the
+                // rescuer does not charge them an attempt.
+                self.orphans.suspect();
+                tracing::warn!(queue = %self.queue, error = %e, "could not hand back jobs claimed as shutdown began; the final sweep will try again");
+            }
         }
         timer.abort();
     }

@@ -250,3 +250,31 @@ async fn a_heartbeat_that_waits_for_its_connection_hands_back_nothing_that_ran()
     worker.signal("TERM");
     assert_eq!(worker.exit_within(Duration::from_secs(30)).await.and_then(|s| s.code()), Some(0));
 }
+
+/// Shutdown begins while a claim is in flight, and the claim's answer does not come back
+/// within the grace the worker gives it: the claim committed, so jobs sit `active` under the
+/// worker's name that it never received. Dropping that answer must not leave them to the
+/// rescuer, which would charge each an attempt that never ran: the final sweep hands them
+/// back, uncounted, before the worker exits.
+#[tokio::test]
+async fn a_claim_whose_answer_outlasts_the_shutdown_grace_leaves_nothing_held() {
+    let s = setup().await;
+    let cfg = config(&s, Plain);
+    let ids = enqueue(&s, "fault.ok", 5, json!({})).await;
+    let hits = s.proxy.inject(Fault::once(CLAIM, FaultPoint::Delay(Duration::from_secs(12))));
+    let mut worker = WorkerProcess::start(&s.proxy.url(&s.db.name), &cfg, &["--worker-id", "stuck"]);
+    eventually("the first claim to be held", Duration::from_secs(30), || async { (hits.count() == 1).then_some(()) }).await;
+    // The claim ran: its jobs are active under our name, its answer still on the way.
+    settled(&s, &ids, JobState::Active).await;
+    worker.signal("TERM");
+    let status = worker.exit_within(Duration::from_secs(30)).await.expect("exits after SIGTERM");
+    assert_eq!(status.code(), Some(0), "{}", worker.log_text());
+    assert!(s.recorder.executions().is_empty(), "nothing ran");
+    for id in &ids {
+        let job = s.db.store.job(*id).await.unwrap();
+        assert_eq!((job.state, job.attempt, job.locked_by.as_deref()), (JobState::Available, 0, None), "job {id}:\n{}", worker.log_text());
+        let rows = attempt_rows(&s, *id).await;
+        assert_eq!(rows.len(), 1, "job {id}: {rows:?}");
+        assert_eq!((rows[0].0.as_str(), rows[0].2.as_deref()), ("released", Some(ORPHAN_REASON)), "job {id}");
+    }
+}

@@ -29,7 +29,7 @@ pub fn LoginPage() -> impl IntoView {
             {move || logged_out().then(|| view! { <div class="alert success" role="status">"You have been logged out."</div> })}
             <form method="post" action="/auth/login" class="login-form">
                 <input type="hidden" name="next" value=next/>
-                <label>"Username" <input name="username" autocomplete="username" required autofocus/></label>
+                <label>"Username" <input name="username" autocomplete="username" maxlength="64" required autofocus/></label>
                 <label>"Password" <input name="password" type="password" autocomplete="current-password" required/></label>
                 <button type="submit" class="primary">"Sign in"</button>
             </form>

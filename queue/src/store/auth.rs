@@ -10,6 +10,10 @@ use sqlx::postgres::PgRow;
 use super::audit::{Actor, record};
 use super::{Store, StoreError, millis, ts, ts_opt};
 
+/// Longest operator username, in bytes. A sign-in with a longer one cannot match anybody and
+/// is refused before it reaches the database.
+pub const MAX_USERNAME_BYTES: usize = 64;
+
 /// What an operator may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -98,7 +102,7 @@ impl Store {
     /// operator's sessions end: whoever signed in with the old password (or role) must sign in
     /// again.
     pub async fn upsert_operator(&self, username: &str, password_hash: &str, role: Role, actor: &Actor) -> Result<Operator, StoreError> {
-        if username.trim().is_empty() || username.len() > 64 {
+        if username.trim().is_empty() || username.len() > MAX_USERNAME_BYTES {
             return Err(StoreError::invalid("username", "must be 1 to 64 characters"));
         }
         let mut tx = self.begin().await?;

@@ -83,6 +83,10 @@ impl Store {
     /// Claims up to `limit` available jobs, moving them to `active` with `attempt + 1` and a
     /// lock that expires after the visibility timeout. Two claimers never get the same job.
     /// Jobs come back in claim order: queue order, then priority (high first), then FIFO.
+    ///
+    /// Each queue is claimed by a statement of its own. If one fails after earlier queues gave
+    /// jobs, those jobs are returned (the failure is logged): an error is returned only when
+    /// nothing was claimed.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Job>, StoreError> {
         let mut claimed: Vec<Job> = Vec::new();
         let vis = millis(req.visibility_timeout).clamp(1, bounds::MAX_TIMEOUT_MS);
@@ -91,13 +95,17 @@ impl Store {
             if want == 0 {
                 break;
             }
-            let rows = sqlx::query(CLAIM)
-                .bind(queue)
-                .bind(want as i64)
-                .bind(&req.worker_id)
-                .bind(vis)
-                .fetch_all(&self.pool)
-                .await?;
+            let rows = match sqlx::query(CLAIM).bind(queue).bind(want as i64).bind(&req.worker_id).bind(vis).fetch_all(&self.pool).await {
+                Ok(rows) => rows,
+                // The earlier queues' claims committed: their jobs are the caller's now, and an
+                // error would strand them, active under its name, until their locks lapsed and
+                // the rescuer charged each an attempt that never ran.
+                Err(e) if !claimed.is_empty() => {
+                    tracing::warn!(queue = %queue, claimed = claimed.len(), error = %e, "claiming from a later queue failed; returning the jobs already claimed");
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let mut jobs = jobs_from_rows(&rows)?;
             jobs.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.scheduled_at.cmp(&b.scheduled_at)).then(a.id.cmp(&b.id)));
             claimed.extend(jobs);

@@ -33,6 +33,8 @@ FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::jsonb[]) AS i(id, attempt, w
 -- A sub-select rather than a literal, so the plan never rests on the statistics' idea of how
 -- many jobs are active (see the same guard in fail.rs): each job is looked up by key.
 WHERE j.id = i.id AND j.state = (SELECT 'active'::job_state) AND (i.attempt IS NULL OR j.attempt = i.attempt)
+  -- A worker that names itself completes only what it holds (OJS worker protocol §5.6).
+  AND (i.worker_id IS NULL OR j.locked_by = i.worker_id)
 RETURNING ",
             $returning
         )
@@ -87,17 +89,19 @@ pub const ORPHAN_REASON: &str = "claimed while the connection to the database wa
 const COMPLETE_IDS: &str = complete_sql!("j.id");
 
 impl Store {
-    /// Completes one active job (OJS ack). A job that is not active is a conflict.
+    /// Completes one active job (OJS ack). A job that is not active, or is held by another
+    /// worker than the one named, is a conflict.
     pub async fn complete(&self, c: &Completion) -> Result<Job, StoreError> {
         let jobs = self.complete_rows(std::slice::from_ref(c)).await?;
         match jobs.into_iter().next() {
             Some(job) => Ok(job),
-            None => Err(self.conflict_or_missing(c.id, "complete").await),
+            None => Err(self.refusal(c.id, "complete", c.worker_id.as_deref()).await),
         }
     }
 
     /// Completes many jobs in one statement. Returns the ids completed; the others were no
-    /// longer active at that attempt (rescued, cancelled) and are left alone.
+    /// longer active at that attempt (rescued, cancelled), or were held by another worker than
+    /// the one named, and are left alone.
     pub async fn complete_batch(&self, items: &[Completion]) -> Result<Vec<Uuid>, StoreError> {
         if items.is_empty() {
             return Ok(Vec::new());

@@ -7,7 +7,7 @@ use uuid::Uuid;
 use sqlx::Row;
 
 use super::{Store, StoreError, job_from_row, millis, ts, ts_opt};
-use crate::job::{Job, NewJob, OnConflict, UniqueSpec};
+use crate::job::{Job, JobState, NewJob, OnConflict, UniqueSpec};
 use crate::policy::{self, PolicyPatch, RetryPolicy};
 
 /// What an enqueue did.
@@ -140,7 +140,7 @@ async fn insert_unique(conn: &mut PgConnection, job: &NewJob, spec: &UniqueSpec,
             existing: Some(existing.id),
         }),
         OnConflict::Ignore => Ok(Enqueued { job: existing, outcome: EnqueueOutcome::Existing }),
-        OnConflict::Replace => {
+        OnConflict::Replace | OnConflict::ReplaceExceptSchedule => {
             sqlx::query(
                 "UPDATE jobs SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL,
                                  updated_at = now()
@@ -149,7 +149,13 @@ async fn insert_unique(conn: &mut PgConnection, job: &NewJob, spec: &UniqueSpec,
             .bind(existing.id)
             .execute(&mut *conn)
             .await?;
-            let job = insert_one(conn, job, max_attempts).await?;
+            let job = if spec.on_conflict == OnConflict::ReplaceExceptSchedule && existing.state == JobState::Scheduled {
+                let mut kept = job.clone();
+                kept.scheduled_at = Some(existing.scheduled_at);
+                insert_one(conn, &kept, max_attempts).await?
+            } else {
+                insert_one(conn, job, max_attempts).await?
+            };
             Ok(Enqueued { job, outcome: EnqueueOutcome::Replaced { old: existing.id } })
         }
     }

@@ -74,7 +74,8 @@ pub struct JobEvent {
     pub attempt: Option<i32>,
     /// How long the attempt ran (attempt events only).
     pub duration_ms: Option<i64>,
-    /// `{type, code, message}` of a failed attempt; the job's `last_error` when it expired.
+    /// `{type, code, message, retryable}` of a failed attempt; the job's `last_error` when it
+    /// expired.
     pub error: Option<Value>,
     pub worker_id: Option<String>,
     /// When the retry is due (`job.retrying`).
@@ -89,6 +90,9 @@ pub struct JobEvent {
     pub progress_percent: Option<f64>,
     /// What the handler said with it (`job.progress`).
     pub progress_message: Option<String>,
+    /// The job's trace id, from its `meta` (`trace_id`, or a W3C `traceparent`), on every
+    /// event of a traced job.
+    pub trace_id: Option<String>,
 }
 
 /// How long an event is held back from cursors (`after`) at least. Events are positioned by
@@ -111,6 +115,14 @@ pub fn position_time(cursor: &str) -> Result<Timestamp, StoreError> {
     }
     let micros: i64 = digits.parse().map_err(|_| bad())?;
     Timestamp::from_microsecond(micros).map_err(|_| bad())
+}
+
+// The trace id of job `j` (ojs-events §8.1: every event of a traced job carries it): its
+// `meta.trace_id`, or else the trace-id part of its W3C `meta.traceparent`.
+macro_rules! trace_id {
+    () => {
+        "COALESCE(j.meta->>'trace_id', NULLIF(split_part(j.meta->>'traceparent', '-', 2), ''))"
+    };
 }
 
 // An event's id from its position (a timestamptz expression) and the rest of its key.
@@ -195,7 +207,8 @@ SELECT * FROM (
             'job.enqueued'::text AS type, j.created_at AS at, j.id AS job_id, j.type AS job_type, j.queue,
             NULL::int AS attempt, NULL::bigint AS duration_ms, NULL::jsonb AS error, NULL::text AS worker_id,
             NULL::timestamptz AS next_retry_at, NULL::int AS max_attempts, NULL::timestamptz AS scheduled_at,
-            NULL::timestamptz AS visible_until, NULL::float8 AS progress_percent, NULL::text AS progress_message
+            NULL::timestamptz AS visible_until, NULL::float8 AS progress_percent, NULL::text AS progress_message,
+            ", trace_id!(), " AS trace_id
      FROM jobs j
      WHERE (cardinality($1::text[]) = 0 OR 'job.enqueued' = ANY($1))
        AND (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
@@ -212,13 +225,16 @@ SELECT * FROM (
      ORDER BY ", $enqueued_order, " LIMIT $5)
     UNION ALL
     (SELECT e.id, e.type, e.at, e.job_id, e.job_type, e.queue, e.attempt, e.duration_ms, e.error, e.worker_id,
-            e.next_retry_at, e.max_attempts, NULL::timestamptz, NULL::timestamptz, NULL::float8, NULL::text
+            e.next_retry_at, e.max_attempts, NULL::timestamptz, NULL::timestamptz, NULL::float8, NULL::text, e.trace_id
      FROM (SELECT ", evid!("(e0.at + (e0.n - 1) * interval '1 microsecond')", "e0.type || ':' || e0.job_id || ':' || e0.attempt"), " AS id, e0.* FROM (
          SELECT k.type, k.n, a.finished_at AS at, a.job_id, j.type AS job_type, j.queue, a.attempt,
                 (EXTRACT(EPOCH FROM (a.finished_at - a.started_at)) * 1000)::bigint AS duration_ms,
+                -- `retryable`: whether the error itself allowed a retry (ojs-events `job.failed`);
+                -- an exhausted budget does not make it less so.
                 CASE WHEN a.error_type IS NULL THEN NULL
-                     ELSE jsonb_build_object('type', a.error_type, 'code', a.error_code, 'message', a.error_message) END AS error,
-                a.worker_id, a.id AS seq,
+                     ELSE jsonb_build_object('type', a.error_type, 'code', a.error_code, 'message', a.error_message,
+                                             'retryable', a.outcome IN ('retried', 'exhausted')) END AS error,
+                a.worker_id, a.id AS seq, ", trace_id!(), " AS trace_id,
                 CASE WHEN k.type = 'job.retrying' THEN a.next_run_at END AS next_retry_at,
                 CASE WHEN k.type = 'job.retrying' THEN j.max_attempts END AS max_attempts
          FROM job_attempts a JOIN jobs j ON j.id = a.job_id LEFT JOIN policy_snapshots p ON p.id = a.policy_id
@@ -249,13 +265,14 @@ SELECT * FROM (
     UNION ALL
     -- The log's transitions (see `logged!`); the jobs are looked up by key.
     (SELECT g.id, g.type, g.at, g.job_id, g.job_type, g.queue, g.attempt, g.duration_ms, g.error, g.worker_id,
-            NULL::timestamptz, NULL::int, g.scheduled_at, NULL::timestamptz, NULL::float8, NULL::text
+            NULL::timestamptz, NULL::int, g.scheduled_at, NULL::timestamptz, NULL::float8, NULL::text, g.trace_id
      FROM (SELECT ", evid!("f.at", "t.type || ':' || j.id || ':' || COALESCE(t.attempt, 0)"), " AS id, t.type, f.at, j.id AS job_id,
                   j.type AS job_type, j.queue, t.attempt,
                   CASE WHEN f.state = 'completed' THEN (EXTRACT(EPOCH FROM (j.completed_at - j.started_at)) * 1000)::bigint END AS duration_ms,
                   CASE WHEN f.state = 'discarded' THEN j.last_error END AS error,
                   CASE WHEN f.state = 'active' THEN f.worker_id WHEN f.state = 'completed' THEN j.locked_by END AS worker_id,
-                  CASE WHEN f.state = 'scheduled' THEN j.scheduled_at END AS scheduled_at
+                  CASE WHEN f.state = 'scheduled' THEN j.scheduled_at END AS scheduled_at,
+                  ", trace_id!(), " AS trace_id
            FROM (",
             logged!("active", "job.started", $logged_order,
                 "SELECT a.started_at AS at, a.job_id, a.attempt, a.worker_id FROM job_attempts a
@@ -304,7 +321,7 @@ SELECT * FROM (
     -- Heartbeats, from their own log (see migrations/…_job_heartbeats.sql), over every queue
     -- or the asked-for ones by time; for one job, its queue's while the job ran.
     (SELECT h.id, 'job.heartbeat'::text, h.at, h.job_id, j.type, j.queue, h.attempt, NULL::bigint, NULL::jsonb, h.worker_id,
-            NULL::timestamptz, NULL::int, NULL::timestamptz, h.visible_until, NULL::float8, NULL::text
+            NULL::timestamptz, NULL::int, NULL::timestamptz, h.visible_until, NULL::float8, NULL::text, ", trace_id!(), "
      FROM ((SELECT ", evid!("l.at", "'job.heartbeat:' || u.job_id || ':' || u.attempt"), " AS id,
                    l.at, u.job_id, u.attempt, l.worker_id, u.visible_until
             FROM job_heartbeats l CROSS JOIN LATERAL unnest(l.job_ids, l.attempts, l.visible_until) AS u(job_id, attempt, visible_until)
@@ -342,7 +359,7 @@ SELECT * FROM (
     -- Progress reports, a row each (see migrations/…_job_progress.sql): over every queue or
     -- the asked-for ones by time; for one job, by the job.
     (SELECT p.eid, 'job.progress'::text, p.at, p.job_id, j.type, j.queue, p.attempt, NULL::bigint, NULL::jsonb, p.worker_id,
-            NULL::timestamptz, NULL::int, NULL::timestamptz, NULL::timestamptz, p.percentage, p.message
+            NULL::timestamptz, NULL::int, NULL::timestamptz, NULL::timestamptz, p.percentage, p.message, ", trace_id!(), "
      FROM (SELECT ", evid!("r.at", "'job.progress:' || r.job_id || ':' || r.attempt || ':' || r.id"), " AS eid, r.*
            FROM job_progress r
            WHERE (cardinality($1::text[]) = 0 OR 'job.progress' = ANY($1))
@@ -585,6 +602,7 @@ impl Store {
                     visible_until: ts_opt(r, "visible_until")?,
                     progress_percent: r.try_get("progress_percent")?,
                     progress_message: r.try_get("progress_message")?,
+                    trace_id: r.try_get("trace_id")?,
                 })
             })
             .collect()

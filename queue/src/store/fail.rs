@@ -331,17 +331,19 @@ pub(crate) fn last_error_json(e: &HandlerError, code: Option<&str>, attempt: i32
 }
 
 impl Store {
-    /// Records one failed execution of an active job (OJS nack). Not active is a conflict.
+    /// Records one failed execution of an active job (OJS nack). Not active, or held by
+    /// another worker than the one named, is a conflict.
     pub async fn fail(&self, failure: &Failure) -> Result<FailureResult, StoreError> {
         let mut out = self.fail_batch(std::slice::from_ref(failure)).await?;
         match out.pop() {
             Some(r) => Ok(r),
-            None => Err(self.conflict_or_missing(failure.id, "fail").await),
+            None => Err(self.refusal(failure.id, "fail", failure.worker_id.as_deref()).await),
         }
     }
 
-    /// Records many failures in one transaction. Failures of jobs that
-    /// are no longer active at that attempt are skipped and absent from the answer.
+    /// Records many failures in one transaction. Failures of jobs that are no longer active
+    /// at that attempt, or that name another worker than the one holding the job, are skipped
+    /// and absent from the answer.
     pub async fn fail_batch(&self, failures: &[Failure]) -> Result<Vec<FailureResult>, StoreError> {
         if failures.is_empty() {
             return Ok(Vec::new());
@@ -362,7 +364,7 @@ impl Store {
             .iter()
             .filter_map(|f| {
                 let job = locked.remove(&f.id)?;
-                if f.attempt.is_some_and(|a| a != job.attempt) {
+                if f.attempt.is_some_and(|a| a != job.attempt) || !holds(f, job.locked_by.as_deref()) {
                     return None;
                 }
                 Some(FailedRun {
@@ -413,7 +415,7 @@ impl Store {
             .iter()
             .filter_map(|f| {
                 let run = active.get(&f.id)?;
-                if f.attempt.is_some_and(|a| a != run.attempt) || !taken.insert(f.id) {
+                if f.attempt.is_some_and(|a| a != run.attempt) || !holds(f, run.locked_by.as_deref()) || !taken.insert(f.id) {
                     return None;
                 }
                 Some(FailingRun::reported(f, &run.job_type, run.attempt, run.retry.as_ref(), run.locked_by.as_deref()))
@@ -454,6 +456,13 @@ impl Store {
         let decided = decide_failures(runs.into_iter(), &layers);
         Ok(sqlx::query_scalar_with(APPLY_IDS, decided.arguments()?).fetch_all(&mut *conn).await?)
     }
+}
+
+/// Whether the worker a failure names (if it names one) holds the job (OJS worker protocol
+/// §5.6). Read before the write, which is guarded by the attempt: the holder changes only by
+/// a new claim, which moves the attempt on.
+fn holds(f: &Failure, locked_by: Option<&str>) -> bool {
+    f.worker_id.as_deref().is_none_or(|w| locked_by == Some(w))
 }
 
 /// What the worker that ran a job knows of it from its claim, which is all that deciding its

@@ -197,13 +197,16 @@ impl Store {
         let rows = sqlx::query(
             "SELECT * FROM jobs
              WHERE state = 'active'
-               AND ((lock_expires_at < now()
-                     -- Nobody could extend a lock while the database was down. After a restart,
-                     -- a lock lapses no sooner than one visibility timeout after it, so the
-                     -- workers that are still running their jobs get to say so first.
-                     AND pg_postmaster_start_time() + LEAST(COALESCE(visibility_timeout_ms, 30000), 604800000) * interval '1 millisecond' < now())
-                    -- LEAST: bounds::MAX_TIMEOUT_MS; a larger stored timeout would overflow the
-                    -- interval and fail every maintenance pass.
+               -- Nobody could extend a lock or deliver a result while the database was down.
+               -- After a restart, neither a lock nor a timeout lapses sooner than one visibility
+               -- timeout after it, so the workers still running their jobs, or holding results
+               -- they could not write, get to say so first.
+               -- LEAST: bounds::MAX_TIMEOUT_MS; a larger stored timeout would overflow the
+               -- interval and fail every maintenance pass.
+               AND pg_postmaster_start_time() + LEAST(COALESCE(visibility_timeout_ms, 30000), 604800000) * interval '1 millisecond' < now()
+               AND (lock_expires_at < now()
+                    -- A worker enforces the timeout itself; this is the backstop for one that
+                    -- does not (an OJS client that keeps beating), so it applies at the deadline.
                     OR (timeout_ms IS NOT NULL AND started_at + LEAST(timeout_ms, 604800000) * interval '1 millisecond' < now()))
              ORDER BY lock_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED",
         )

@@ -127,7 +127,7 @@ use crate::policy::PolicyError;
 
 pub use admin::{BulkReport, DeadLetterStats};
 pub use audit::{Actor, AuditEntry, AuditFilter};
-pub use auth::{ApiToken, Operator, Role, Session};
+pub use auth::{ApiToken, MAX_USERNAME_BYTES, Operator, Role, Session};
 pub use login_throttle::LoginFailures;
 pub use claim::{ClaimRequest, HeldJobs};
 pub use complete::{Completion, ORPHAN_REASON};
@@ -165,6 +165,9 @@ pub enum StoreError {
     /// The job exists but is not in a state that allows the action.
     #[error("cannot {action} job {id}: it is {state}")]
     Conflict { id: Uuid, state: JobState, action: &'static str },
+    /// The job is active, but held by another worker than the one that asked.
+    #[error("cannot {action} job {id}: worker {worker} does not hold it")]
+    NotHeld { id: Uuid, action: &'static str, worker: String },
     /// A job with this id, or a live job with this unique key, already exists.
     #[error("duplicate: {reason}")]
     Duplicate { reason: String, existing: Option<Uuid> },
@@ -365,6 +368,19 @@ impl Store {
     }
 
     /// Error when a job exists but is in the wrong state, or [`StoreError::NotFound`].
+    /// Why a write for `worker` (if named) of job `id` was refused: the job is gone, it is
+    /// held by another worker, or it is not in a state the action applies to.
+    pub(crate) async fn refusal(&self, id: Uuid, action: &'static str, worker: Option<&str>) -> StoreError {
+        match self.get_job(id).await {
+            Ok(Some(job)) if job.state == JobState::Active && worker.is_some_and(|w| job.locked_by.as_deref() != Some(w)) => {
+                StoreError::NotHeld { id, action, worker: worker.unwrap_or_default().to_owned() }
+            }
+            Ok(Some(job)) => StoreError::Conflict { id, state: job.state, action },
+            Ok(None) => StoreError::NotFound(id),
+            Err(e) => e,
+        }
+    }
+
     pub(crate) async fn conflict_or_missing(&self, id: Uuid, action: &'static str) -> StoreError {
         match self.get_job(id).await {
             Ok(Some(job)) => StoreError::Conflict { id, state: job.state, action },

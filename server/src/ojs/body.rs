@@ -50,12 +50,14 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         if let Some(ct) = req.headers().get(CONTENT_TYPE) {
             let ct = ct.to_str().unwrap_or("");
+            // A 400, not HTTP's usual 415: the binding says so (ojs-http-binding §4.1).
             if !is_json_content_type(ct) {
-                return Err(ApiError::from_status(
-                    axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    req.method().as_str(),
-                    req.uri().path(),
-                    &format!("Content-Type {ct:?} is not JSON"),
+                return Err(ApiError::new(
+                    axum::http::StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "unsupported_media_type",
+                    format!("Content-Type {ct:?} is not JSON"),
+                    "send Content-Type: application/openjobspec+json (or application/json)",
                 )
                 .detail("field", "Content-Type"));
             }

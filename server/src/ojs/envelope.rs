@@ -170,7 +170,10 @@ fn parse_unique(u: &Fields<'_>, job: &NewJob) -> Result<UniqueSpec, ApiError> {
         None | Some("reject") => OnConflict::Reject,
         Some("ignore") => OnConflict::Ignore,
         Some("replace") => OnConflict::Replace,
-        Some(other) => return Err(u.error("on_conflict", format!("must be \"reject\", \"ignore\" or \"replace\", got {other:?}"))),
+        Some("replace_except_schedule") => OnConflict::ReplaceExceptSchedule,
+        Some(other) => {
+            return Err(u.error("on_conflict", format!("must be \"reject\", \"ignore\", \"replace\" or \"replace_except_schedule\", got {other:?}")));
+        }
     };
     let states = u
         .strings("states")?

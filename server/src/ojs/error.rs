@@ -30,7 +30,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, kind: &'static str, message: impl Into<String>, hint: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: &'static str, kind: &'static str, message: impl Into<String>, hint: impl Into<String>) -> Self {
         ApiError { status, code, kind, message: message.into(), retryable: false, details: Map::new(), hint: hint.into() }
     }
 
@@ -210,6 +210,10 @@ impl From<StoreError> for ApiError {
                     .detail("job_id", id.to_string())
                     .detail("current_state", state.as_str())
             }
+            StoreError::NotHeld { id, action, worker } => ApiError::conflict(format!("cannot {action} job {id}: worker {worker} does not hold it"))
+                .detail("job_id", id.to_string())
+                .detail("current_state", "active")
+                .detail("worker_id", worker),
             StoreError::Duplicate { reason, existing } => {
                 let mut err = ApiError::new(
                     StatusCode::CONFLICT,

@@ -49,6 +49,16 @@ fn event_json(e: &JobEvent) -> Value {
     }
     if let Some(err) = &e.error {
         data.insert("error".into(), err.clone());
+        // A job's end after its last failure (ojs-events `job.discarded`) names them so.
+        if matches!(e.event_type.as_str(), "job.discarded" | "job.dead_lettered") {
+            data.insert("last_error".into(), err.clone());
+        }
+    }
+    if let (Some(a), "job.discarded" | "job.dead_lettered") = (e.attempt, e.event_type.as_str()) {
+        data.insert("total_attempts".into(), json!(a));
+    }
+    if let Some(t) = &e.trace_id {
+        data.insert("trace_id".into(), Value::String(t.clone()));
     }
     if let Some(w) = &e.worker_id {
         data.insert("worker_id".into(), Value::String(w.clone()));

@@ -31,8 +31,14 @@ pub async fn enqueue(State(state): State<AppState>, body: JsonObject) -> Result<
     let job = parse_new_job(&body.fields(), Timestamp::now())?;
     let out = state.store.enqueue(job).await?;
     count_created(&state, &out);
-    let status = if out.outcome == EnqueueOutcome::Existing { StatusCode::OK } else { StatusCode::CREATED };
-    let mut res = (status, Json(json!({ "job": job_json(&out.job) }))).into_response();
+    let existing = out.outcome == EnqueueOutcome::Existing;
+    let status = if existing { StatusCode::OK } else { StatusCode::CREATED };
+    let mut body = json!({ "job": job_json(&out.job) });
+    // ojs-unique-jobs §7: the 200 of an ignored duplicate says so in the body as well.
+    if existing && let Some(m) = body.as_object_mut() {
+        m.insert("deduplicated".into(), Value::Bool(true));
+    }
+    let mut res = (status, Json(body)).into_response();
     if let Ok(location) = HeaderValue::from_str(&format!("/ojs/v1/jobs/{}", out.job.id)) {
         res.headers_mut().insert(LOCATION, location);
     }

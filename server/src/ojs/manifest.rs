@@ -50,7 +50,13 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "priority_queues": true,
             "rate_limiting": true,
             "schema_validation": false,
-            "unique_jobs": true,
+            // ojs-unique-jobs §8.3. Enqueues of one key are serialized by a transaction-scoped
+            // advisory lock on it, and the check and the insert run in that transaction.
+            "unique_jobs": {
+                "strength": "strong",
+                "mechanism": "PostgreSQL: a per-key transaction-scoped advisory lock around the check and the insert",
+                "on_conflict": ["reject", "ignore", "replace", "replace_except_schedule"],
+            },
             "workflows": true,
             "pause_resume": true,
             "queue_stats": true,

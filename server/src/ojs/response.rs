@@ -5,8 +5,8 @@
 
 use axum::body::Body;
 use axum::extract::{OriginalUri, Request};
-use axum::http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
-use axum::http::{HeaderName, HeaderValue, Method};
+use axum::http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -66,8 +66,16 @@ pub async fn ojs_response(req: Request, next: Next) -> Response {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     }
     headers.insert(OJS_VERSION, HeaderValue::from_static("1.0"));
+    // ojs-errors ERR-006: a 429 or 503 says when to come back. Handlers that know (the login
+    // throttle, a rate limit) set their own; the rest are outages worth retrying soon.
+    if matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) && !headers.contains_key(RETRY_AFTER) {
+        headers.insert(RETRY_AFTER, HeaderValue::from_static(DEFAULT_RETRY_AFTER_SECS));
+    }
     res
 }
+
+/// `Retry-After` of a 429 or 503 whose handler named no time: seconds, a short outage's worth.
+const DEFAULT_RETRY_AFTER_SECS: &str = "2";
 
 /// The fallback of the `/ojs` routes: `422 unsupported` for spec endpoints of features this
 /// server lacks, else `404`.

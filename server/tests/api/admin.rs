@@ -360,3 +360,15 @@ async fn queue_rate_limits_over_http() {
     assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")));
     assert_eq!(s.get("/ojs/v1/rate-limits/queue:none").await.status, StatusCode::NOT_FOUND);
 }
+
+/// ojs-errors ERR-006: every 503 says when to come back.
+#[tokio::test]
+async fn an_unavailable_backend_answers_503_with_retry_after() {
+    let s = TestServer::new().await;
+    assert_eq!(s.get("/ojs/v1/health").await.header("retry-after"), None);
+    s.db.store.pool().close().await;
+    let r = s.get("/ojs/v1/health").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text);
+    assert_eq!(r.body["status"], "degraded");
+    assert_eq!(r.header("retry-after"), Some("2"));
+}

@@ -47,6 +47,7 @@ async fn unique_keys_reject_ignore_replace() {
     let r = s.post("/ojs/v1/jobs", job("ignore")).await;
     assert_eq!(r.status, StatusCode::OK, "ignore answers 200 with the existing job");
     assert_eq!(r.body["job"]["id"], first["id"]);
+    assert_eq!(r.body["deduplicated"], true);
     let r = s.post("/ojs/v1/jobs", job("replace")).await;
     assert_eq!(r.status, StatusCode::CREATED);
     assert_ne!(r.body["job"]["id"], first["id"]);
@@ -55,6 +56,24 @@ async fn unique_keys_reject_ignore_replace() {
     // Different args: no clash.
     let r = s.post("/ojs/v1/jobs", json!({"type": "uniq.job", "args": [2], "options": {"unique": {"keys": ["type", "args"]}}})).await;
     assert_eq!(r.status, StatusCode::CREATED);
+
+    // replace_except_schedule keeps a scheduled job's time.
+    let report = |args: Value, at: Option<&str>| {
+        let mut options = json!({"unique": {"keys": ["type"], "on_conflict": "replace_except_schedule"}});
+        if let Some(at) = at {
+            options["scheduled_at"] = json!(at);
+        }
+        json!({"type": "uniq.report", "args": args, "options": options})
+    };
+    let planned = s.enqueue(report(json!(["old"]), Some("2099-01-01T09:00:00Z"))).await;
+    let r = s.post("/ojs/v1/jobs", report(json!(["new"]), None)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!((r.body["job"]["state"].as_str(), r.body["job"]["scheduled_at"].as_str()), (Some("scheduled"), Some("2099-01-01T09:00:00Z")), "{}", r.text);
+    assert_eq!(r.body["job"]["args"], json!(["new"]));
+    let old = s.get(&format!("/ojs/v1/jobs/{}", planned["id"].as_str().unwrap_or(""))).await;
+    assert_eq!(old.body["job"]["state"], "cancelled");
+    let manifest = s.get("/ojs/manifest").await;
+    assert_eq!(manifest.body["capabilities"]["unique_jobs"]["strength"], "strong", "{}", manifest.text);
 }
 
 #[tokio::test]
@@ -405,4 +424,76 @@ async fn expired_claims_are_rescued_and_rerun() {
     let r = s.get(&format!("/ojs/v1/jobs/{}", job["id"].as_str().unwrap_or(""))).await;
     assert_eq!(r.body["job"]["state"], "available");
     assert_eq!(r.body["job"]["errors"][0]["type"], "rebound.stalled");
+}
+
+/// Worker protocol §5.6: an ack or nack from a worker that does not hold the job is refused,
+/// so a stale worker cannot finish (or fail) another worker's run of it.
+#[tokio::test]
+async fn only_the_worker_holding_a_job_can_ack_or_nack_it() {
+    let s = TestServer::new().await;
+    let job = s.enqueue(json!({"type": "held.job", "args": [], "options": {"queue": "hq"}})).await;
+    assert_eq!(s.fetch("hq").await["id"], job["id"], "fetched by w1");
+    let id = job["id"].as_str().unwrap_or_default();
+    let r = s.post("/ojs/v1/workers/ack", json!({"job_id": id, "worker_id": "w2"})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+    assert_eq!(r.body["error"]["details"]["worker_id"], "w2", "{}", r.text);
+    let r = s.post("/ojs/v1/workers/nack", json!({"job_id": id, "worker_id": "w2", "error": {"code": "boom", "message": "not mine"}})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+    let r = s.get(&format!("/ojs/v1/jobs/{id}")).await;
+    assert_eq!((r.body["job"]["state"].as_str(), r.body["job"]["attempt"].as_i64()), (Some("active"), Some(1)), "untouched: {}", r.text);
+    // The holder can; so can a caller that does not name itself (the SDKs ack by job id).
+    let r = s.post("/ojs/v1/workers/ack", json!({"job_id": id, "worker_id": "w1"})).await;
+    assert_eq!((r.status, r.body["state"].as_str()), (StatusCode::OK, Some("completed")), "{}", r.text);
+    let other = s.enqueue(json!({"type": "held.job", "args": [], "options": {"queue": "hq"}})).await;
+    assert_eq!(s.fetch("hq").await["id"], other["id"]);
+    let r = s.post("/ojs/v1/workers/ack", json!({"job_id": other["id"]})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+}
+
+/// ojs-events: every event of a traced job carries its trace id (§8.1, from `meta.trace_id` or
+/// a W3C `traceparent`); `job.failed` says whether the error allowed a retry, and
+/// `job.discarded` names the attempts made and the last error.
+#[tokio::test]
+async fn events_carry_the_trace_id_and_the_fields_the_spec_requires() {
+    let s = TestServer::new().await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let traced = s
+        .enqueue(json!({"type": "tr.job", "args": [], "meta": {"trace_id": trace}, "options": {"queue": "trq", "retry": {"max_attempts": 2, "initial_interval": "PT0.001S", "jitter": false}}}))
+        .await;
+    let parent = s.enqueue(json!({"type": "tr.other", "args": [], "meta": {"traceparent": format!("00-{trace}-00f067aa0ba902b7-01")}, "options": {"queue": "trq2"}})).await;
+    let plain = s.enqueue(json!({"type": "tr.plain", "args": [], "options": {"queue": "trq3"}})).await;
+    let id = traced["id"].as_str().unwrap_or_default().to_owned();
+    for attempt in 1..=2 {
+        if attempt == 2 {
+            // Due at once: the scheduler's promotion, as the worker's leader runs it.
+            sqlx::query("UPDATE jobs SET scheduled_at = now() WHERE id = $1::uuid").bind(&id).execute(s.db.store.pool()).await.expect("due");
+            s.db.store.promote_due(10).await.expect("promote");
+        }
+        assert_eq!(s.fetch("trq").await["id"], traced["id"]);
+        // The second error says it is not worth retrying.
+        let r = s.post("/ojs/v1/workers/nack", json!({"job_id": id, "error": {"code": "smtp.refused", "message": "no", "retryable": attempt == 1}})).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    }
+    let r = s.get(&format!("/ojs/v1/events?job_id={id}")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let events = r.body["events"].as_array().cloned().unwrap_or_default();
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    for kind in ["job.enqueued", "job.started", "job.failed", "job.retrying", "job.discarded"] {
+        assert!(kinds.contains(&kind), "{kind} in {kinds:?}");
+    }
+    for e in &events {
+        assert_eq!(e["data"]["trace_id"], trace, "{e}");
+    }
+    let of = |kind: &str| events.iter().filter(|e| e["type"] == kind).cloned().collect::<Vec<_>>();
+    let mut retryable: Vec<bool> = of("job.failed").iter().map(|e| e["data"]["error"]["retryable"].as_bool().expect("retryable")).collect();
+    retryable.sort();
+    assert_eq!(retryable, [false, true], "a retryable error, then one that is not");
+    let discarded = &of("job.discarded")[0]["data"];
+    assert_eq!((discarded["total_attempts"].as_i64(), discarded["last_error"]["code"].as_str()), (Some(2), Some("smtp.refused")), "{discarded}");
+    assert_eq!(discarded["last_error"]["message"], "no");
+
+    let r = s.get(&format!("/ojs/v1/events?job_id={}", parent["id"].as_str().unwrap_or_default())).await;
+    assert_eq!(r.body["events"][0]["data"]["trace_id"], trace, "from traceparent: {}", r.text);
+    let r = s.get(&format!("/ojs/v1/events?job_id={}", plain["id"].as_str().unwrap_or_default())).await;
+    assert!(r.body["events"][0]["data"].get("trace_id").is_none(), "{}", r.text);
 }
