@@ -36,6 +36,21 @@ fn retryable_by_default() -> bool {
     true
 }
 
+/// Error type of a per-attempt timeout (the worker's own, or the rescuer's backstop).
+pub const TIMEOUT_ERROR: &str = "rebound.timeout";
+/// Error type of an execution whose lock lapsed without a heartbeat (the rescuer's).
+pub const STALLED_ERROR: &str = "rebound.stalled";
+
+/// The OJS name (ojs-timeouts §8) of an error type Rebound records itself, where OJS has one:
+/// a policy's `non_retryable_errors` may name either.
+pub fn ojs_error_type(error_type: &str) -> Option<&'static str> {
+    match error_type {
+        TIMEOUT_ERROR => Some("timeout"),
+        STALLED_ERROR => Some("stalled"),
+        _ => None,
+    }
+}
+
 impl HandlerError {
     /// A retryable error without details.
     pub fn new(error_type: impl Into<String>, message: impl Into<String>) -> Self {
@@ -59,16 +74,17 @@ impl HandlerError {
         self
     }
 
-    /// Every name this error answers to for `non_retryable_errors` matching: `error_type`
-    /// and, when it is a string, `details.error_class` (where OJS clients put the class,
-    /// e.g. `"Auth.TokenExpired"`).
+    /// Every name this error answers to for `non_retryable_errors` matching: `error_type`,
+    /// when it is a string `details.error_class` (where OJS clients put the class, e.g.
+    /// `"Auth.TokenExpired"`), and for the errors Rebound records itself their OJS name
+    /// ([`ojs_error_type`]: `rebound.timeout` is also `timeout`).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         let class = self
             .details
             .as_ref()
             .and_then(|d| d.get("error_class"))
             .and_then(serde_json::Value::as_str);
-        std::iter::once(self.error_type.as_str()).chain(class)
+        std::iter::once(self.error_type.as_str()).chain(class).chain(ojs_error_type(&self.error_type))
     }
 
     /// Makes the error storable: NULs in the type, message and details become U+FFFD (and
@@ -420,6 +436,16 @@ mod tests {
             assert!(!retryable.matches_non_retryable(&p), "{retryable:?}");
             assert_eq!(run(1, &p, &Outcome::Retry(retryable)).attempt_outcome, AttemptOutcome::Retried);
         }
+    }
+
+    #[test]
+    fn rebound_s_own_errors_answer_to_their_ojs_names() {
+        let p = RetryPolicy { non_retryable_errors: vec!["timeout".into()], ..exact(10) };
+        assert!(HandlerError::new(TIMEOUT_ERROR, "too long").matches_non_retryable(&p));
+        assert!(!HandlerError::new(STALLED_ERROR, "lost").matches_non_retryable(&p));
+        assert!(!HandlerError::new("http.timeout", "a handler's own").matches_non_retryable(&p));
+        let p = RetryPolicy { non_retryable_errors: vec!["stalled".into()], ..exact(10) };
+        assert!(HandlerError::new(STALLED_ERROR, "lost").matches_non_retryable(&p));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
-use rebound_queue::outcome::NextStep;
+use rebound_queue::outcome::{NextStep, TIMEOUT_ERROR};
 use rebound_queue::store::{InPlaceEnd, InPlaceRun, KnownRun, RetriedInPlace};
 use rebound_queue::{HandlerError, Job, Outcome, RetryPolicy, Store};
 use serde_json::json;
@@ -250,8 +250,11 @@ impl Executor {
             Some(Err(_elapsed)) => {
                 let ms = timeout.as_millis() as u64;
                 tracing::warn!(job_id = %id, job_type = %job.job_type, attempt, timeout_ms = ms, "handler timed out");
-                let error = HandlerError::new("rebound.timeout", format!("attempt {attempt} ran longer than its timeout of {ms} ms"))
-                    .with_details(json!({ "timeout_ms": ms, "worker_id": &*self.worker_id }));
+                let error = HandlerError::new(TIMEOUT_ERROR, format!("attempt {attempt} ran longer than its timeout of {ms} ms")).with_details(json!({
+                    "timeout_ms": ms, "worker_id": &*self.worker_id,
+                    // The OJS shape of a timeout error (ojs-timeouts §8).
+                    "timeout_kind": "execution", "limit_ms": ms, "limit_seconds": ms / 1000, "elapsed_seconds": ms / 1000,
+                }));
                 Some(Finished::Failed { id, attempt, outcome: Outcome::Retry(error), known: known(&job) })
             }
         }

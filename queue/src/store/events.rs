@@ -17,7 +17,7 @@ use uuid::Uuid;
 use super::{Store, StoreError, ts, ts_opt};
 
 /// Every event type [`Store::events`] knows.
-pub const EVENT_TYPES: [&str; 14] = [
+pub const EVENT_TYPES: [&str; 16] = [
     "job.enqueued",
     "job.scheduled",
     "job.started",
@@ -32,6 +32,8 @@ pub const EVENT_TYPES: [&str; 14] = [
     "job.released",
     "job.snoozed",
     "job.cancelled",
+    "job.timeout",
+    "job.stalled",
 ];
 
 /// Which events. Empty lists match everything.
@@ -231,9 +233,12 @@ SELECT * FROM (
                 (EXTRACT(EPOCH FROM (a.finished_at - a.started_at)) * 1000)::bigint AS duration_ms,
                 -- `retryable`: whether the error itself allowed a retry (ojs-events `job.failed`);
                 -- an exhausted budget does not make it less so.
+                -- A timeout's or a stall's own event carries the details too: their OJS fields.
                 CASE WHEN a.error_type IS NULL THEN NULL
                      ELSE jsonb_build_object('type', a.error_type, 'code', a.error_code, 'message', a.error_message,
-                                             'retryable', a.outcome IN ('retried', 'exhausted')) END AS error,
+                                             'retryable', a.outcome IN ('retried', 'exhausted'))
+                          || CASE WHEN k.type IN ('job.timeout', 'job.stalled') AND a.error_details IS NOT NULL
+                                  THEN jsonb_build_object('details', a.error_details) ELSE '{}' END END AS error,
                 a.worker_id, a.id AS seq, ", trace_id!(), " AS trace_id,
                 CASE WHEN k.type = 'job.retrying' THEN a.next_run_at END AS next_retry_at,
                 CASE WHEN k.type = 'job.retrying' THEN j.max_attempts END AS max_attempts
@@ -248,13 +253,18 @@ SELECT * FROM (
                          OR (a.outcome IN ('exhausted', 'non_retryable') AND p.policy->>'on_exhaustion' = 'dead_letter')
                          THEN ARRAY['job.failed', 'job.dead_lettered']
                     ELSE ARRAY['job.failed', 'job.discarded']
-                END) WITH ORDINALITY AS k(type, n)
+                END
+                -- ojs-timeouts §11: the rescuer's and the worker's timeouts and stalls are
+                -- events of their own too, after the ones above (so the ids those had stay).
+                || CASE a.error_type WHEN 'rebound.timeout' THEN ARRAY['job.timeout'] WHEN 'rebound.stalled' THEN ARRAY['job.stalled']
+                        ELSE ARRAY[]::text[] END) WITH ORDINALITY AS k(type, n)
          WHERE (cardinality($2::text[]) = 0 OR j.queue = ANY($2))
            AND (cardinality($6::text[]) = 0 OR j.type = ANY($6))
            -- Decided once: asked only for events no attempt row makes, the branch reads nothing
            -- (filtering on the computed type below would walk every attempt to find none).
            AND (cardinality($1::text[]) = 0
-                OR $1 && ARRAY['job.failed', 'job.retrying', 'job.released', 'job.snoozed', 'job.dead_lettered', 'job.discarded'])
+                OR $1 && ARRAY['job.failed', 'job.retrying', 'job.released', 'job.snoozed', 'job.dead_lettered', 'job.discarded',
+                               'job.timeout', 'job.stalled'])
            AND ($3::uuid IS NULL OR a.job_id = $3)
            AND ($4::timestamptz IS NULL OR a.finished_at >= $4::timestamptz)
            AND ($8::timestamptz IS NULL OR a.finished_at < $8::timestamptz)

@@ -15,7 +15,7 @@ use super::notify::notify_queues;
 use super::lanes::{LaneKeys, Order};
 use super::{Store, StoreError, jobs_from_rows, millis};
 use crate::job::JobState;
-use crate::outcome::{HandlerError, Outcome};
+use crate::outcome::{HandlerError, Outcome, STALLED_ERROR, TIMEOUT_ERROR};
 
 /// How many windows of candidates one prune call steps through when some are not old enough
 /// (created before the cutoff, finished after it).
@@ -224,24 +224,31 @@ impl Store {
                     }
                     _ => false,
                 };
+                let elapsed_seconds = job.started_at.map(|t| now.duration_since(t).as_secs());
                 let error = if timed_out {
                     report.timed_out += 1;
+                    let limit_ms = job.timeout_ms.unwrap_or(0);
                     HandlerError {
-                        error_type: "rebound.timeout".into(),
-                        message: format!("attempt {} ran longer than its timeout of {} ms", job.attempt, job.timeout_ms.unwrap_or(0)),
-                        details: Some(json!({"worker_id": job.locked_by})),
+                        error_type: TIMEOUT_ERROR.into(),
+                        message: format!("attempt {} ran longer than its timeout of {limit_ms} ms", job.attempt),
+                        // The OJS shape of a timeout error (ojs-timeouts §8), which its
+                        // `job.timeout` event repeats.
+                        details: Some(json!({"worker_id": job.locked_by, "timeout_kind": "execution", "limit_ms": limit_ms,
+                                             "limit_seconds": limit_ms / 1000, "elapsed_seconds": elapsed_seconds})),
                         retryable: true,
                     }
                 } else {
                     report.stalled += 1;
+                    let limit_ms = job.visibility_timeout_ms.unwrap_or(30_000);
                     HandlerError {
-                        error_type: "rebound.stalled".into(),
+                        error_type: STALLED_ERROR.into(),
                         message: format!(
                             "attempt {} stopped heartbeating (worker {} crashed or lost the database); its lock expired",
                             job.attempt,
                             job.locked_by.as_deref().unwrap_or("unknown")
                         ),
-                        details: Some(json!({"worker_id": job.locked_by})),
+                        details: Some(json!({"worker_id": job.locked_by, "timeout_kind": "stalled", "limit_ms": limit_ms,
+                                             "limit_seconds": limit_ms / 1000, "elapsed_seconds": elapsed_seconds})),
                         retryable: true,
                     }
                 };

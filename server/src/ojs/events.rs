@@ -57,6 +57,20 @@ fn event_json(e: &JobEvent) -> Value {
     if let (Some(a), "job.discarded" | "job.dead_lettered") = (e.attempt, e.event_type.as_str()) {
         data.insert("total_attempts".into(), json!(a));
     }
+    // ojs-timeouts §11: which limit ran out, how long it was and how long the run took.
+    if let Some(kind) = match e.event_type.as_str() {
+        "job.timeout" => Some("execution"),
+        "job.stalled" => Some("stalled"),
+        _ => None,
+    } {
+        let details = e.error.as_ref().and_then(|err| err.get("details"));
+        data.insert("timeout_kind".into(), details.and_then(|d| d.get("timeout_kind")).cloned().unwrap_or_else(|| json!(kind)));
+        for key in ["limit_seconds", "elapsed_seconds"] {
+            if let Some(v) = details.and_then(|d| d.get(key)) {
+                data.insert(key.into(), v.clone());
+            }
+        }
+    }
     if let Some(t) = &e.trace_id {
         data.insert("trace_id".into(), Value::String(t.clone()));
     }

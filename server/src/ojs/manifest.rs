@@ -90,6 +90,8 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "events": {
                 "implemented": ["job.enqueued, job.scheduled, job.started, job.heartbeat (worker and API heartbeats, with visible_until), job.progress, job.completed, job.failed, job.retrying, job.discarded, job.expired, job.cancelled",
                                 "rebound's job.dead_lettered, job.released, job.snoozed; queue.paused, queue.resumed; cron.triggered, cron.skipped",
+                                "ojs-timeouts' job.timeout and job.stalled (timeout_kind, limit_seconds, elapsed_seconds), after the attempt's job.failed",
+                                "the job's trace_id (meta.trace_id or traceparent) on every event of a traced job",
                                 "workflow.started, workflow.step_completed, workflow.completed, workflow.failed",
                                 "worker.started, worker.heartbeat (every worker and API heartbeat: active_jobs, queues, status, and memory_mb and cpu_percent when the worker said them), worker.quiet (SIGTSTP, an operator's quiet, or draining after SIGTERM: reason quiet or shutdown), worker.stopped (reason shutdown or heartbeat_timeout, uptime_ms, active_jobs)",
                                 "GET /events: filters types, queues, job_types, job_id, since; newest first, or polled oldest first with after, cursor and has_more",

@@ -497,3 +497,46 @@ async fn events_carry_the_trace_id_and_the_fields_the_spec_requires() {
     let r = s.get(&format!("/ojs/v1/events?job_id={}", plain["id"].as_str().unwrap_or_default())).await;
     assert!(r.body["events"][0]["data"].get("trace_id").is_none(), "{}", r.text);
 }
+
+/// ojs-timeouts: a run past its timeout and a run whose worker went silent are events of their
+/// own (`job.timeout`, `job.stalled`) with the limit that ran out, and a policy may name the
+/// OJS error types (`timeout`) for Rebound's own (`rebound.timeout`).
+#[tokio::test]
+async fn timeouts_and_stalls_are_events_and_answer_to_their_ojs_names() {
+    let s = TestServer::new().await;
+    let slow = s
+        .enqueue(json!({"type": "tmo.job", "args": [], "options": {"queue": "tmo", "timeout_ms": 1000, "visibility_timeout_ms": 60000,
+                        "retry": {"max_attempts": 5, "non_retryable_errors": ["timeout"]}}}))
+        .await;
+    let silent = s.enqueue(json!({"type": "tmo.job", "args": [], "options": {"queue": "stl", "visibility_timeout_ms": 1}})).await;
+    assert_eq!(s.fetch("tmo").await["id"], slow["id"]);
+    assert_eq!(s.fetch("stl").await["id"], silent["id"]);
+    sqlx::query("UPDATE jobs SET started_at = now() - interval '3 seconds' WHERE id = $1::uuid")
+        .bind(slow["id"].as_str().unwrap_or_default())
+        .execute(s.db.store.pool())
+        .await
+        .expect("age the run");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let report = run_pass(&s.db.store, &s.state.metrics).await.expect("pass");
+    assert_eq!((report.rescued.timed_out, report.rescued.stalled), (1, 1));
+
+    let events = async |id: &Value| {
+        let url = format!("/ojs/v1/events?job_id={}", id.as_str().unwrap_or_default());
+        s.get(&url).await.body["events"].as_array().cloned().unwrap_or_default()
+    };
+    let slow_events = events(&slow["id"]).await;
+    let timeout = slow_events.iter().find(|e| e["type"] == "job.timeout").expect("a job.timeout event");
+    assert_eq!((timeout["data"]["timeout_kind"].as_str(), timeout["data"]["limit_seconds"].as_i64(), timeout["data"]["attempt"].as_i64()), (Some("execution"), Some(1), Some(1)), "{timeout}");
+    assert!(timeout["data"]["elapsed_seconds"].as_i64().is_some_and(|s| s >= 3), "{timeout}");
+    let r = s.get(&format!("/ojs/v1/jobs/{}", slow["id"].as_str().unwrap_or_default())).await;
+    assert_eq!(r.body["job"]["state"], "discarded", "`timeout` is non-retryable by its OJS name: {}", r.text);
+
+    let stalled = events(&silent["id"]).await.into_iter().find(|e| e["type"] == "job.stalled").expect("a job.stalled event");
+    assert_eq!(stalled["data"]["timeout_kind"], "stalled", "{stalled}");
+    // And the type filter knows them.
+    let r = s.get("/ojs/v1/events?types=job.timeout,job.stalled").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let mut kinds: Vec<&str> = r.body["events"].as_array().map(|a| a.iter().filter_map(|e| e["type"].as_str()).collect()).unwrap_or_default();
+    kinds.sort();
+    assert_eq!(kinds, ["job.stalled", "job.timeout"]);
+}
