@@ -17,6 +17,7 @@ use serde_json::{Map, Value, json};
 use super::body::{Fields, JsonObject};
 use super::envelope::{job_json, parse_new_job};
 use super::error::ApiError;
+use super::named_pages::{self, NamedPage};
 use super::query::QueryParams;
 use crate::AppState;
 use crate::auth::Caller;
@@ -133,23 +134,27 @@ pub async fn register(State(state): State<AppState>, caller: Caller, body: JsonO
     Ok((status, Json(one(&cron))).into_response())
 }
 
-/// `GET /ojs/v1/cron?enabled=true|false`.
+/// `GET /ojs/v1/cron?enabled=true|false&limit=&cursor=`: by name (see [`NamedPage`]).
 pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
-    q.only(&["enabled", "limit", "offset", "page", "per_page"])?;
+    let mut allowed = vec!["enabled"];
+    allowed.extend(named_pages::PARAMS);
+    q.only(&allowed)?;
+    let page = NamedPage::from_query(&q)?;
     let enabled = match q.one("enabled")? {
         None => None,
         Some("true") => Some(true),
         Some("false") => Some(false),
         Some(other) => return Err(ApiError::invalid_field("enabled", format!("must be true or false, got {other:?}"))),
     };
-    let crons = state.store.cron_jobs(enabled).await?;
+    let mut crons = state.store.cron_jobs(enabled).await?;
+    crons.sort_by(|a, b| a.name.cmp(&b.name));
+    let (crons, pagination) = page.cut(crons, |c| &c.name);
     let items: Vec<Value> = crons.iter().map(cron_json).collect();
-    let count = items.len();
     Ok(Json(json!({
         "cron_jobs": items,
         "crons": items,
-        "count": count,
-        "pagination": { "total": count, "page": 1, "per_page": count, "has_more": false },
+        "count": pagination["total"],
+        "pagination": pagination,
     })))
 }
 

@@ -326,16 +326,30 @@ fn job_terminal(event_type: &str) -> bool {
 /// (an event id or a `cursor` from an earlier answer) oldest first from there, for polling
 /// (OJS events §6.4): the answer's `cursor` is where the next poll continues and `has_more`
 /// says whether this page was cut at `limit`.
+///
+/// `cursor` is accepted for `after` (ojs-http-binding §17), and the answer carries the
+/// binding's `pagination` too: `has_more` and, when there is more, `next_cursor` (the same as
+/// `cursor`). It has no `total`: counting every event that matches would read the whole history.
 pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
-    q.only(&["types", "type", "queues", "queue", "job_types", "job_type", "job_id", "since", "after", "limit"])?;
+    q.only(&["types", "type", "queues", "queue", "job_types", "job_type", "job_id", "since", "after", "cursor", "limit"])?;
     let sel = selection(&q)?;
-    let after = q.one("after")?.map(|a| cursor("after", a)).transpose()?;
+    let after = match (q.one("after")?, q.one("cursor")?) {
+        (Some(_), Some(_)) => return Err(ApiError::invalid_field("cursor", "give after or cursor, not both")),
+        (Some(a), None) => Some(cursor("after", a)?),
+        (None, Some(c)) => Some(cursor("cursor", c)?),
+        (None, None) => None,
+    };
     let limit = q.i64_in("limit", 1, 1000)?.unwrap_or(100);
     let page = page(&state, &sel, after, limit).await?;
+    let mut pagination = json!({ "has_more": page.has_more, "limit": limit });
+    if let (true, Some(p)) = (page.has_more, pagination.as_object_mut()) {
+        p.insert("next_cursor".into(), Value::String(page.cursor.clone()));
+    }
     Ok(Json(json!({
         "events": page.events.into_iter().map(|(_, _, v)| v).collect::<Vec<_>>(),
         "cursor": page.cursor,
         "has_more": page.has_more,
+        "pagination": pagination,
     })))
 }
 

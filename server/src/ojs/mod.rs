@@ -12,6 +12,7 @@ pub mod error;
 mod events;
 mod jobs;
 mod manifest;
+mod named_pages;
 pub mod offset_pages;
 mod policies;
 pub mod query;

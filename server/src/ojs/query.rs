@@ -25,6 +25,12 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryParams {
 }
 
 impl QueryParams {
+    /// Parameters as given, in order.
+    #[cfg(test)]
+    pub fn from_pairs(pairs: Vec<(String, String)>) -> QueryParams {
+        QueryParams(pairs)
+    }
+
     /// Refuses parameters outside `allowed`, so a misspelt filter is an error rather than a
     /// silently unfiltered answer.
     pub fn only(&self, allowed: &[&str]) -> Result<(), ApiError> {

@@ -7,6 +7,8 @@ use rebound_queue::store::QueueInfo;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
+use super::named_pages::{self, NamedPage};
+use super::query::QueryParams;
 use crate::AppState;
 use crate::auth::Caller;
 
@@ -36,11 +38,16 @@ fn queue_name(raw: &str) -> Result<&str, ApiError> {
     Ok(raw)
 }
 
-/// `GET /ojs/v1/queues`: every queue with jobs or settings, with its counts.
-pub async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let queues = state.store.queues().await?;
+/// `GET /ojs/v1/queues?limit=&cursor=`: the queues with jobs or settings, by name, with their
+/// counts (see [`NamedPage`]).
+pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
+    q.only(&named_pages::PARAMS)?;
+    let page = NamedPage::from_query(&q)?;
+    let mut queues = state.store.queues().await?;
+    queues.sort_by(|a, b| a.name.cmp(&b.name));
+    let (queues, pagination) = page.cut(queues, |q| &q.name);
     let items: Vec<Value> = queues.iter().map(queue_json).collect();
-    Ok(Json(json!({ "queues": items, "pagination": { "total": items.len(), "has_more": false } })))
+    Ok(Json(json!({ "queues": items, "pagination": pagination })))
 }
 
 /// `GET /ojs/v1/queues/{name}/stats`: counts by state (zeroes for an unused queue).

@@ -12,6 +12,8 @@ use serde_json::{Value, json};
 
 use super::body::{Fields, JsonObject};
 use super::error::ApiError;
+use super::named_pages::{self, NamedPage};
+use super::query::QueryParams;
 use super::unsupported::unsupported;
 use crate::AppState;
 use crate::auth::Caller;
@@ -98,12 +100,15 @@ fn queue_of(key: &str) -> Result<&str, ApiError> {
     Ok(name)
 }
 
-/// `GET /ojs/v1/rate-limits`.
-pub async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let states = state.store.rate_limit_states(None).await?;
+/// `GET /ojs/v1/rate-limits?limit=&cursor=`: by queue (see [`NamedPage`]).
+pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
+    q.only(&named_pages::PARAMS)?;
+    let page = NamedPage::from_query(&q)?;
+    let mut states = state.store.rate_limit_states(None).await?;
+    states.sort_by(|a, b| a.queue.cmp(&b.queue));
+    let (states, pagination) = page.cut(states, |s| &s.queue);
     let items: Vec<Value> = states.iter().map(state_json).collect();
-    let n = items.len();
-    Ok(Json(json!({ "items": items, "pagination": { "total": n, "page": 1, "per_page": n } })))
+    Ok(Json(json!({ "items": items, "pagination": pagination })))
 }
 
 /// `GET /ojs/v1/rate-limits/{key}`.

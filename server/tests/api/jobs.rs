@@ -540,3 +540,45 @@ async fn timeouts_and_stalls_are_events_and_answer_to_their_ojs_names() {
     kinds.sort();
     assert_eq!(kinds, ["job.stalled", "job.timeout"]);
 }
+
+/// ojs-http-binding §17: list endpoints page by `limit` and `cursor` (or `offset`) and say so in
+/// `pagination`; the events' `cursor` is their `after`.
+#[tokio::test]
+async fn lists_page_by_limit_and_cursor() {
+    let s = TestServer::new().await;
+    for q in ["pg-c", "pg-a", "pg-b"] {
+        s.enqueue(json!({"type": "pg.job", "args": [], "options": {"queue": q}})).await;
+        let r = s.post("/ojs/v1/cron", json!({"name": format!("cron-{q}"), "expression": "@hourly", "job_template": {"type": "pg.tick"}})).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    }
+    for (list, items, key) in [("/ojs/v1/queues", "queues", "name"), ("/ojs/v1/cron", "cron_jobs", "name")] {
+        let names = |r: &Reply| r.body[items].as_array().map(|a| a.iter().filter_map(|i| i[key].as_str().map(str::to_owned)).collect::<Vec<_>>()).unwrap_or_default();
+        let first = s.get(&format!("{list}?limit=2")).await;
+        assert_eq!(first.status, StatusCode::OK, "{}", first.text);
+        let p = &first.body["pagination"];
+        assert_eq!((p["total"].as_i64(), p["has_more"].as_bool()), (Some(3), Some(true)), "{list}: {}", first.text);
+        let cursor = p["next_cursor"].as_str().expect("next_cursor").to_owned();
+        let second = s.get(&format!("{list}?limit=2&cursor={cursor}")).await;
+        assert_eq!(second.body["pagination"]["has_more"], false, "{list}: {}", second.text);
+        assert!(second.body["pagination"].get("next_cursor").is_none());
+        let all = [names(&first), names(&second)].concat();
+        let mut sorted = all.clone();
+        sorted.sort();
+        assert_eq!((all.len(), &all), (3, &sorted), "{list}: every item once, by name");
+        assert_eq!(names(&s.get(&format!("{list}?limit=1&offset=2")).await), names(&second));
+        for bad in ["limit=0", "limit=201", "cursor=a&offset=1", "cursor="] {
+            let r = s.get(&format!("{list}?{bad}")).await;
+            assert_eq!(r.status, StatusCode::BAD_REQUEST, "{list}?{bad}: {}", r.text);
+        }
+    }
+    // Events: `cursor` is `after`.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let start = format!("evt_{:016}:", (Timestamp::now() - SignedDuration::from_secs(60)).as_microsecond());
+    let by_after = s.get(&format!("/ojs/v1/events?types=job.enqueued&after={start}&limit=2")).await;
+    let by_cursor = s.get(&format!("/ojs/v1/events?types=job.enqueued&cursor={start}&limit=2")).await;
+    assert_eq!(by_cursor.status, StatusCode::OK, "{}", by_cursor.text);
+    assert_eq!(by_after.body["events"], by_cursor.body["events"]);
+    let p = &by_cursor.body["pagination"];
+    assert_eq!((p["has_more"].as_bool(), p["next_cursor"].as_str()), (Some(true), by_cursor.body["cursor"].as_str()), "{}", by_cursor.text);
+    assert_eq!(s.get(&format!("/ojs/v1/events?after={start}&cursor={start}")).await.status, StatusCode::BAD_REQUEST);
+}
