@@ -118,6 +118,8 @@ impl JobQuery {
             dead_letter: None,
             created_after: window_secs.and_then(|s| now.checked_sub(jiff::SignedDuration::from_secs(s)).ok()),
             created_before: None,
+            dead_lettered_after: None,
+            dead_lettered_before: None,
         })
     }
 }

@@ -170,7 +170,8 @@ pub enum OnConflict {
     /// Cancel the existing job and enqueue the new one.
     Replace,
     /// Like [`OnConflict::Replace`], but a `scheduled` job's time is kept: the new job runs
-    /// when the one it replaces would have (OJS `replace_except_schedule`).
+    /// when the one it replaces would have (OJS `replace_except_schedule`). Only `scheduled`:
+    /// the spec makes it `replace` for every other state, a `retryable` job's backoff included.
     ReplaceExceptSchedule,
 }
 

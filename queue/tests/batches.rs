@@ -242,8 +242,11 @@ async fn known_failures_read_only_the_live_policies_and_stay_guarded() {
     let mut items: Vec<(Failure, KnownRun)> = (0..3).map(|i| (failure(claimed[i].id, 1, "app.flaky"), known(i))).collect();
     items.push((failure(claimed[0].id, 1, "app.flaky"), known(0)));
     items.push((failure(claimed[3].id, 2, "app.flaky"), known(3)));
+    // The right attempt from a worker that does not hold the job: the write itself refuses it.
+    items.push((Failure { worker_id: Some("w9".into()), ..failure(claimed[3].id, 1, "app.flaky") }, known(3)));
     let written = s.fail_batch_known(&items).await.unwrap();
-    assert_eq!(written.iter().copied().collect::<HashSet<_>>(), HashSet::from([claimed[0].id, claimed[1].id]), "cancelled and stale ones are skipped");
+    assert_eq!(written.iter().copied().collect::<HashSet<_>>(), HashSet::from([claimed[0].id, claimed[1].id]), "cancelled, stale and others' are skipped");
+    assert!(s.attempts(claimed[3].id).await.unwrap().is_empty());
 
     let a = s.job(claimed[0].id).await.unwrap();
     assert_eq!((a.state, a.max_attempts, a.retry_delay_ms), (JobState::Retryable, 5, Some(20_000)));

@@ -145,7 +145,7 @@ pub async fn login(
     // No operator has a longer name, and the name becomes a key of the throttle's table,
     // which a name of many kilobytes would overflow.
     if username.len() > rebound_queue::store::MAX_USERNAME_BYTES {
-        return guard::refusal_page(StatusCode::BAD_REQUEST, "The username is too long: usernames have at most 64 characters.");
+        return guard::refusal_page(StatusCode::BAD_REQUEST, "The username is too long: usernames have at most 64 bytes (64 letters of the Latin alphabet, fewer of others).");
     }
     let address = login_throttle::client_address(&headers, peer.as_ref().map(|p| &p.0), state.config.behind_proxy);
     // argon2 takes ~19 MiB and tens of milliseconds per check: a bounded number run at once,

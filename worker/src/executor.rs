@@ -253,7 +253,7 @@ impl Executor {
                 let error = HandlerError::new(TIMEOUT_ERROR, format!("attempt {attempt} ran longer than its timeout of {ms} ms")).with_details(json!({
                     "timeout_ms": ms, "worker_id": &*self.worker_id,
                     // The OJS shape of a timeout error (ojs-timeouts §8).
-                    "timeout_kind": "execution", "limit_ms": ms, "limit_seconds": ms / 1000, "elapsed_seconds": ms / 1000,
+                    "timeout_kind": "execution", "limit_ms": ms, "limit_seconds": ms as f64 / 1000.0, "elapsed_seconds": elapsed_ms as f64 / 1000.0,
                 }));
                 Some(Finished::Failed { id, attempt, outcome: Outcome::Retry(error), known: known(&job) })
             }

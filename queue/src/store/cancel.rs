@@ -67,7 +67,7 @@ impl Store {
         let Some(row) = row else {
             // Nothing was written; a failed rollback closes the connection instead.
             let _ = tx.rollback().await;
-            return Err(self.conflict_or_missing(id, "cancel").await);
+            return Err(self.refusal(id, "cancel", None).await);
         };
         let previous: JobState = row.try_get("previous_state")?;
         if let Some(actor) = actor {

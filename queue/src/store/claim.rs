@@ -95,8 +95,12 @@ impl Store {
             if want == 0 {
                 break;
             }
-            let rows = match sqlx::query(CLAIM).bind(queue).bind(want as i64).bind(&req.worker_id).bind(vis).fetch_all(&self.pool).await {
-                Ok(rows) => rows,
+            let jobs = match sqlx::query(CLAIM).bind(queue).bind(want as i64).bind(&req.worker_id).bind(vis).fetch_all(&self.pool).await {
+                Ok(rows) => jobs_from_rows(&rows),
+                Err(e) => Err(e.into()),
+            };
+            let mut jobs = match jobs {
+                Ok(jobs) => jobs,
                 // The earlier queues' claims committed: their jobs are the caller's now, and an
                 // error would strand them, active under its name, until their locks lapsed and
                 // the rescuer charged each an attempt that never ran.
@@ -104,9 +108,8 @@ impl Store {
                     tracing::warn!(queue = %queue, claimed = claimed.len(), error = %e, "claiming from a later queue failed; returning the jobs already claimed");
                     break;
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             };
-            let mut jobs = jobs_from_rows(&rows)?;
             jobs.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.scheduled_at.cmp(&b.scheduled_at)).then(a.id.cmp(&b.id)));
             claimed.extend(jobs);
         }

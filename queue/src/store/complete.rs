@@ -165,7 +165,7 @@ impl Store {
     pub async fn release_one(&self, id: Uuid, worker_id: Option<&str>, reason: &str) -> Result<Job, StoreError> {
         match self.release(&[id], worker_id, reason).await?.into_iter().next() {
             Some(job) => Ok(job),
-            None => Err(self.conflict_or_missing(id, "release").await),
+            None => Err(self.refusal(id, "release", worker_id).await),
         }
     }
 }

@@ -227,7 +227,7 @@ impl Store {
                 super::notify::notify_queues(&self.pool, std::slice::from_ref(&job.queue)).await?;
                 Ok(job)
             }
-            None => Err(self.conflict_or_missing(id, "activate").await),
+            None => Err(self.refusal(id, "activate", None).await),
         }
     }
 }

@@ -198,7 +198,7 @@ macro_rules! in_its_lifetime {
 //
 // A failed attempt is two events, `job.failed` and what followed (`job.retrying`,
 // `job.discarded`, `job.dead_lettered`), the second positioned a microsecond later so that
-// ids keep them in that order.
+// ids keep them in that order; a timeout or a stall adds a third, a microsecond before both.
 macro_rules! events_sql {
     ($enqueued_order:literal, $attempts_order:literal, $logged_order:literal, $progress_order:literal, $order:literal) => {
         concat!(
@@ -228,7 +228,8 @@ SELECT * FROM (
     UNION ALL
     (SELECT e.id, e.type, e.at, e.job_id, e.job_type, e.queue, e.attempt, e.duration_ms, e.error, e.worker_id,
             e.next_retry_at, e.max_attempts, NULL::timestamptz, NULL::timestamptz, NULL::float8, NULL::text, e.trace_id
-     FROM (SELECT ", evid!("(e0.at + (e0.n - 1) * interval '1 microsecond')", "e0.type || ':' || e0.job_id || ':' || e0.attempt"), " AS id, e0.* FROM (
+     FROM (SELECT ", evid!("(e0.at + (CASE WHEN e0.type IN ('job.timeout', 'job.stalled') THEN -1 ELSE e0.n - 1 END) * interval '1 microsecond')",
+                           "e0.type || ':' || e0.job_id || ':' || e0.attempt"), " AS id, e0.* FROM (
          SELECT k.type, k.n, a.finished_at AS at, a.job_id, j.type AS job_type, j.queue, a.attempt,
                 (EXTRACT(EPOCH FROM (a.finished_at - a.started_at)) * 1000)::bigint AS duration_ms,
                 -- `retryable`: whether the error itself allowed a retry (ojs-events `job.failed`);
@@ -236,7 +237,7 @@ SELECT * FROM (
                 -- A timeout's or a stall's own event carries the details too: their OJS fields.
                 CASE WHEN a.error_type IS NULL THEN NULL
                      ELSE jsonb_build_object('type', a.error_type, 'code', a.error_code, 'message', a.error_message,
-                                             'retryable', a.outcome IN ('retried', 'exhausted'))
+                                             'retryable', a.outcome IN ('retried', 'exhausted', 'snoozed'))
                           || CASE WHEN k.type IN ('job.timeout', 'job.stalled') AND a.error_details IS NOT NULL
                                   THEN jsonb_build_object('details', a.error_details) ELSE '{}' END END AS error,
                 a.worker_id, a.id AS seq, ", trace_id!(), " AS trace_id,
@@ -255,7 +256,9 @@ SELECT * FROM (
                     ELSE ARRAY['job.failed', 'job.discarded']
                 END
                 -- ojs-timeouts §11: the rescuer's and the worker's timeouts and stalls are
-                -- events of their own too, after the ones above (so the ids those had stay).
+                -- events of their own too, listed last so the others keep their ids, but
+                -- positioned a microsecond before `job.failed` (see the id above): a job's
+                -- stream ends at its terminal event, which must come after them.
                 || CASE a.error_type WHEN 'rebound.timeout' THEN ARRAY['job.timeout'] WHEN 'rebound.stalled' THEN ARRAY['job.stalled']
                         ELSE ARRAY[]::text[] END) WITH ORDINALITY AS k(type, n)
          WHERE (cardinality($2::text[]) = 0 OR j.queue = ANY($2))

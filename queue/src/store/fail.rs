@@ -89,6 +89,9 @@ WITH input AS (
     -- once per job (500 x 500 comparisons, ten times the write itself). Without it, every job
     -- is looked up by key.
     WHERE j.id = i.id AND j.state = (SELECT 'active'::job_state) AND j.attempt = i.ran_attempt
+      -- The worker named holds it (OJS worker protocol §5.6): a release and a new claim can
+      -- give the same attempt number to another worker between the read and this write.
+      AND (i.worker_id IS NULL OR j.locked_by = i.worker_id)
     RETURNING ",
             $updated,
             "
@@ -459,8 +462,8 @@ impl Store {
 }
 
 /// Whether the worker a failure names (if it names one) holds the job (OJS worker protocol
-/// §5.6). Read before the write, which is guarded by the attempt: the holder changes only by
-/// a new claim, which moves the attempt on.
+/// §5.6), by the read before the write: a failure that names another is not decided at all.
+/// The write checks it again, as the holder may change in between.
 fn holds(f: &Failure, locked_by: Option<&str>) -> bool {
     f.worker_id.as_deref().is_none_or(|w| locked_by == Some(w))
 }

@@ -224,7 +224,9 @@ impl Store {
                     }
                     _ => false,
                 };
-                let elapsed_seconds = job.started_at.map(|t| now.duration_since(t).as_secs());
+                // By this process's clock against the database's start time: a skew of a few
+                // milliseconds shows, a negative one does not.
+                let elapsed_seconds = job.started_at.map(|t| (now.duration_since(t).as_millis().max(0) as f64) / 1000.0);
                 let error = if timed_out {
                     report.timed_out += 1;
                     let limit_ms = job.timeout_ms.unwrap_or(0);
@@ -234,7 +236,7 @@ impl Store {
                         // The OJS shape of a timeout error (ojs-timeouts §8), which its
                         // `job.timeout` event repeats.
                         details: Some(json!({"worker_id": job.locked_by, "timeout_kind": "execution", "limit_ms": limit_ms,
-                                             "limit_seconds": limit_ms / 1000, "elapsed_seconds": elapsed_seconds})),
+                                             "limit_seconds": limit_ms as f64 / 1000.0, "elapsed_seconds": elapsed_seconds})),
                         retryable: true,
                     }
                 } else {
@@ -248,7 +250,7 @@ impl Store {
                             job.locked_by.as_deref().unwrap_or("unknown")
                         ),
                         details: Some(json!({"worker_id": job.locked_by, "timeout_kind": "stalled", "limit_ms": limit_ms,
-                                             "limit_seconds": limit_ms / 1000, "elapsed_seconds": elapsed_seconds})),
+                                             "limit_seconds": limit_ms as f64 / 1000.0, "elapsed_seconds": elapsed_seconds})),
                         retryable: true,
                     }
                 };

@@ -367,22 +367,14 @@ impl Store {
         Ok(())
     }
 
-    /// Error when a job exists but is in the wrong state, or [`StoreError::NotFound`].
-    /// Why a write for `worker` (if named) of job `id` was refused: the job is gone, it is
-    /// held by another worker, or it is not in a state the action applies to.
+    /// Why a write for `worker` (if named) of job `id` was refused: the job is gone
+    /// ([`StoreError::NotFound`]), it is held by another worker, or it is not in a state the
+    /// action applies to.
     pub(crate) async fn refusal(&self, id: Uuid, action: &'static str, worker: Option<&str>) -> StoreError {
         match self.get_job(id).await {
             Ok(Some(job)) if job.state == JobState::Active && worker.is_some_and(|w| job.locked_by.as_deref() != Some(w)) => {
                 StoreError::NotHeld { id, action, worker: worker.unwrap_or_default().to_owned() }
             }
-            Ok(Some(job)) => StoreError::Conflict { id, state: job.state, action },
-            Ok(None) => StoreError::NotFound(id),
-            Err(e) => e,
-        }
-    }
-
-    pub(crate) async fn conflict_or_missing(&self, id: Uuid, action: &'static str) -> StoreError {
-        match self.get_job(id).await {
             Ok(Some(job)) => StoreError::Conflict { id, state: job.state, action },
             Ok(None) => StoreError::NotFound(id),
             Err(e) => e,

@@ -102,7 +102,7 @@ impl Store {
             .await?;
         match row {
             Some(r) => progress_from_row(&r),
-            None => Err(self.conflict_or_missing(report.job_id, "report progress").await),
+            None => Err(self.refusal(report.job_id, "report progress", None).await),
         }
     }
 

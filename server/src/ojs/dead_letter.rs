@@ -22,12 +22,34 @@ use crate::auth::Caller;
 /// Counting stops here; `total` is then "at least this many".
 const COUNT_CAP: i64 = 100_000;
 
-/// `GET /ojs/v1/dead-letter?queue=&type=&limit=&cursor=|offset=`. Pages are keyset-based
-/// (page 1000 costs what page 1 does): follow `next_cursor`, or page by `offset` (see
-/// [`super::offset_pages`]), as some SDKs do.
+/// `GET /ojs/v1/dead-letter?queue=&type=&error_type=&q=&since=&until=&limit=&cursor=|offset=`.
+/// Searchable as ojs-dead-letter §9.1 asks: by queue, job type, the last error's type (exact,
+/// or a prefix with `.*`), a substring of the args or the error message (`q`), and when the job
+/// was dead-lettered (`since` inclusive, `until` exclusive). Pages are keyset-based (page
+/// 1000 costs what page 1 does): follow `next_cursor`, or page by `offset` (see
+/// [`super::offset_pages`]), as some SDKs do. The last four are searches: each page reads a
+/// bounded window of the newest dead letters matching the rest (see
+/// `rebound_queue::store::SEARCH_WINDOW`).
 pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
-    q.only(&["queue", "type", "limit", "cursor", "offset"])?;
+    q.only(&["queue", "type", "error_type", "q", "since", "until", "limit", "cursor", "offset"])?;
     let mut filter = JobFilter::dead_letters();
+    if let Some(e) = q.one("error_type")? {
+        if e.is_empty() || e.len() > 200 {
+            return Err(ApiError::invalid_field("error_type", "must be 1 to 200 characters"));
+        }
+        filter.error_type = Some(e.to_owned());
+    }
+    if let Some(text) = q.one("q")? {
+        if text.len() > 200 {
+            return Err(ApiError::invalid_field("q", "must be at most 200 characters"));
+        }
+        filter.text = Some(text.to_owned());
+    }
+    for (key, slot) in [("since", &mut filter.dead_lettered_after), ("until", &mut filter.dead_lettered_before)] {
+        if let Some(raw) = q.one(key)? {
+            *slot = Some(parse_time(raw, Timestamp::now()).map_err(|r| ApiError::invalid_field(key, r))?);
+        }
+    }
     if let Some(queue) = q.one("queue")? {
         validate_queue(queue).map_err(|e| ApiError::invalid_field("queue", e.reason))?;
         filter.queue = Some(queue.to_owned());
@@ -40,7 +62,7 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
     let offset = q.i64_in("offset", 0, i64::from(i32::MAX))?;
     let mut cursor = q.uuid("cursor")?;
     // The listing's identity for remembered offsets: its filter, as the client spelled it.
-    let listing = format!("{:?}|{:?}", filter.queue, filter.job_type);
+    let listing = format!("{filter:?}");
     if let Some(offset) = offset.filter(|o| *o > 0) {
         if cursor.is_some() {
             return Err(ApiError::invalid_field("offset", "give either offset or cursor, not both"));

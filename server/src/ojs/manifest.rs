@@ -70,7 +70,7 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
                 "not_implemented": ["queue concurrency/retention over the API", "job sort other than created_at desc", "type prefix filter"],
             },
             "dead-letter": {
-                "implemented": ["list (offset or cursor)", "get", "retry", "retry with override (queue, meta, retry, args, priority)", "bulk retry", "delete", "purge", "stats", "retention (worker pruner)"],
+                "implemented": ["list (offset or cursor)", "search by queue, type, error_type (exact or prefix.*), since/until (when dead-lettered), q (args or message text)", "get", "retry", "retry with override (queue, meta, retry, args, priority)", "bulk retry", "delete", "purge", "stats", "retention (worker pruner)"],
                 "implemented_events": ["dead_letter.retried, dead_letter.deleted (per job, with who did it)", "dead_letter.pruned (per pass and queue, with the count)",
                                        "a job entering the queue is job.dead_lettered"],
                 "not_implemented": ["automatic replay rules (and so dead_letter.replayed)", "dead_letter.added under that name (it is job.dead_lettered)"],

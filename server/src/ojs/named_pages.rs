@@ -60,7 +60,9 @@ impl NamedPage {
         };
         let page: Vec<T> = items.into_iter().skip(skip).take(self.limit).collect();
         let has_more = skip + page.len() < total;
-        let mut pagination = json!({ "total": total, "has_more": has_more, "limit": self.limit, "offset": skip });
+        // `page` and `per_page` as well, for the admin API's clients, which page that way.
+        let mut pagination = json!({ "total": total, "has_more": has_more, "limit": self.limit, "offset": skip,
+                                     "per_page": self.limit, "page": skip / self.limit.max(1) + 1 });
         if let (true, Some(last), Some(p)) = (has_more, page.last(), pagination.as_object_mut()) {
             p.insert("next_cursor".into(), Value::String(name(last).to_owned()));
         }

@@ -167,7 +167,8 @@ pub async fn nack(State(state): State<AppState>, body: JsonObject) -> Result<Jso
             Some(e) => e.str("message")?.unwrap_or("requeued by the worker").to_owned(),
             None => "requeued by the worker".to_owned(),
         };
-        let job = state.store.release_one(id, None, &reason).await?;
+        // Only the holder hands a job back, as only it acks or fails it (worker protocol §5.6).
+        let job = state.store.release_one(id, worker, &reason).await?;
         let mut m = nack_answer(&job);
         m.insert("job".into(), job_json(&job));
         return Ok(Json(Value::Object(m)));

@@ -439,6 +439,8 @@ async fn only_the_worker_holding_a_job_can_ack_or_nack_it() {
     assert_eq!(r.body["error"]["details"]["worker_id"], "w2", "{}", r.text);
     let r = s.post("/ojs/v1/workers/nack", json!({"job_id": id, "worker_id": "w2", "error": {"code": "boom", "message": "not mine"}})).await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+    let r = s.post("/ojs/v1/workers/nack", json!({"job_id": id, "worker_id": "w2", "requeue": true})).await;
+    assert_eq!((r.status, r.body["error"]["details"]["worker_id"].as_str()), (StatusCode::CONFLICT, Some("w2")), "{}", r.text);
     let r = s.get(&format!("/ojs/v1/jobs/{id}")).await;
     assert_eq!((r.body["job"]["state"].as_str(), r.body["job"]["attempt"].as_i64()), (Some("active"), Some(1)), "untouched: {}", r.text);
     // The holder can; so can a caller that does not name itself (the SDKs ack by job id).
@@ -526,8 +528,12 @@ async fn timeouts_and_stalls_are_events_and_answer_to_their_ojs_names() {
     };
     let slow_events = events(&slow["id"]).await;
     let timeout = slow_events.iter().find(|e| e["type"] == "job.timeout").expect("a job.timeout event");
-    assert_eq!((timeout["data"]["timeout_kind"].as_str(), timeout["data"]["limit_seconds"].as_i64(), timeout["data"]["attempt"].as_i64()), (Some("execution"), Some(1), Some(1)), "{timeout}");
-    assert!(timeout["data"]["elapsed_seconds"].as_i64().is_some_and(|s| s >= 3), "{timeout}");
+    assert_eq!((timeout["data"]["timeout_kind"].as_str(), timeout["data"]["limit_seconds"].as_f64(), timeout["data"]["attempt"].as_i64()), (Some("execution"), Some(1.0), Some(1)), "{timeout}");
+    assert!(timeout["data"]["elapsed_seconds"].as_f64().is_some_and(|s| s >= 3.0), "{timeout}");
+    // Before the attempt's job.failed and job.discarded, so a job's stream, which ends at its
+    // terminal event, carries it.
+    let order: Vec<&str> = slow_events.iter().rev().filter_map(|e| e["type"].as_str()).filter(|t| ["job.timeout", "job.failed", "job.discarded"].contains(t)).collect();
+    assert_eq!(order, ["job.timeout", "job.failed", "job.discarded"], "oldest first");
     let r = s.get(&format!("/ojs/v1/jobs/{}", slow["id"].as_str().unwrap_or_default())).await;
     assert_eq!(r.body["job"]["state"], "discarded", "`timeout` is non-retryable by its OJS name: {}", r.text);
 
@@ -581,4 +587,48 @@ async fn lists_page_by_limit_and_cursor() {
     let p = &by_cursor.body["pagination"];
     assert_eq!((p["has_more"].as_bool(), p["next_cursor"].as_str()), (Some(true), by_cursor.body["cursor"].as_str()), "{}", by_cursor.text);
     assert_eq!(s.get(&format!("/ojs/v1/events?after={start}&cursor={start}")).await.status, StatusCode::BAD_REQUEST);
+}
+
+/// ojs-dead-letter §9.1: dead letters are searchable by queue, type, error type, when they
+/// were dead-lettered, and args or message text.
+#[tokio::test]
+async fn dead_letters_are_searchable_by_error_type_time_and_text() {
+    let s = TestServer::new().await;
+    let refused = s.dead_letter("dlq", "smtp.refused").await;
+    let timed_out = s.dead_letter("dlq", "smtp.timeout").await;
+    let declined = s.dead_letter("dlq", "pay.declined").await;
+    sqlx::query("UPDATE jobs SET dead_lettered_at = now() - interval '2 days' WHERE id = $1::uuid")
+        .bind(&declined)
+        .execute(s.db.store.pool())
+        .await
+        .expect("age one");
+    sqlx::query("UPDATE jobs SET args = '[{\"invoice\": \"inv-4711\"}]' WHERE id = $1::uuid").bind(&timed_out).execute(s.db.store.pool()).await.expect("args");
+    let day_ago = (Timestamp::now() - SignedDuration::from_hours(24)).to_string();
+    let ids = |r: &Reply| {
+        let mut v: Vec<String> = r.body["jobs"].as_array().map(|a| a.iter().filter_map(|j| j["id"].as_str().map(str::to_owned)).collect()).unwrap_or_default();
+        v.sort();
+        v
+    };
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    for (query, want) in [
+        ("error_type=smtp.*".to_owned(), sorted(vec![refused.clone(), timed_out.clone()])),
+        ("error_type=pay.declined".to_owned(), vec![declined.clone()]),
+        (format!("since={day_ago}"), sorted(vec![refused.clone(), timed_out.clone()])),
+        (format!("until={day_ago}"), vec![declined.clone()]),
+        ("q=inv-4711".to_owned(), vec![timed_out.clone()]),
+        ("q=BROKE&queue=dlq".to_owned(), sorted(vec![refused.clone(), timed_out.clone(), declined.clone()])),
+        ("q=nothing-like-it".to_owned(), vec![]),
+    ] {
+        let r = s.get(&format!("/ojs/v1/dead-letter?{query}")).await;
+        assert_eq!(r.status, StatusCode::OK, "{query}: {}", r.text);
+        assert_eq!(ids(&r), want, "{query}");
+        assert_eq!(r.body["pagination"]["total"].as_u64(), Some(want.len() as u64), "{query}: {}", r.text);
+    }
+    for (query, field) in [("since=yesterday", "since"), ("until=1900-01-01T00:00:00Z", "until"), ("error_type=", "error_type")] {
+        let r = s.get(&format!("/ojs/v1/dead-letter?{query}")).await;
+        assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some(field)), "{query}: {}", r.text);
+    }
 }
