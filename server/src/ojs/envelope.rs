@@ -19,10 +19,11 @@ use uuid::Uuid;
 
 use super::body::{Fields, json_kind};
 use super::error::ApiError;
+use super::unsupported::unsupported;
 
 /// Options the server interprets. Each is read from `options`, or else from the top level
 /// (where the OJS JSON format puts `queue`, `priority`, `retry`, …). Other option keys
-/// (`metadata`, `rate_limit`, …) are kept in `extra.options`, so clients get them back and the
+/// (`metadata`, …) are kept in `extra.options`, so clients get them back and the
 /// test-mode heartbeat hook can read them.
 const OPTIONS: [&str; 11] = [
     "queue", "priority", "timeout_ms", "visibility_timeout_ms", "delay_until", "scheduled_at",
@@ -65,6 +66,13 @@ pub fn parse_new_job(f: &Fields<'_>, now: Timestamp) -> Result<NewJob, ApiError>
     }
 
     let options = f.object("options")?;
+    // Per-job keyed limits (ojs-rate-limiting §4) are not enforced: kept as an extra, the job
+    // would be accepted and run unlimited while its client believes otherwise.
+    if let Some(o) = options.as_ref().filter(|o| o.get("rate_limit").is_some()) {
+        return Err(unsupported("a job's own rate limit (options.rate_limit)")
+            .detail("field", o.name("rate_limit"))
+            .hint("limit the job's queue instead: PUT /ojs/v1/rate-limits/queue:<name>"));
+    }
     // An option is read from `options`, else from the top level (JSON-format placement).
     let pick = |key: &str| -> Fields<'_> {
         match &options {

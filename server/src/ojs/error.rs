@@ -34,6 +34,12 @@ impl ApiError {
         ApiError { status, code, kind, message: message.into(), retryable: false, details: Map::new(), hint: hint.into() }
     }
 
+    /// The same error with another hint.
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = hint.into();
+        self
+    }
+
     /// Adds a `details` entry.
     pub fn detail(mut self, key: &str, value: impl Into<Value>) -> Self {
         self.details.insert(key.to_owned(), value.into());

@@ -85,7 +85,7 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "rate-limiting": {
                 "implemented": ["queue-level concurrency, rate (fixed windows) and throttle, enforced in the claim statement",
                                 "GET /rate-limits, GET/PUT /rate-limits/queue:<name>", "PUT /admin/queues/{name}/rate-limit"],
-                "not_implemented": ["per-job keyed limits (options.rate_limit)", "on_limit reschedule/drop", "dynamic limits", "rate_limit.* events", "X-RateLimit-* headers"],
+                "not_implemented": ["per-job keyed limits (a job with options.rate_limit is refused: 422 unsupported)", "on_limit reschedule/drop", "dynamic limits", "rate_limit.* events", "X-RateLimit-* headers"],
             },
             "events": {
                 "implemented": ["job.enqueued, job.scheduled, job.started, job.heartbeat (worker and API heartbeats, with visible_until), job.progress, job.completed, job.failed, job.retrying, job.discarded, job.expired, job.cancelled",

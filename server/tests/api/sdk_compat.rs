@@ -158,6 +158,12 @@ async fn unsupported_features_answer_422_unsupported() {
         assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")), "{method} {path}: {}", r.text);
         r.assert_ojs_error(path);
     }
+    // A job's own rate limit would be accepted and not enforced: refused, nothing stored.
+    let before = s.job_count().await;
+    let r = s.post("/ojs/v1/jobs", json!({"type": "rl.job", "args": [], "options": {"rate_limit": {"key": "tenant-1", "max_per_second": 5}}})).await;
+    assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")), "{}", r.text);
+    assert_eq!(r.body["error"]["details"]["field"], "options.rate_limit", "{}", r.text);
+    assert_eq!(s.job_count().await, before);
     let r = s.get("/ojs/v1/no-such-thing").await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "a typo is still a 404");
     let r = s.raw("GET", "/ojs/v1/health", &[("ojs-version", "2.0")], Vec::new()).await;
