@@ -24,10 +24,6 @@ pub struct JobQuery {
     /// `1h`, `24h`, `7d` or empty: only jobs created within that window.
     #[serde(default)]
     pub since: String,
-    /// The same windows for when a job was dead-lettered (the dead-letter page): "what died in
-    /// the last hour" includes jobs created long before, after a long retry schedule.
-    #[serde(default)]
-    pub dead_since: String,
 }
 
 /// The time windows offered for `since`.
@@ -50,7 +46,6 @@ impl JobQuery {
                     error_type: get("error_type"),
                     text: get("text"),
                     since: get("since"),
-                    dead_since: get("dead_since"),
                 }
             })
         })
@@ -65,7 +60,6 @@ impl JobQuery {
             ("error_type", &self.error_type),
             ("text", &self.text),
             ("since", &self.since),
-            ("dead_since", &self.dead_since),
         ]
         .into_iter()
         .filter(|(_, v)| !v.is_empty())
@@ -106,15 +100,14 @@ impl JobQuery {
                 reason: e.to_string(),
             })?]
         };
-        let window_start = |field: &str, value: &str| -> Result<Option<jiff::Timestamp>, AppError> {
-            let secs = match value {
-                "" => return Ok(None),
-                "1h" => 3_600,
-                "24h" => 86_400,
-                "7d" => 7 * 86_400,
-                other => return Err(AppError::Invalid { field: field.into(), reason: format!("{other:?} is not 1h, 24h or 7d") }),
-            };
-            Ok(now.checked_sub(jiff::SignedDuration::from_secs(secs)).ok())
+        let window_secs = match self.since.as_str() {
+            "" => None,
+            "1h" => Some(3_600),
+            "24h" => Some(86_400),
+            "7d" => Some(7 * 86_400),
+            other => {
+                return Err(AppError::Invalid { field: "since".into(), reason: format!("{other:?} is not 1h, 24h or 7d") });
+            }
         };
         Ok(rebound_queue::store::JobFilter {
             states,
@@ -123,10 +116,8 @@ impl JobQuery {
             error_type: non_empty(&self.error_type),
             text: non_empty(&self.text),
             dead_letter: None,
-            created_after: window_start("since", &self.since)?,
+            created_after: window_secs.and_then(|s| now.checked_sub(jiff::SignedDuration::from_secs(s)).ok()),
             created_before: None,
-            dead_lettered_after: window_start("dead_since", &self.dead_since)?,
-            dead_lettered_before: None,
         })
     }
 }
@@ -166,19 +157,6 @@ pub fn FilterForm(action: &'static str, query: Memo<JobQuery>, show_state: bool)
                         .collect_view()}
                 </select>
             </label>
-            {(!show_state).then(|| {
-                view! {
-                    <label>
-                        "Dead-lettered"
-                        <select name="dead_since">
-                            {SINCE_CHOICES
-                                .into_iter()
-                                .map(|(v, label)| view! { <option value=v selected=move || q().dead_since == v>{label}</option> })
-                                .collect_view()}
-                        </select>
-                    </label>
-                }
-            })}
             <button type="submit">"Filter"</button>
             <a class="button-link" href=action>"Clear"</a>
         </form>
@@ -195,6 +173,5 @@ pub fn FilterHiddenFields(query: JobQuery) -> impl IntoView {
         <input type="hidden" name="filter[error_type]" value=query.error_type/>
         <input type="hidden" name="filter[text]" value=query.text/>
         <input type="hidden" name="filter[since]" value=query.since/>
-        <input type="hidden" name="filter[dead_since]" value=query.dead_since/>
     }
 }

@@ -252,8 +252,6 @@ pub async fn measure(pool: &PgPool, dash: &Dashboard, n: usize) -> anyhow::Resul
         ("dead letters", same("/dead-letters")),
         ("dead letters, queue + error type", same("/dead-letters?queue=billing&error_type=smtp.rejected")),
         ("dead letters, text", same("/dead-letters?text=customer%209999")),
-        ("dead letters, died in the last hour", same("/dead-letters?dead_since=1h")),
-        ("dead letters, queue, died in 24 hours", same("/dead-letters?queue=billing&dead_since=24h")),
     ];
     let mut ok = true;
     println!("{:<40} {:>9} {:>9}", "page (server-side render)", "p50", "p95");

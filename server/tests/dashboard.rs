@@ -163,29 +163,6 @@ async fn pages_render_without_javascript() {
     assert!(missing.text.contains("not found"));
 }
 
-/// "What died in the last hour" on the dead-letter page goes by when jobs were dead-lettered,
-/// not when they were created: a job made a day ago that died just now is in it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_letters_are_filtered_by_when_they_died() {
-    let d = Dashboard::new().await;
-    d.user("olivia", "correct horse", Role::Viewer).await;
-    let old_death = d.dead_letter("payment.charge").await;
-    let fresh_death = d.dead_letter("payment.refund").await;
-    sqlx::query("UPDATE jobs SET dead_lettered_at = now() - interval '2 hours' WHERE id = $1").bind(old_death.id).execute(d.db.store.pool()).await.expect("age");
-    let b = d.sign_in("olivia", "correct horse").await;
-    let all = d.get("/dead-letters", Some(&b)).await;
-    assert!(all.text.contains(&format!("/jobs/{}", old_death.id)) && all.text.contains(&format!("/jobs/{}", fresh_death.id)));
-    assert!(all.text.contains(r#"name="dead_since""#), "the page offers the window");
-    let hour = d.get("/dead-letters?dead_since=1h", Some(&b)).await;
-    assert_eq!(hour.status, StatusCode::OK);
-    assert!(hour.text.contains(&format!("/jobs/{}", fresh_death.id)), "{}", hour.text);
-    assert!(!hour.text.contains(&format!("/jobs/{}", old_death.id)), "died two hours ago");
-    let day = d.get("/dead-letters?dead_since=24h", Some(&b)).await;
-    assert!(day.text.contains(&format!("/jobs/{}", old_death.id)));
-    // The jobs page has no such window (it lists jobs that are not dead letters too).
-    assert!(!d.get("/jobs", Some(&b)).await.text.contains(r#"name="dead_since""#));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_job_shows_its_latest_progress() {
     let d = Dashboard::new().await;

@@ -127,9 +127,17 @@ macro_rules! trace_id {
     };
 }
 
+// The position of a failed attempt's event (`e0`, see `events_sql!`): its finish, the events
+// after `job.failed` a microsecond apart in order, a timeout's or a stall's a microsecond before.
+macro_rules! attempt_event_at {
+    () => {
+        "(e0.at + (CASE WHEN e0.type IN ('job.timeout', 'job.stalled') THEN -1 ELSE e0.n - 1 END) * interval '1 microsecond')"
+    };
+}
+
 // An event's id from its position (a timestamptz expression) and the rest of its key.
 macro_rules! evid {
-    ($at:literal, $($rest:literal),+) => {
+    ($at:expr, $($rest:literal),+) => {
         concat!("('evt_' || lpad(((extract(epoch FROM ", $at, ") * 1000000)::bigint)::text, 16, '0') || ':' || ", $($rest),+, ") COLLATE \"C\"")
     };
 }
@@ -228,8 +236,7 @@ SELECT * FROM (
     UNION ALL
     (SELECT e.id, e.type, e.at, e.job_id, e.job_type, e.queue, e.attempt, e.duration_ms, e.error, e.worker_id,
             e.next_retry_at, e.max_attempts, NULL::timestamptz, NULL::timestamptz, NULL::float8, NULL::text, e.trace_id
-     FROM (SELECT ", evid!("(e0.at + (CASE WHEN e0.type IN ('job.timeout', 'job.stalled') THEN -1 ELSE e0.n - 1 END) * interval '1 microsecond')",
-                           "e0.type || ':' || e0.job_id || ':' || e0.attempt"), " AS id, e0.* FROM (
+     FROM (SELECT ", evid!(attempt_event_at!(), "e0.type || ':' || e0.job_id || ':' || e0.attempt"), " AS id, ", attempt_event_at!(), " AS pos, e0.* FROM (
          SELECT k.type, k.n, a.finished_at AS at, a.job_id, j.type AS job_type, j.queue, a.attempt,
                 (EXTRACT(EPOCH FROM (a.finished_at - a.started_at)) * 1000)::bigint AS duration_ms,
                 -- `retryable`: whether the error itself allowed a retry (ojs-events `job.failed`);
@@ -270,10 +277,13 @@ SELECT * FROM (
                                'job.timeout', 'job.stalled'])
            AND ($3::uuid IS NULL OR a.job_id = $3)
            AND ($4::timestamptz IS NULL OR a.finished_at >= $4::timestamptz)
-           AND ($8::timestamptz IS NULL OR a.finished_at < $8::timestamptz)
+           -- A microsecond past the bound: an attempt finished at it has an event (its timeout's)
+           -- positioned before it, which is this window's (the positions are bounded below).
+           AND ($8::timestamptz IS NULL OR a.finished_at < $8::timestamptz + interval '1 microsecond')
      ) e0) e
      WHERE (cardinality($1::text[]) = 0 OR e.type = ANY($1))
        AND ($7::text IS NULL OR e.id > $7)
+       AND ($8::timestamptz IS NULL OR e.pos < $8::timestamptz)
      ORDER BY ", $attempts_order, " LIMIT $5)
     UNION ALL
     -- The log's transitions (see `logged!`); the jobs are looked up by key.
@@ -843,6 +853,30 @@ mod tests {
         sqlx::query("UPDATE job_transitions SET at = at - interval '8 days' WHERE state = 'cancelled'").execute(s.pool()).await.unwrap();
         assert_eq!(s.prune(&crate::store::PruneConfig::default()).await.unwrap().transitions, 1);
         assert!(s.events(&filter(&["job.cancelled"], &[])).await.unwrap().is_empty());
+    }
+
+    /// A window ending exactly at an attempt's finish holds that attempt's timeout event
+    /// (positioned a microsecond before it) and not its `job.failed`; the next window, from
+    /// the first's end, holds the rest: a cursor walking windows misses neither.
+    #[tokio::test]
+    async fn a_window_ending_at_an_attempt_s_finish_keeps_the_timeout_before_it() {
+        let db = TestDb::new().await;
+        let s = &db.store;
+        let mut job = NewJob::new("ev.slow", serde_json::json!([]));
+        job.timeout_ms = Some(1_000);
+        let id = s.enqueue(job).await.unwrap().job.id;
+        let claim = ClaimRequest { worker_id: "w".into(), queues: vec!["default".into()], limit: 1, visibility_timeout: Duration::from_secs(60) };
+        s.claim(&claim).await.unwrap();
+        sqlx::query("UPDATE jobs SET started_at = now() - interval '3 seconds' WHERE id = $1").bind(id).execute(s.pool()).await.unwrap();
+        assert_eq!(s.rescue_expired(10).await.unwrap().timed_out, 1);
+        let finished: jiff_sqlx::Timestamp = sqlx::query_scalar("SELECT finished_at FROM job_attempts WHERE job_id = $1").bind(id).fetch_one(s.pool()).await.unwrap();
+        let finished = finished.to_jiff();
+        let window = |after: String, until: Option<Timestamp>| EventFilter { after: Some(after), until, job_id: Some(id), limit: 100, ..Default::default() };
+        let first = s.events(&window(position_at(Timestamp::UNIX_EPOCH), Some(finished))).await.unwrap();
+        let kinds = |events: &[JobEvent]| events.iter().map(|e| e.event_type.clone()).filter(|t| t != "job.enqueued" && t != "job.started").collect::<Vec<_>>();
+        assert_eq!(kinds(&first), ["job.timeout"], "{first:?}");
+        let rest = s.events(&window(position_at(finished), None)).await.unwrap();
+        assert_eq!(kinds(&rest), ["job.failed", "job.retrying"], "{rest:?}");
     }
 
     #[tokio::test]

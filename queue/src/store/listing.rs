@@ -24,10 +24,6 @@ pub struct JobFilter {
     pub dead_letter: Option<bool>,
     pub created_after: Option<Timestamp>,
     pub created_before: Option<Timestamp>,
-    /// Dead-lettered at or after this time (dead letters only: a job that is not one has none).
-    pub dead_lettered_after: Option<Timestamp>,
-    /// Dead-lettered before this time.
-    pub dead_lettered_before: Option<Timestamp>,
 }
 
 impl JobFilter {
@@ -54,15 +50,11 @@ impl JobFilter {
         LaneKeys { states: &self.states, queue: self.queue.as_deref(), job_type: self.job_type.as_deref(), dead_letter: self.dead_letter }
     }
 
-    /// Whether some condition can only be checked row by row (text, error type, when it was
-    /// dead-lettered: the listings go by id, the creation time): a listing
+    /// Whether some condition can only be checked row by row (text, error type): a listing
     /// then searches a bounded window of the newest jobs matching the rest, see
     /// [`SEARCH_WINDOW`], instead of possibly reading every job to fill a page.
     pub fn is_search(&self) -> bool {
-        self.text.as_deref().is_some_and(|t| !t.is_empty())
-            || self.error_type.is_some()
-            || self.dead_lettered_after.is_some()
-            || self.dead_lettered_before.is_some()
+        self.text.as_deref().is_some_and(|t| !t.is_empty()) || self.error_type.is_some()
     }
 
     /// Whether every condition is a key of the maintained counters (state, queue, type,
@@ -128,12 +120,6 @@ impl JobFilter {
                     qb.push(" AND j.last_error->>'type' = ").push_bind(e.clone());
                 }
             }
-        }
-        if let Some(t) = self.dead_lettered_after {
-            qb.push(" AND j.dead_lettered_at >= ").push_bind(jiff_sqlx::Timestamp::from(t));
-        }
-        if let Some(t) = self.dead_lettered_before {
-            qb.push(" AND j.dead_lettered_at < ").push_bind(jiff_sqlx::Timestamp::from(t));
         }
         if let Some(text) = self.text.as_deref().filter(|t| !t.is_empty()) {
             let pattern = format!("%{}%", text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));

@@ -22,16 +22,17 @@ use crate::auth::Caller;
 /// Counting stops here; `total` is then "at least this many".
 const COUNT_CAP: i64 = 100_000;
 
-/// `GET /ojs/v1/dead-letter?queue=&type=&error_type=&q=&since=&until=&limit=&cursor=|offset=`.
-/// Searchable as ojs-dead-letter §9.1 asks: by queue, job type, the last error's type (exact,
-/// or a prefix with `.*`), a substring of the args or the error message (`q`), and when the job
-/// was dead-lettered (`since` inclusive, `until` exclusive). Pages are keyset-based (page
-/// 1000 costs what page 1 does): follow `next_cursor`, or page by `offset` (see
-/// [`super::offset_pages`]), as some SDKs do. The last four are searches: each page reads a
-/// bounded window of the newest dead letters matching the rest (see
-/// `rebound_queue::store::SEARCH_WINDOW`).
+/// `GET /ojs/v1/dead-letter?queue=&type=&error_type=&q=&limit=&cursor=|offset=`. Searchable
+/// (ojs-dead-letter §9.1) by queue, job type, the last error's type (exact, or a prefix with
+/// `.*`) and a substring of the args or the error message (`q`); not by when the job died (a
+/// listing by that time needs an order of its own; see the README). Pages are keyset-based
+/// (page 1000 costs what page 1 does): follow `next_cursor`, or page by `offset` (see
+/// [`super::offset_pages`]), as some SDKs do. `error_type` and `q` are searches, as on the
+/// dashboard: each page reads a bounded window of the newest dead letters matching the rest
+/// (`rebound_queue::store::SEARCH_WINDOW`), so a search pages by cursor only, and its `total`
+/// counts within the window when `pagination.total_searched` says how many were read.
 pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
-    q.only(&["queue", "type", "error_type", "q", "since", "until", "limit", "cursor", "offset"])?;
+    q.only(&["queue", "type", "error_type", "q", "limit", "cursor", "offset"])?;
     let mut filter = JobFilter::dead_letters();
     if let Some(e) = q.one("error_type")? {
         if e.is_empty() || e.len() > 200 {
@@ -44,11 +45,6 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
             return Err(ApiError::invalid_field("q", "must be at most 200 characters"));
         }
         filter.text = Some(text.to_owned());
-    }
-    for (key, slot) in [("since", &mut filter.dead_lettered_after), ("until", &mut filter.dead_lettered_before)] {
-        if let Some(raw) = q.one(key)? {
-            *slot = Some(parse_time(raw, Timestamp::now()).map_err(|r| ApiError::invalid_field(key, r))?);
-        }
     }
     if let Some(queue) = q.one("queue")? {
         validate_queue(queue).map_err(|e| ApiError::invalid_field("queue", e.reason))?;
@@ -67,6 +63,10 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
         if cursor.is_some() {
             return Err(ApiError::invalid_field("offset", "give either offset or cursor, not both"));
         }
+        // Skipping to an offset of a search would check every dead letter row by row.
+        if filter.is_search() {
+            return Err(ApiError::invalid_field("offset", "a search (error_type, q) pages by cursor: follow next_cursor"));
+        }
         cursor = match state.offset_pages.start_of(&listing, offset) {
             Some(id) => Some(id),
             None => match state.store.job_id_at_offset(&filter, offset).await? {
@@ -83,13 +83,20 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
     if let (Some(offset), Some(last)) = (offset, page.items.last()) {
         state.offset_pages.remember(&listing, offset + page.items.len() as i64, last.id);
     }
-    let total = state.store.count_jobs(&filter, COUNT_CAP).await?;
+    let counted = state.store.count_jobs_bounded(&filter, COUNT_CAP).await?;
     let ids: Vec<Uuid> = page.items.iter().map(|j| j.id).collect();
     let attempts = state.store.attempts_for(&ids).await?;
     let jobs: Vec<Value> = page.items.iter().map(|j| job_json_with_errors(j, &attempts)).collect();
+    let total = counted.n.min(COUNT_CAP);
     let mut pagination = json!({ "total": total, "limit": limit, "offset": offset.unwrap_or(0), "has_more": page.next.is_some() });
-    if let (Some(next), Some(p)) = (page.next, pagination.as_object_mut()) {
-        p.insert("next_cursor".into(), Value::String(next.to_string()));
+    if let Some(p) = pagination.as_object_mut() {
+        if let Some(next) = page.next {
+            p.insert("next_cursor".into(), Value::String(next.to_string()));
+        }
+        // `total` is then what the window held, not every match.
+        if counted.windowed {
+            p.insert("total_searched".into(), json!(rebound_queue::store::SEARCH_WINDOW));
+        }
     }
     Ok(Json(json!({ "jobs": jobs, "pagination": pagination })))
 }

@@ -68,9 +68,14 @@ pub fn parse_new_job(f: &Fields<'_>, now: Timestamp) -> Result<NewJob, ApiError>
     let options = f.object("options")?;
     // Per-job keyed limits (ojs-rate-limiting §4) are not enforced: kept as an extra, the job
     // would be accepted and run unlimited while its client believes otherwise.
-    if let Some(o) = options.as_ref().filter(|o| o.get("rate_limit").is_some()) {
-        return Err(unsupported("a job's own rate limit (options.rate_limit)")
-            .detail("field", o.name("rate_limit"))
+    // Looked for where any option is (`options`, else the top level, as below).
+    let rate_limited = match &options {
+        Some(o) if o.get("rate_limit").is_some() => Some(o.name("rate_limit")),
+        _ => f.get("rate_limit").is_some().then(|| f.name("rate_limit")),
+    };
+    if let Some(field) = rate_limited {
+        return Err(unsupported(format!("a job's own rate limit ({field})"))
+            .detail("field", field)
             .hint("limit the job's queue instead: PUT /ojs/v1/rate-limits/queue:<name>"));
     }
     // An option is read from `options`, else from the top level (JSON-format placement).

@@ -70,10 +70,10 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
                 "not_implemented": ["queue concurrency/retention over the API", "job sort other than created_at desc", "type prefix filter"],
             },
             "dead-letter": {
-                "implemented": ["list (offset or cursor)", "search by queue, type, error_type (exact or prefix.*), since/until (when dead-lettered), q (args or message text)", "get", "retry", "retry with override (queue, meta, retry, args, priority)", "bulk retry", "delete", "purge", "stats", "retention (worker pruner)"],
+                "implemented": ["list (offset or cursor)", "search by queue, type, error_type (exact or prefix.*), q (args or message text); a search pages by cursor", "get", "retry", "retry with override (queue, meta, retry, args, priority)", "bulk retry", "delete", "purge", "stats", "retention (worker pruner)"],
                 "implemented_events": ["dead_letter.retried, dead_letter.deleted (per job, with who did it)", "dead_letter.pruned (per pass and queue, with the count)",
                                        "a job entering the queue is job.dead_lettered"],
-                "not_implemented": ["automatic replay rules (and so dead_letter.replayed)", "dead_letter.added under that name (it is job.dead_lettered)"],
+                "not_implemented": ["search by when a job was dead-lettered", "automatic replay rules (and so dead_letter.replayed)", "dead_letter.added under that name (it is job.dead_lettered)"],
             },
             "graceful-shutdown": {
                 "implemented": ["worker SIGTERM/SIGINT: stop claiming, drain within shutdown_grace, heartbeats during drain",
@@ -90,7 +90,7 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "events": {
                 "implemented": ["job.enqueued, job.scheduled, job.started, job.heartbeat (worker and API heartbeats, with visible_until), job.progress, job.completed, job.failed, job.retrying, job.discarded, job.expired, job.cancelled",
                                 "rebound's job.dead_lettered, job.released, job.snoozed; queue.paused, queue.resumed; cron.triggered, cron.skipped",
-                                "ojs-timeouts' job.timeout and job.stalled (timeout_kind, limit_seconds, elapsed_seconds), after the attempt's job.failed",
+                                "ojs-timeouts' job.timeout and job.stalled (timeout_kind, limit_seconds, elapsed_seconds), just before the attempt's job.failed",
                                 "the job's trace_id (meta.trace_id or traceparent) on every event of a traced job",
                                 "workflow.started, workflow.step_completed, workflow.completed, workflow.failed",
                                 "worker.started, worker.heartbeat (every worker and API heartbeat: active_jobs, queues, status, and memory_mb and cpu_percent when the worker said them), worker.quiet (SIGTSTP, an operator's quiet, or draining after SIGTERM: reason quiet or shutdown), worker.stopped (reason shutdown or heartbeat_timeout, uptime_ms, active_jobs)",
