@@ -214,7 +214,11 @@ fn DeadLetterList(
         return view! { <p class="muted empty">"No dead letters match. Jobs land here when they exhaust their retries with on_exhaustion = dead_letter."</p> }.into_any();
     }
     let purge_query = query.clone();
-    let purge_count = matching.clone();
+    // A search counts only its window; the purge deletes every match (see all_matching_text).
+    let purge_count = match data.searched_window {
+        None => matching.clone(),
+        Some(w) => format!("{matching} among the newest {}, and older ones too", crate::time_text::thousands(w)),
+    };
     let filter_note = if query.is_empty() { "every dead letter".to_string() } else { "the dead letters matching this filter".to_string() };
     view! {
         <ReadOnlyNote/>
@@ -227,7 +231,7 @@ fn DeadLetterList(
                 <fieldset class="inline">
                     <legend>"Re-drive"</legend>
                     <label><input type="radio" name="scope" value="selected" checked/> "ticked rows"</label>
-                    <label><input type="radio" name="scope" value="filter"/> {format!("all {matching} matching")}</label>
+                    <label><input type="radio" name="scope" value="filter"/> {super::jobs::all_matching_text(&matching, data.searched_window)}</label>
                 </fieldset>
                 <fieldset class="inline">
                     <legend>"with"</legend>

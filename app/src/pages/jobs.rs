@@ -180,6 +180,16 @@ pub fn count_text(n: i64, capped: bool) -> String {
     if capped { format!("{n}+") } else { n.to_string() }
 }
 
+/// What "all matching" acts on, in words: the count, or for a search (whose count covers only
+/// its window) the count and that older matches are included too. A bulk action selects every
+/// match, up to its limit, not just the counted window: the label must not promise fewer.
+pub fn all_matching_text(matching: &str, searched_window: Option<i64>) -> String {
+    match searched_window {
+        None => format!("all {matching} matching"),
+        Some(w) => format!("all matching: {matching} among the newest {}, and older ones too", crate::time_text::thousands(w)),
+    }
+}
+
 /// Said under a search's count: a text or error-type search reads a bounded window of the
 /// newest jobs per page, so its count covers that window, and Older searches further back.
 pub fn window_note(data: &JobsPageData) -> Option<String> {
@@ -214,7 +224,7 @@ fn JobsTable(data: JobsPageData, query: JobQuery, after: String, bulk: ServerAct
                 <fieldset class="inline">
                     <legend>"Apply to"</legend>
                     <label><input type="radio" name="scope" value="selected" checked/> "ticked rows"</label>
-                    <label><input type="radio" name="scope" value="filter"/> {format!("all {matching} matching")}</label>
+                    <label><input type="radio" name="scope" value="filter"/> {all_matching_text(&matching, data.searched_window)}</label>
                 </fieldset>
                 <label class="confirm"><input type="checkbox" name="confirm" value="yes"/> "Yes, I am sure"</label>
                 <button type="submit" name="action" value="retry_now" disabled=move || !can_act.get()>"Retry now"</button>
@@ -295,5 +305,17 @@ pub fn JobRowsTable(
                     .collect_view()}
             </tbody>
         </table>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::all_matching_text;
+
+    #[test]
+    fn all_matching_says_when_it_reaches_past_the_counted_window() {
+        assert_eq!(all_matching_text("12", None), "all 12 matching");
+        let searched = all_matching_text("3", Some(5_000));
+        assert!(searched.contains("3 among the newest 5") && searched.ends_with("and older ones too"), "{searched}");
     }
 }
