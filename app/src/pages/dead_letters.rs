@@ -215,10 +215,7 @@ fn DeadLetterList(
     }
     let purge_query = query.clone();
     // A search counts only its window; the purge deletes every match (see all_matching_text).
-    let purge_count = match data.searched_window {
-        None => matching.clone(),
-        Some(w) => format!("{matching} among the newest {}, and older ones too", crate::time_text::thousands(w)),
-    };
+    let purge_count = super::jobs::acted_on_text(&matching, data.searched_window);
     let filter_note = if query.is_empty() { "every dead letter".to_string() } else { "the dead letters matching this filter".to_string() };
     view! {
         <ReadOnlyNote/>

@@ -186,7 +186,16 @@ pub fn count_text(n: i64, capped: bool) -> String {
 pub fn all_matching_text(matching: &str, searched_window: Option<i64>) -> String {
     match searched_window {
         None => format!("all {matching} matching"),
-        Some(w) => format!("all matching: {matching} among the newest {}, and older ones too", crate::time_text::thousands(w)),
+        Some(_) => format!("all matching: {}", acted_on_text(matching, searched_window)),
+    }
+}
+
+/// How many a bulk action on "all matching" acts on: the count, or for a search the count of
+/// its window and that older matches are included.
+pub fn acted_on_text(matching: &str, searched_window: Option<i64>) -> String {
+    match searched_window {
+        None => matching.to_string(),
+        Some(w) => format!("{matching} among the newest {}, and older ones too", crate::time_text::thousands(w)),
     }
 }
 

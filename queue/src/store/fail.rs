@@ -367,7 +367,7 @@ impl Store {
             .iter()
             .filter_map(|f| {
                 let job = locked.remove(&f.id)?;
-                if f.attempt.is_some_and(|a| a != job.attempt) || !holds(f, job.locked_by.as_deref()) {
+                if f.attempt.is_some_and(|a| a != job.attempt) {
                     return None;
                 }
                 Some(FailedRun {
@@ -418,7 +418,7 @@ impl Store {
             .iter()
             .filter_map(|f| {
                 let run = active.get(&f.id)?;
-                if f.attempt.is_some_and(|a| a != run.attempt) || !holds(f, run.locked_by.as_deref()) || !taken.insert(f.id) {
+                if f.attempt.is_some_and(|a| a != run.attempt) || !taken.insert(f.id) {
                     return None;
                 }
                 Some(FailingRun::reported(f, &run.job_type, run.attempt, run.retry.as_ref(), run.locked_by.as_deref()))
@@ -459,13 +459,6 @@ impl Store {
         let decided = decide_failures(runs.into_iter(), &layers);
         Ok(sqlx::query_scalar_with(APPLY_IDS, decided.arguments()?).fetch_all(&mut *conn).await?)
     }
-}
-
-/// Whether the worker a failure names (if it names one) holds the job (OJS worker protocol
-/// §5.6), by the read before the write: a failure that names another is not decided at all.
-/// The write checks it again, as the holder may change in between.
-fn holds(f: &Failure, locked_by: Option<&str>) -> bool {
-    f.worker_id.as_deref().is_none_or(|w| locked_by == Some(w))
 }
 
 /// What the worker that ran a job knows of it from its claim, which is all that deciding its

@@ -227,16 +227,19 @@ impl Store {
                 // By this process's clock against the database's start time: a skew of a few
                 // milliseconds shows, a negative one does not.
                 let elapsed_seconds = job.started_at.map(|t| (now.duration_since(t).as_millis().max(0) as f64) / 1000.0);
+                // The OJS shape of a timeout error (ojs-timeouts §8), which its `job.timeout` or
+                // `job.stalled` event repeats.
+                let details = |kind: &str, limit_ms: i64| {
+                    Some(json!({"worker_id": job.locked_by, "timeout_kind": kind, "limit_ms": limit_ms,
+                                "limit_seconds": limit_ms as f64 / 1000.0, "elapsed_seconds": elapsed_seconds}))
+                };
                 let error = if timed_out {
                     report.timed_out += 1;
                     let limit_ms = job.timeout_ms.unwrap_or(0);
                     HandlerError {
                         error_type: TIMEOUT_ERROR.into(),
                         message: format!("attempt {} ran longer than its timeout of {limit_ms} ms", job.attempt),
-                        // The OJS shape of a timeout error (ojs-timeouts §8), which its
-                        // `job.timeout` event repeats.
-                        details: Some(json!({"worker_id": job.locked_by, "timeout_kind": "execution", "limit_ms": limit_ms,
-                                             "limit_seconds": limit_ms as f64 / 1000.0, "elapsed_seconds": elapsed_seconds})),
+                        details: details("execution", limit_ms),
                         retryable: true,
                     }
                 } else {
@@ -249,8 +252,7 @@ impl Store {
                             job.attempt,
                             job.locked_by.as_deref().unwrap_or("unknown")
                         ),
-                        details: Some(json!({"worker_id": job.locked_by, "timeout_kind": "stalled", "limit_ms": limit_ms,
-                                             "limit_seconds": limit_ms as f64 / 1000.0, "elapsed_seconds": elapsed_seconds})),
+                        details: details("stalled", limit_ms),
                         retryable: true,
                     }
                 };
