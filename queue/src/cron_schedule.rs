@@ -45,8 +45,9 @@ enum Kind {
 pub const MIN_EVERY: SignedDuration = SignedDuration::from_secs(1);
 
 impl CronSchedule {
-    /// Validates `expression` and `timezone` (an IANA name such as `"Europe/Berlin"`, or
-    /// `"UTC"`; fixed offsets and abbreviations like `"EST"` are refused, as OJS requires).
+    /// Validates `expression` and `timezone` (a name the IANA tz database knows, spelled as it
+    /// does: `"Europe/Berlin"`, `"Japan"`, `"UTC"`; fixed offsets and abbreviations like `"EST"`
+    /// are refused, as OJS requires).
     pub fn new(expression: &str, timezone: &str) -> Result<CronSchedule, ScheduleError> {
         let zone = parse_zone(timezone)?;
         let kind = match every_interval(expression)? {
@@ -149,15 +150,37 @@ fn parse_expression(expression: &str) -> Result<Cron, ScheduleError> {
     Ok(cron)
 }
 
+/// Zone names in the IANA database that OJS refuses anyway (§5.1): abbreviations, whose
+/// meaning depends on where the reader lives, and POSIX-style rules and machine-local aliases
+/// that are not zone names. `Etc/GMT±N` (fixed offsets) are refused by prefix.
+const REFUSED_ZONES: [&str; 14] = [
+    "EST", "MST", "HST", "CET", "EET", "MET", "WET", "EST5EDT", "CST6CDT", "MST7MDT", "PST8PDT", "localtime", "posixrules", "Factory",
+];
+
+/// An IANA zone, as the tz database knows it. The database, not the shape of the name, decides:
+/// `Japan`, `Singapore` and `Cuba` are IANA names without a slash.
 fn parse_zone(name: &str) -> Result<TimeZone, ScheduleError> {
     let err = |reason: String| ScheduleError { field: "timezone", reason };
-    let iana_shaped = name == "UTC" || (name.contains('/') && !name.starts_with("Etc/GMT") && name.chars().next().is_some_and(|c| c.is_ascii_uppercase()));
-    if !iana_shaped {
+    // The default zone works even on a host without a tz database.
+    if name == "UTC" {
+        return Ok(TimeZone::UTC);
+    }
+    let fixed_offset = name.strip_prefix("Etc/GMT").is_some_and(|rest| rest.starts_with(['+', '-']));
+    if fixed_offset || REFUSED_ZONES.contains(&name) {
         return Err(err(format!(
-            "{name:?} is not an IANA time zone name; use e.g. \"UTC\", \"Europe/Berlin\" or \"America/New_York\" (offsets and abbreviations do not follow daylight saving)"
+            "{name:?} is an abbreviation or a fixed offset, which does not follow daylight saving; use an IANA zone name such as \"UTC\", \"Europe/Berlin\" or \"America/New_York\""
         )));
     }
-    TimeZone::get(name).map_err(|e| err(format!("{name:?} is not a known IANA time zone: {e}")))
+    let zone = TimeZone::get(name).map_err(|e| {
+        err(format!("{name:?} is not a known IANA time zone (use e.g. \"UTC\", \"Europe/Berlin\" or \"America/New_York\"; offsets and abbreviations are refused): {e}"))
+    })?;
+    // jiff looks names up case-insensitively; the stored name is echoed and compared on
+    // re-registration, so only the database's own spelling is taken.
+    match zone.iana_name() {
+        Some(canonical) if canonical == name => Ok(zone),
+        Some(canonical) => Err(err(format!("{name:?} is spelled {canonical:?} in the IANA time zone database"))),
+        None => Err(err(format!("{name:?} is not an IANA time zone name"))),
+    }
 }
 
 impl FromStr for CronSchedule {
@@ -239,10 +262,24 @@ mod tests {
             let e = CronSchedule::new(bad, "UTC").expect_err(bad);
             assert_eq!(e.field, "expression", "{bad}: {e}");
         }
-        for bad in ["EST", "+05:00", "UTC+5", "Etc/GMT+5", "Mars/Olympus", "america/new_york", ""] {
+        for bad in ["EST", "+05:00", "UTC+5", "Etc/GMT+5", "Etc/GMT-14", "Mars/Olympus", "america/new_york", "", "PST8PDT", "CET", "localtime", "../UTC", "Japan/"] {
             let e = CronSchedule::new("* * * * *", bad).expect_err(bad);
             assert_eq!(e.field, "timezone", "{bad}: {e}");
         }
+        let e = CronSchedule::new("* * * * *", "asia/tokyo").expect_err("lowercase");
+        assert!(e.reason.contains("\"Asia/Tokyo\""), "names the database's spelling: {e}");
+    }
+
+    #[test]
+    fn iana_names_without_a_slash_are_zones() {
+        for name in ["UTC", "Japan", "Singapore", "Cuba", "Etc/UTC", "US/Eastern", "Asia/Tokyo", "America/Argentina/Buenos_Aires"] {
+            let s = CronSchedule::new("0 9 * * *", name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(s.timezone(), name);
+        }
+        let japan = CronSchedule::new("0 9 * * *", "Japan").unwrap();
+        assert_eq!(japan.next_after(ts("2026-01-10T01:00:00Z")), Some(ts("2026-01-11T00:00:00Z")), "09:00 JST is 00:00 UTC");
+        let utc = CronSchedule::new("0 9 * * *", "UTC").unwrap();
+        assert_eq!(utc.next_after(ts("2026-01-10T01:00:00Z")), Some(ts("2026-01-10T09:00:00Z")));
     }
 }
 

@@ -1,5 +1,5 @@
 //! Cron in the store: ticks taken exactly once by concurrent firers, catch-up, overlap
-//! policies, pause / resume / trigger / delete.
+//! policies, pause / resume / trigger / delete, run counting, and re-registration.
 
 use jiff::Timestamp;
 use rebound_queue::cron_schedule::CronSchedule;
@@ -31,6 +31,16 @@ async fn make_due(store: &Store, name: &str, minutes_ago: i32) -> Timestamp {
     .await
     .expect("make due")
     .to_jiff()
+}
+
+/// Moves the cron job's next tick a month ahead, far from anything computed from now.
+async fn park(store: &Store, name: &str) -> Timestamp {
+    sqlx::query_scalar::<_, jiff_sqlx::Timestamp>("UPDATE cron_jobs SET next_run_at = now() + interval '30 days' WHERE name = $1 RETURNING next_run_at")
+        .bind(name)
+        .fetch_one(store.pool())
+        .await
+        .expect("park")
+        .to_jiff()
 }
 
 async fn cron_jobs_of(store: &Store, name: &str) -> Vec<(uuid::Uuid, JobState)> {
@@ -175,4 +185,63 @@ async fn every_keeps_its_cadence_from_the_anchor() {
     assert_eq!(next.duration_since(tick).as_secs() % 420, 0, "on the cadence: {tick} then {next}");
     assert!(next > Timestamp::now() && next.duration_since(Timestamp::now()).as_secs() <= 420, "the first tick after now: {next}");
     assert_eq!(cron_jobs_of(&db.store, "beat").await.len(), 1);
+}
+
+#[tokio::test]
+async fn skipped_ticks_are_not_counted_as_runs() {
+    let db = TestDb::new().await;
+    db.store.register_cron(&spec("solo", "* * * * *", OverlapPolicy::Skip), &Actor::new("t")).await.unwrap();
+    make_due(&db.store, "solo", 2).await;
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().fired, 1);
+    let fired = db.store.cron_job("solo").await.unwrap().unwrap();
+    assert_eq!(fired.run_count, 1);
+    let last_run = fired.last_run_at.expect("last run of the tick that enqueued");
+    sqlx::query("UPDATE jobs SET state = 'active', attempt = 1, started_at = now() WHERE meta->>'cron_name' = 'solo'")
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+    let tick = make_due(&db.store, "solo", 1).await;
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().skipped, 1);
+    let skipped = db.store.cron_job("solo").await.unwrap().unwrap();
+    assert_eq!((skipped.run_count, skipped.last_run_at, skipped.last_outcome.as_deref()), (1, Some(last_run), Some("skipped")), "a skip is not a run");
+    assert!(skipped.next_run_at.expect("next") > tick, "the skipped tick is still consumed");
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().skipped, 0, "and not decided again");
+}
+
+#[tokio::test]
+async fn re_registering_unchanged_keeps_the_schedule() {
+    let db = TestDb::new().await;
+    let actor = Actor::new("deploy");
+    db.store.register_cron(&spec("nightly", "@every 24h", OverlapPolicy::Skip), &actor).await.unwrap();
+    // A tick fell due while the server was down.
+    let due = make_due(&db.store, "nightly", 5).await;
+    // The next deploy registers it again, with a new template and description but the same
+    // schedule: the due tick is kept, not pushed a day ahead.
+    let mut again = spec("nightly", "@every 24h", OverlapPolicy::Allow);
+    again.template = CronTemplate::from_job(&NewJob::new("cron.job", json!([2])).queue("cq2"), json!({"queue": "cq2"}));
+    again.description = Some("changed".into());
+    let (cron, created) = db.store.register_cron(&again, &actor).await.unwrap();
+    assert!(!created);
+    assert_eq!((cron.next_run_at, cron.overlap_policy, cron.template.queue.as_str()), (Some(due), OverlapPolicy::Allow, "cq2"));
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().fired, 1, "the missed tick is caught up once");
+    let job = db.store.job(cron_jobs_of(&db.store, "nightly").await[0].0).await.unwrap();
+    assert_eq!((job.queue.as_str(), job.args.clone()), ("cq2", json!([2])), "the updated template");
+    let parked = park(&db.store, "nightly").await;
+    let (kept, _) = db.store.register_cron(&again, &actor).await.unwrap();
+    assert_eq!(kept.next_run_at, Some(parked), "unchanged: kept, even when in the future");
+    // A changed expression, time zone or enabled flag reschedules from now.
+    let hourly = spec("nightly", "@hourly", OverlapPolicy::Allow);
+    let (moved, _) = db.store.register_cron(&hourly, &actor).await.unwrap();
+    assert!(moved.next_run_at.expect("next") < parked, "new expression: from now");
+    let parked = park(&db.store, "nightly").await;
+    let mut zoned = spec("nightly", "@hourly", OverlapPolicy::Allow);
+    zoned.schedule = CronSchedule::new("@hourly", "Asia/Kolkata").expect("schedule");
+    let (moved, _) = db.store.register_cron(&zoned, &actor).await.unwrap();
+    assert!(moved.next_run_at.expect("next") < parked, "new time zone: from now");
+    zoned.enabled = false;
+    let (off, _) = db.store.register_cron(&zoned, &actor).await.unwrap();
+    assert_eq!(off.next_run_at, None, "disabled: no next run");
+    zoned.enabled = true;
+    let (on, _) = db.store.register_cron(&zoned, &actor).await.unwrap();
+    assert!(on.next_run_at.expect("re-enabled: scheduled") > Timestamp::now());
 }

@@ -310,7 +310,13 @@ impl Store {
     }
 
     /// Registers a cron job, or updates the one of that name (OJS upsert). Returns it and
-    /// whether it was new. Its next run is computed from now. Audited.
+    /// whether it was new. Audited.
+    ///
+    /// A new cron job's next run is computed from now, and so is an updated one's when its
+    /// expression, time zone or enabled flag changed. Otherwise the stored next run is kept:
+    /// applications re-register every cron job at each deploy, and recomputing from now would
+    /// push an `@every 24h` job back a day each time, and drop a tick that fell due while the
+    /// server was down instead of catching it up once.
     pub async fn register_cron(&self, spec: &CronSpec, actor: &Actor) -> Result<(CronJob, bool), StoreError> {
         validate_cron_name(&spec.name)?;
         check(&spec.template.new_job(&spec.name, Timestamp::UNIX_EPOCH)?)?;
@@ -323,7 +329,12 @@ impl Store {
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8::timestamptz)
              ON CONFLICT (name) DO UPDATE SET expression = EXCLUDED.expression, timezone = EXCLUDED.timezone,
                  template = EXCLUDED.template, overlap_policy = EXCLUDED.overlap_policy, enabled = EXCLUDED.enabled,
-                 description = EXCLUDED.description, next_run_at = EXCLUDED.next_run_at, updated_at = now()
+                 description = EXCLUDED.description, updated_at = now(),
+                 next_run_at = CASE
+                     WHEN cron_jobs.expression = EXCLUDED.expression AND cron_jobs.timezone = EXCLUDED.timezone
+                          AND cron_jobs.enabled = EXCLUDED.enabled
+                     THEN COALESCE(cron_jobs.next_run_at, EXCLUDED.next_run_at)
+                     ELSE EXCLUDED.next_run_at END
              RETURNING *, (xmax = 0) AS inserted",
         )
         .bind(&spec.name)
@@ -471,7 +482,7 @@ impl Store {
         let next = schedule.tick_after(tick, now);
         let mut tx = self.begin().await?;
         let taken = sqlx::query(
-            "UPDATE cron_jobs SET next_run_at = $3::timestamptz, last_run_at = now(), run_count = run_count + 1, updated_at = now()
+            "UPDATE cron_jobs SET next_run_at = $3::timestamptz, updated_at = now()
              WHERE name = $1 AND enabled AND next_run_at = $2::timestamptz",
         )
         .bind(&cron.name)
@@ -540,12 +551,19 @@ impl Store {
             .bind(job_id)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("UPDATE cron_jobs SET last_job_id = COALESCE($2, last_job_id), last_outcome = $3 WHERE name = $1")
-            .bind(&cron.name)
-            .bind(job_id)
-            .bind(if job.is_none() && outcome != "skipped" { "failed" } else { outcome })
-            .execute(&mut *tx)
-            .await?;
+        // run_count and last_run_at count triggers (OJS §2.2), so a skipped or failed tick
+        // leaves them alone, though it took the tick above.
+        sqlx::query(
+            "UPDATE cron_jobs SET last_job_id = COALESCE($2, last_job_id), last_outcome = $3,
+                 last_run_at = CASE WHEN $2::uuid IS NULL THEN last_run_at ELSE now() END,
+                 run_count = run_count + CASE WHEN $2::uuid IS NULL THEN 0 ELSE 1 END
+             WHERE name = $1",
+        )
+        .bind(&cron.name)
+        .bind(job_id)
+        .bind(if job.is_none() && outcome != "skipped" { "failed" } else { outcome })
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         if outcome == "skipped" {
             tracing::debug!(cron = cron.name, %tick, "cron tick skipped: the previous run is still running (overlap policy \"skip\")");

@@ -10,11 +10,12 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use rebound_queue::bounds;
 use rebound_queue::cron_schedule::CronSchedule;
 use rebound_queue::store::{CronJob, CronSpec, CronTemplate, OverlapPolicy, validate_cron_name};
 use serde_json::{Map, Value, json};
 
-use super::body::{Fields, JsonObject};
+use super::body::{Fields, JsonObject, json_kind};
 use super::envelope::{job_json, parse_new_job};
 use super::error::ApiError;
 use super::named_pages::{self, NamedPage};
@@ -61,6 +62,12 @@ fn one(c: &CronJob) -> Value {
 }
 
 /// The template's job envelope, from `job_template` or the top level.
+///
+/// Beyond a job envelope's options, a template takes the two the cron spec lists in its own
+/// spelling (ojs-cron §2.2), so that they apply to every triggered job rather than only being
+/// echoed back: `options.timeout` in whole seconds (a job's `timeout_ms`; giving both is
+/// refused), and `options.meta`, merged with the template's `meta`, whose keys win on a clash
+/// (it is the envelope's own place for meta).
 fn template(f: &Fields<'_>) -> Result<CronTemplate, ApiError> {
     let (map, nested) = match f.object("job_template")? {
         Some(t) => (t.map().clone(), true),
@@ -78,12 +85,53 @@ fn template(f: &Fields<'_>) -> Result<CronTemplate, ApiError> {
     // A cron job's args default to none.
     map.entry("args").or_insert_with(|| json!([]));
     let fields = if nested { Fields::nested(&map, "job_template") } else { Fields::of(&map) };
-    let job = parse_new_job(&fields, jiff::Timestamp::now())?;
+    let envelope = job_envelope(&fields)?;
+    let envelope_fields = if nested { Fields::nested(&envelope, "job_template") } else { Fields::of(&envelope) };
+    let job = parse_new_job(&envelope_fields, jiff::Timestamp::now())?;
     if job.unique.is_some() || job.scheduled_at.is_some() || job.expires_at.is_some() || job.pending {
         return Err(fields.error("options", "unique, scheduled_at, delay_until, expires_at and pending do not apply to cron jobs"));
     }
     let options = map.get("options").cloned().unwrap_or_else(|| json!({}));
     Ok(CronTemplate::from_job(&job, options))
+}
+
+/// The template as a job envelope: `options.timeout` (seconds) becomes `options.timeout_ms`,
+/// and `options.meta` is merged into `meta` (see [`template`]).
+fn job_envelope(f: &Fields<'_>) -> Result<Map<String, Value>, ApiError> {
+    let mut envelope = f.map().clone();
+    let Some(options) = f.object("options")? else { return Ok(envelope) };
+    let mut job_options = options.map().clone();
+    job_options.remove("timeout");
+    job_options.remove("meta");
+    if let Some(secs) = options.i64("timeout")? {
+        if options.get("timeout_ms").is_some() || f.get("timeout_ms").is_some() {
+            return Err(options.error("timeout", "give either timeout (seconds) or timeout_ms, not both"));
+        }
+        let max = bounds::MAX_TIMEOUT_MS / 1000;
+        if !(1..=max).contains(&secs) {
+            return Err(options.error("timeout", format!("must be a whole number of seconds from 1 to {max} (7 days), got {secs}")));
+        }
+        job_options.insert("timeout_ms".into(), json!(secs * 1000));
+    }
+    if let Some(meta) = options.get("meta") {
+        let Value::Object(option_meta) = meta else {
+            return Err(options.error("meta", format!("must be a JSON object, got {}", json_kind(meta))));
+        };
+        match f.get("meta") {
+            Some(Value::Object(top)) => {
+                let mut merged = option_meta.clone();
+                merged.extend(top.iter().map(|(k, v)| (k.clone(), v.clone())));
+                envelope.insert("meta".into(), Value::Object(merged));
+            }
+            None => {
+                envelope.insert("meta".into(), meta.clone());
+            }
+            // Left for the envelope's parser, which names the wrong type.
+            Some(_) => {}
+        }
+    }
+    envelope.insert("options".into(), Value::Object(job_options));
+    Ok(envelope)
 }
 
 fn spec(f: &Fields<'_>) -> Result<CronSpec, ApiError> {
@@ -117,8 +165,13 @@ fn spec(f: &Fields<'_>) -> Result<CronSpec, ApiError> {
     })
 }
 
+/// The name of a cron job looked up. One no cron job could have is as absent as any other
+/// (404, ojs-cron §8.3, §8.4); only registration refuses it as invalid.
 fn cron_name(raw: &str) -> Result<&str, ApiError> {
-    validate_cron_name(raw).map_err(|_| ApiError::invalid_field("name", format!("{raw:?} is not a cron job name")))?;
+    validate_cron_name(raw).map_err(|_| {
+        ApiError::not_found("cron job", format!("{raw:?}"))
+            .hint("cron job names are lowercase letters, digits, '.' and '-', starting with a letter or digit")
+    })?;
     Ok(raw)
 }
 

@@ -141,3 +141,66 @@ async fn fires_on_schedule_and_trigger_enqueues_now() {
     assert_eq!((r.body["job"]["state"].as_str(), r.body["cron"]["last_outcome"].as_str()), (Some("available"), Some("triggered")));
     assert_eq!(s.post("/ojs/v1/cron/nope/trigger", json!({})).await.status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn template_timeout_and_meta_apply_to_every_job() {
+    let s = TestServer::new().await;
+    // The spec's shape: `options.timeout` in seconds; `options.meta` under the template's `meta`,
+    // which wins on a clash.
+    let r = s
+        .post("/ojs/v1/cron", json!({"name": "report", "cron": "0 9 * * *", "type": "report.generate", "meta": {"team": "top", "a": 1}, "options": {"queue": "reports", "timeout": 300, "meta": {"team": "options", "b": 2}}}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!(r.body["cron"]["options"], json!({"queue": "reports", "timeout": 300, "meta": {"team": "options", "b": 2}}), "options echoed as sent");
+    let r = s.post("/ojs/v1/cron/report/trigger", json!({})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let job = &r.body["job"];
+    assert_eq!(job["timeout_ms"], 300_000, "{job}");
+    assert_eq!((job["meta"]["team"].as_str(), job["meta"]["a"].as_i64(), job["meta"]["b"].as_i64(), job["meta"]["cron_name"].as_str()), (Some("top"), Some(1), Some(2), Some("report")), "{job}");
+    // The suites' shape, and a scheduled tick rather than a manual trigger.
+    let r = s.post("/ojs/v1/cron", json!({"name": "warm", "expression": "@hourly", "overlap_policy": "allow", "job_template": {"type": "cache.warm", "options": {"queue": "warm", "timeout": 5, "meta": {"k": "v"}}}})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    sqlx::query("UPDATE cron_jobs SET next_run_at = date_trunc('minute', now()) - interval '1 minute' WHERE name = 'warm'").execute(s.db.store.pool()).await.expect("make due");
+    run_pass(&s.db.store, &s.state.metrics).await.expect("pass");
+    let job = s.fetch("warm").await;
+    assert_eq!((job["timeout_ms"].as_i64(), job["meta"]["k"].as_str(), job["meta"]["cron_name"].as_str()), (Some(5000), Some("v"), Some("warm")), "{job}");
+
+    let base = |options: Value| json!({"name": "bad", "cron": "@daily", "type": "a.b", "options": options});
+    let cases = [
+        (base(json!({"timeout": 0})), "options.timeout"),
+        (base(json!({"timeout": -5})), "options.timeout"),
+        (base(json!({"timeout": 1.5})), "options.timeout"),
+        (base(json!({"timeout": "30"})), "options.timeout"),
+        (base(json!({"timeout": 604_801})), "options.timeout"),
+        (base(json!({"timeout": 30, "timeout_ms": 30_000})), "options.timeout"),
+        (base(json!({"meta": ["x"]})), "options.meta"),
+        (json!({"name": "bad", "expression": "@daily", "job_template": {"type": "a.b", "options": {"timeout": 1e9}}}), "job_template.options.timeout"),
+    ];
+    for (body, field) in cases {
+        let r = s.post("/ojs/v1/cron", body.clone()).await;
+        assert!(r.status == StatusCode::BAD_REQUEST || r.status == StatusCode::UNPROCESSABLE_ENTITY, "{body}: {}", r.text);
+        assert_eq!(r.error_field(), Some(field), "{body}: {}", r.text);
+    }
+    let r = s.post("/ojs/v1/cron", base(json!({"timeout": 604_800}))).await;
+    assert_eq!(r.status, StatusCode::CREATED, "seven days is the longest timeout: {}", r.text);
+}
+
+#[tokio::test]
+async fn lookups_of_impossible_names_are_not_found() {
+    let s = TestServer::new().await;
+    for (method, path, body) in [
+        ("GET", "/ojs/v1/cron/Daily-Report", None),
+        ("DELETE", "/ojs/v1/cron/Daily-Report", None),
+        ("PATCH", "/ojs/v1/cron/Daily-Report", Some(json!({"enabled": false}))),
+        ("POST", "/ojs/v1/cron/Daily-Report/pause", Some(json!({}))),
+        ("POST", "/ojs/v1/cron/Daily-Report/resume", Some(json!({}))),
+        ("POST", "/ojs/v1/cron/Daily-Report/trigger", Some(json!({}))),
+        ("GET", "/ojs/v1/cron/has%20space", None),
+    ] {
+        let r = s.call(method, path, body).await;
+        assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")), "{method} {path}: {}", r.text);
+    }
+    // Registering under such a name is still refused as invalid.
+    let r = s.post("/ojs/v1/cron", json!({"name": "Daily-Report", "cron": "@daily", "type": "a.b"})).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("name")), "{}", r.text);
+}
