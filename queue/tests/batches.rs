@@ -130,13 +130,13 @@ async fn lean_completions_record_the_attempt_and_refuse_stale_ones() {
     s.claim(&claim_req("default", "holder", 3)).await.unwrap();
     let done = s
         .complete_batch(&[
-            Completion { id: ids[0], attempt: Some(1), worker_id: Some("holder".into()), result: Some(json!({"ok": 1})) },
+            Completion { id: ids[0], attempt: Some(1), worker_id: Some("holder".into()), started_at: None, result: Some(json!({"ok": 1})) },
             // No worker given: the attempt is recorded under the job's holder.
-            Completion { id: ids[1], attempt: Some(1), worker_id: None, result: None },
+            Completion { id: ids[1], attempt: Some(1), worker_id: None, started_at: None, result: None },
             // A stale attempt: refused, the job stays active.
-            Completion { id: ids[2], attempt: Some(2), worker_id: Some("holder".into()), result: None },
+            Completion { id: ids[2], attempt: Some(2), worker_id: Some("holder".into()), started_at: None, result: None },
             // The right attempt, from a worker that does not hold it: refused too.
-            Completion { id: ids[2], attempt: Some(1), worker_id: Some("other".into()), result: None },
+            Completion { id: ids[2], attempt: Some(1), worker_id: Some("other".into()), started_at: None, result: None },
         ])
         .await
         .unwrap();
@@ -238,7 +238,7 @@ async fn known_failures_read_only_the_live_policies_and_stay_guarded() {
     // A policy edit after the claim applies: the policies are read at the write, not the claim.
     put_policy(s, "typed", json!({"max_attempts": 5, "initial_interval": "PT20S", "backoff_strategy": "constant", "jitter": false})).await;
     s.cancel(claimed[2].id, Some(&Actor::new("ops"))).await.unwrap();
-    let known = |i: usize| KnownRun { job_type: claimed[i].job_type.clone(), retry: claimed[i].retry.clone() };
+    let known = |i: usize| KnownRun { job_type: claimed[i].job_type.clone(), retry: claimed[i].retry.clone(), started_at: claimed[i].started_at };
     let mut items: Vec<(Failure, KnownRun)> = (0..3).map(|i| (failure(claimed[i].id, 1, "app.flaky"), known(i))).collect();
     items.push((failure(claimed[0].id, 1, "app.flaky"), known(0)));
     items.push((failure(claimed[3].id, 2, "app.flaky"), known(3)));
@@ -279,6 +279,7 @@ async fn retries_in_place_record_every_failure_and_stay_guarded() {
     let run = |i: usize, stored: i32, retried: Vec<RetriedInPlace>, started: i64, end: InPlaceEnd| InPlaceRun {
         id: claimed[i].id,
         stored_attempt: stored,
+        stored_started_at: None,
         worker_id: "w1".into(),
         retried,
         started_at: at(started),
@@ -316,7 +317,7 @@ async fn retries_in_place_record_every_failure_and_stay_guarded() {
     assert!(running.lock_expires_at.unwrap() > jiff::Timestamp::now(), "the lock is renewed for the next execution");
     assert_eq!(running.last_error.as_ref().map(|e| e["message"].clone()), Some(json!("attempt 1 failed")));
     // Its next result names the new attempt, as for any claim.
-    assert_eq!(s.complete_batch(&[Completion { id: claimed[1].id, attempt: Some(2), worker_id: None, result: None }]).await.unwrap(), vec![claimed[1].id]);
+    assert_eq!(s.complete_batch(&[Completion { id: claimed[1].id, attempt: Some(2), worker_id: None, started_at: None, result: None }]).await.unwrap(), vec![claimed[1].id]);
 
     let cancelled: Vec<String> = s.attempts(claimed[2].id).await.unwrap().into_iter().map(|a| a.outcome).collect();
     assert_eq!(cancelled, ["cancelled"], "a refused run records no failure, only the cancellation that cut it");

@@ -65,7 +65,7 @@ async fn counters_stay_exact_through_every_kind_of_write() {
     assert_counts_exact(s, "after a fold").await;
 
     for job in &claimed[..6] {
-        s.complete(&Completion { id: job.id, attempt: Some(1), worker_id: Some("w".into()), result: None }).await.unwrap();
+        s.complete(&Completion { id: job.id, attempt: Some(1), worker_id: Some("w".into()), started_at: None, result: None }).await.unwrap();
     }
     for (i, job) in claimed[6..].iter().enumerate() {
         let outcome = if i % 2 == 0 {

@@ -6,12 +6,17 @@
 //! * a claim that commits with its answer lost costs nothing: the worker hands the jobs back
 //!   uncounted ([`Store::release_orphans`]), and a heartbeat does if the worker never noticed;
 //! * a retry-in-place write whose answer was lost is recognised as written when tried again;
+//! * a snooze whose answer was lost, written again after the same worker claimed the job
+//!   again at the attempt number the snooze gave back, is refused, not applied to that run;
 //! * after a database restart the rescuer gives every lock one visibility timeout.
 
 use std::time::Duration;
 
 use rebound_queue::outcome::HandlerError;
-use rebound_queue::store::{ClaimRequest, InPlaceEnd, InPlaceRun, ORPHAN_REASON, RetriedInPlace, WorkerBeat, WorkerRegistration, WorkerStatus};
+use rebound_queue::Outcome;
+use rebound_queue::store::{
+    ClaimRequest, Completion, Failure, InPlaceEnd, InPlaceRun, KnownRun, ORPHAN_REASON, RetriedInPlace, WorkerBeat, WorkerRegistration, WorkerStatus,
+};
 use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, PrivateCluster, TestDb};
 use rebound_queue::{JobState, NewJob, Store};
 use serde_json::json;
@@ -285,6 +290,7 @@ async fn a_retry_in_place_whose_answer_was_lost_is_written_not_refused() {
     let run = InPlaceRun {
         id: job.id,
         stored_attempt: 1,
+        stored_started_at: job.started_at,
         worker_id: "w1".into(),
         retried: vec![RetriedInPlace { attempt: 1, error: HandlerError::new("app.flaky", "once"), policy, started_at: now, finished_at: now }],
         started_at: now,
@@ -297,6 +303,47 @@ async fn a_retry_in_place_whose_answer_was_lost_is_written_not_refused() {
     let stored = db.store.job(job.id).await.unwrap();
     assert_eq!((stored.state, stored.attempt), (JobState::Active, 2));
     assert_eq!(db.store.attempts(job.id).await.unwrap().len(), 1, "the failure is recorded once");
+}
+
+#[tokio::test]
+async fn a_snooze_written_again_after_its_answer_was_lost_leaves_the_next_claim_alone() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    let id = db.store.enqueue(NewJob::new("t.snooze", json!([]))).await.unwrap().job.id;
+    let visibility = Duration::from_secs(60);
+    let first = db.store.claim(&claim_req("w1", 1, visibility)).await.unwrap().remove(0);
+    // A snooze with no wait (an upstream's `Retry-After: 0`): the job is available again at
+    // once, at the attempt number it had before this run.
+    let snooze = Failure {
+        id,
+        attempt: Some(first.attempt),
+        worker_id: Some("w1".into()),
+        outcome: Outcome::RetryAfter { at: jiff::Timestamp::now(), error: Some(HandlerError::new("upstream.busy", "429")) },
+        error_code: None,
+    };
+    let known = |job: &rebound_queue::Job| KnownRun { job_type: job.job_type.clone(), retry: job.retry.clone(), started_at: job.started_at };
+    proxy.inject(Fault::once("attempt = j.attempt + i.attempt_delta", FaultPoint::AfterCommit));
+    assert!(through.fail_batch_known(&[(snooze.clone(), known(&first))]).await.is_err(), "the answer was lost");
+
+    // Before the worker tries the write again, it claims the job again: the same attempt
+    // number, under the same worker.
+    let second = db.store.claim(&claim_req("w1", 1, visibility)).await.unwrap().remove(0);
+    assert_eq!((second.id, second.attempt), (id, first.attempt));
+    assert_ne!(second.started_at, first.started_at);
+
+    // The first run's snooze, sent again, and its completion: both refused.
+    assert_eq!(through.fail_batch_known(&[(snooze, known(&first))]).await.unwrap(), Vec::<Uuid>::new(), "the snooze is not applied twice");
+    let stale = Completion { id, attempt: Some(first.attempt), worker_id: Some("w1".into()), started_at: first.started_at, result: None };
+    assert!(through.complete_batch(&[stale]).await.unwrap().is_empty(), "nor does the first run's completion land on the second");
+    let job = db.store.job(id).await.unwrap();
+    assert_eq!((job.state, job.attempt, job.started_at), (JobState::Active, second.attempt, second.started_at), "the second run is untouched");
+    let rows = db.store.attempts(id).await.unwrap();
+    assert_eq!(rows.iter().filter(|a| a.outcome.as_str() == "snoozed").count(), 1, "one snoozed row: {rows:?}");
+
+    // The second run's own result is written.
+    let own = Completion { id, attempt: Some(second.attempt), worker_id: Some("w1".into()), started_at: second.started_at, result: None };
+    assert_eq!(through.complete_batch(&[own]).await.unwrap(), vec![id]);
 }
 
 #[tokio::test]

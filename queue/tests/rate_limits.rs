@@ -77,7 +77,7 @@ async fn a_concurrency_limit_caps_active_jobs_across_claimers() {
         .await
         .expect("active");
     for id in active {
-        db.store.complete(&Completion { id, attempt: None, worker_id: None, result: None }).await.expect("complete");
+        db.store.complete(&Completion { id, attempt: None, worker_id: None, started_at: None, result: None }).await.expect("complete");
     }
     let more = race(&db.url, "conc", 8, 5, Duration::from_millis(500)).await;
     assert_eq!(more.len(), 2);

@@ -67,7 +67,7 @@ async fn enqueue_claim_complete_records_an_attempt() {
     assert_eq!((job.id, job.state, job.attempt), (e.job.id, JobState::Active, 1));
     assert!(job.lock_expires_at.is_some());
     let done = s
-        .complete(&Completion { id: job.id, attempt: Some(1), worker_id: Some("w1".into()), result: Some(json!({"ok": true})) })
+        .complete(&Completion { id: job.id, attempt: Some(1), worker_id: Some("w1".into()), started_at: None, result: Some(json!({"ok": true})) })
         .await
         .unwrap();
     assert_eq!(done.state, JobState::Completed);
@@ -85,12 +85,12 @@ async fn invalid_transitions_are_typed_conflicts() {
     let s = &db.store;
     let job = s.enqueue(NewJob::new("a.b", json!([]))).await.unwrap().job;
     // Ack of a job that is not active.
-    let err = s.complete(&Completion { id: job.id, attempt: None, worker_id: None, result: None }).await.unwrap_err();
+    let err = s.complete(&Completion { id: job.id, attempt: None, worker_id: None, started_at: None, result: None }).await.unwrap_err();
     assert!(matches!(err, StoreError::Conflict { state: JobState::Available, .. }), "{err:?}");
     let err = s.fail(&failure(job.id, "x")).await.unwrap_err();
     assert!(matches!(err, StoreError::Conflict { .. }));
     // Unknown job.
-    let err = s.complete(&Completion { id: Uuid::now_v7(), attempt: None, worker_id: None, result: None }).await.unwrap_err();
+    let err = s.complete(&Completion { id: Uuid::now_v7(), attempt: None, worker_id: None, started_at: None, result: None }).await.unwrap_err();
     assert!(matches!(err, StoreError::NotFound(_)));
     // Cancel, then everything is refused.
     let c = s.cancel(job.id, None).await.unwrap();
@@ -105,7 +105,7 @@ async fn stale_attempt_results_are_refused() {
     let s = &db.store;
     let id = s.enqueue(NewJob::new("a.b", json!([]))).await.unwrap().job.id;
     claim_one(s, "default").await;
-    let done = s.complete_batch(&[Completion { id, attempt: Some(7), worker_id: None, result: None }]).await.unwrap();
+    let done = s.complete_batch(&[Completion { id, attempt: Some(7), worker_id: None, started_at: None, result: None }]).await.unwrap();
     assert!(done.is_empty(), "a completion for another attempt must not complete this run");
     assert_eq!(s.job(id).await.unwrap().state, JobState::Active);
 }
@@ -582,7 +582,7 @@ async fn dead_letters_retried_deleted_and_pruned_are_events() {
     // A finished job that is no dead letter: deleting it is no dead-letter event.
     let plain = s.enqueue(NewJob::new("mail.send", json!([])).queue("dq1")).await.unwrap().job.id;
     claim_one(s, "dq1").await;
-    s.complete(&Completion { id: plain, attempt: None, worker_id: None, result: None }).await.unwrap();
+    s.complete(&Completion { id: plain, attempt: None, worker_id: None, started_at: None, result: None }).await.unwrap();
 
     let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: ops.clone(), reason: None };
     assert_eq!(s.redrive(&JobSelection::Ids(vec![dead[0]]), &opts).await.unwrap(), 1);
@@ -740,7 +740,7 @@ async fn pruning_respects_retention_and_keeps_recent_dead_letters() {
     for (i, t) in ["t", "u", "v"].into_iter().enumerate() {
         let id = s.enqueue(NewJob::new(t, json!([i]))).await.unwrap().job.id;
         claim_one(s, "default").await;
-        s.complete(&Completion { id, attempt: None, worker_id: None, result: None }).await.unwrap();
+        s.complete(&Completion { id, attempt: None, worker_id: None, started_at: None, result: None }).await.unwrap();
     }
     // Made three days ago (ids are UUIDv7: the pruner reads their time), finished two days ago.
     sqlx::query(
@@ -752,7 +752,7 @@ async fn pruning_respects_retention_and_keeps_recent_dead_letters() {
     .unwrap();
     let recent = s.enqueue(NewJob::new("t", json!(["recent"]))).await.unwrap().job.id;
     claim_one(s, "default").await;
-    s.complete(&Completion { id: recent, attempt: None, worker_id: None, result: None }).await.unwrap();
+    s.complete(&Completion { id: recent, attempt: None, worker_id: None, started_at: None, result: None }).await.unwrap();
     for i in 0..3 {
         let id = s.enqueue(NewJob::new("t", json!([i]))).await.unwrap().job.id;
         claim_one(s, "default").await;
@@ -802,7 +802,7 @@ async fn history_events_and_chart_read_the_completing_execution_from_the_job_row
     s.fail(&failure(id, "net.reset")).await.unwrap();
     make_due(s, id).await;
     assert_eq!(s.claim(&ClaimRequest { worker_id: "w2".into(), ..claim_req(&["default"], 1) }).await.unwrap().len(), 1);
-    s.complete(&Completion { id, attempt: Some(2), worker_id: Some("w2".into()), result: None }).await.unwrap();
+    s.complete(&Completion { id, attempt: Some(2), worker_id: Some("w2".into()), started_at: None, result: None }).await.unwrap();
 
     let history = s.attempts(id).await.unwrap();
     let seen: Vec<(bool, i32, &str, Option<&str>)> =
@@ -859,7 +859,7 @@ async fn pruning_steps_over_jobs_created_long_ago_but_finished_recently() {
     for i in 0..4 {
         let id = s.enqueue(NewJob::new("t", json!([i]))).await.unwrap().job.id;
         claim_one(s, "default").await;
-        s.complete(&Completion { id, attempt: None, worker_id: None, result: None }).await.unwrap();
+        s.complete(&Completion { id, attempt: None, worker_id: None, started_at: None, result: None }).await.unwrap();
         ids.push(id);
     }
     // Three made five days ago but finished just now (a job scheduled far ahead, say), then one

@@ -26,7 +26,7 @@ async fn claim(s: &Store, limit: u32) -> Vec<Job> {
 
 async fn complete(s: &Store, job: &Job, result: Value) {
     let done = s
-        .complete_batch(&[Completion { id: job.id, attempt: Some(job.attempt), worker_id: Some("w1".into()), result: Some(result) }])
+        .complete_batch(&[Completion { id: job.id, attempt: Some(job.attempt), worker_id: Some("w1".into()), started_at: None, result: Some(result) }])
         .await
         .unwrap();
     assert_eq!(done, vec![job.id]);
@@ -217,7 +217,7 @@ async fn concurrent_finishes_fire_a_batch_s_callbacks_exactly_once() {
             for chunk in part.chunks(10) {
                 let items: Vec<Completion> = chunk
                     .iter()
-                    .map(|j| Completion { id: j.id, attempt: Some(j.attempt), worker_id: Some("w1".into()), result: Some(json!(j.args[0])) })
+                    .map(|j| Completion { id: j.id, attempt: Some(j.attempt), worker_id: Some("w1".into()), started_at: None, result: Some(json!(j.args[0])) })
                     .collect();
                 store.complete_batch(&items).await.unwrap();
             }
@@ -300,7 +300,7 @@ async fn a_step_s_completion_and_the_next_step_s_start_are_one_write_under_a_los
 
     // Dropped before the server sees it: neither the completion nor the next step happened.
     let dropped = proxy.inject(Fault::once("SET state = 'completed'", FaultPoint::BeforeSend));
-    let item = Completion { id: a.id, attempt: Some(a.attempt), worker_id: Some("w1".into()), result: Some(json!("a")) };
+    let item = Completion { id: a.id, attempt: Some(a.attempt), worker_id: Some("w1".into()), started_at: None, result: Some(json!("a")) };
     assert!(through.complete_batch(std::slice::from_ref(&item)).await.is_err());
     assert_eq!(dropped.count(), 1);
     let wf_now = get(&db.store, wf.id).await;
@@ -417,7 +417,7 @@ async fn batches_finishing_jobs_of_the_same_workflows_in_opposite_orders_never_d
     let jobs = claim(s, 500).await;
     let of = |t: &str| jobs.iter().filter(|j| j.job_type == t).cloned().collect::<Vec<_>>();
     let (ones, twos) = (of("w.one"), of("w.two"));
-    let done = |j: &Job| Completion { id: j.id, attempt: Some(j.attempt), worker_id: Some("w1".into()), result: Some(json!(1)) };
+    let done = |j: &Job| Completion { id: j.id, attempt: Some(j.attempt), worker_id: Some("w1".into()), started_at: None, result: Some(json!(1)) };
     // Twenty pairs of statements at once, each finishing a job of each workflow: one pair
     // names the first workflow's job first, the other the second's.
     let mut writers = Vec::new();
@@ -604,7 +604,7 @@ async fn a_graph_s_join_starts_once_when_its_dependencies_finish_side_by_side() 
         let (store, part) = (s.clone(), part.to_vec());
         writers.push(tokio::spawn(async move {
             let items: Vec<Completion> =
-                part.iter().map(|j| Completion { id: j.id, attempt: Some(j.attempt), worker_id: Some("w1".into()), result: Some(j.args[0].clone()) }).collect();
+                part.iter().map(|j| Completion { id: j.id, attempt: Some(j.attempt), worker_id: Some("w1".into()), started_at: None, result: Some(j.args[0].clone()) }).collect();
             store.complete_batch(&items).await.unwrap();
         }));
     }
@@ -672,7 +672,7 @@ async fn a_graph_s_creation_and_its_join_s_start_survive_a_lost_connection() {
     complete(&db.store, a, json!("a")).await;
     // The last dependency's completion commits with its answer lost: the join started with it,
     // once; writing the completion again changes nothing.
-    let item = Completion { id: b.id, attempt: Some(b.attempt), worker_id: Some("w1".into()), result: Some(json!("b")) };
+    let item = Completion { id: b.id, attempt: Some(b.attempt), worker_id: Some("w1".into()), started_at: None, result: Some(json!("b")) };
     let lost = proxy.inject(Fault::once("SET state = 'completed'", FaultPoint::AfterCommit));
     assert!(through.complete_batch(std::slice::from_ref(&item)).await.is_err());
     assert_eq!(lost.count(), 1);
@@ -845,7 +845,7 @@ async fn a_nested_workflow_s_end_and_its_parent_s_next_step_are_one_write_under_
     let wf = db.store.create_workflow(nested(workflow(WorkflowType::Chain, vec![job("after", json!([]))]), vec![(0, group)])).await.unwrap();
     let g = claim_types(&db.store).await;
     assert_eq!(types(&g), ["g"], "the group is the chain's first step");
-    let item = Completion { id: g[0].id, attempt: Some(g[0].attempt), worker_id: Some("w1".into()), result: Some(json!("g")) };
+    let item = Completion { id: g[0].id, attempt: Some(g[0].attempt), worker_id: Some("w1".into()), started_at: None, result: Some(json!("g")) };
 
     // Dropped before the server sees it: the group, the job standing for it and the chain stay.
     let dropped = proxy.inject(Fault::once("SET state = 'completed'", FaultPoint::BeforeSend));
@@ -930,7 +930,7 @@ async fn cancelling_a_parent_while_its_nested_workflow_finishes_does_not_deadloc
     // standing for it in the parent.
     let store = s.clone();
     let finishing = tokio::spawn(async move {
-        store.complete_batch(&[Completion { id: n.id, attempt: Some(n.attempt), worker_id: Some("w1".into()), result: Some(json!(1)) }]).await
+        store.complete_batch(&[Completion { id: n.id, attempt: Some(n.attempt), worker_id: Some("w1".into()), started_at: None, result: Some(json!(1)) }]).await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     sqlx::query(

@@ -549,7 +549,7 @@ async fn a_workflow_s_page_shows_each_step_and_an_operator_cancels_it() {
         .expect("workflow");
     let claim = ClaimRequest { worker_id: "w1".into(), queues: vec!["default".into()], limit: 1, visibility_timeout: std::time::Duration::from_secs(60) };
     let first = d.db.store.claim(&claim).await.expect("claim").remove(0);
-    let done = Completion { id: first.id, attempt: Some(first.attempt), worker_id: None, result: Some(serde_json::json!({"valid": true})) };
+    let done = Completion { id: first.id, attempt: Some(first.attempt), worker_id: None, started_at: None, result: Some(serde_json::json!({"valid": true})) };
     d.db.store.complete_batch(&[done]).await.expect("complete");
     let url = format!("/workflows/{}", wf.id);
 

@@ -27,7 +27,7 @@ use crate::health::Health;
 use crate::orphans::{ClaimPermit, Orphans};
 use crate::executor::Dispatcher;
 use crate::outage::OutageBackoff;
-use crate::running::RunningJobs;
+use crate::running::{Run, RunningJobs};
 
 /// One queue's claim loop.
 pub struct Claimer {
@@ -125,7 +125,7 @@ impl Claimer {
             for (job, slot) in jobs.into_iter().zip(slots.drain(..)) {
                 // Held before its task starts, so the first heartbeat already covers it.
                 let visibility = job.visibility_timeout_ms.filter(|ms| *ms > 0).map(|ms| Duration::from_millis(ms as u64)).unwrap_or(self.visibility_timeout);
-                let lost = self.running.hold(job.id, job.attempt, visibility);
+                let lost = self.running.hold(job.id, Run::new(job.attempt, job.started_at), visibility);
                 self.dispatcher.dispatch(job, lost, slot);
             }
             // Every claimed job is held now: a sweep may run.

@@ -28,6 +28,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use jiff::Timestamp;
 use rebound_queue::Outcome;
 use rebound_queue::storage_retry::StorageRetry;
 use rebound_queue::store::{Completion, Failure, InPlaceEnd, InPlaceRun, KnownRun};
@@ -41,16 +42,17 @@ use uuid::Uuid;
 
 use crate::health::Health;
 use crate::outage::OutageBackoff;
-use crate::running::RunningJobs;
+use crate::running::{Run, RunningJobs};
 use crate::settings::CompleterSettings;
 
 /// The end of one attempt, on its way to the database.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Finished {
-    Completed { id: Uuid, attempt: i32, result: Option<Value> },
+    /// `started_at` is the run's start as stored (see [`Run`]): the write is guarded by it.
+    Completed { id: Uuid, attempt: i32, started_at: Option<Timestamp>, result: Option<Value> },
     Failed { id: Uuid, attempt: i32, outcome: Outcome, known: KnownRun },
     /// Handed back without counting the attempt (shutdown before the handler finished).
-    Released { id: Uuid, attempt: i32 },
+    Released { id: Uuid, attempt: i32, started_at: Option<Timestamp> },
     /// Failures retried in place, with the execution after them still running or completed
     /// (see [`crate::executor`]). A job may have one of these and then another result: the
     /// completer writes a job's results in the order they came, one write at a time.
@@ -58,11 +60,12 @@ pub enum Finished {
 }
 
 impl Finished {
-    /// The job and the attempt it holds in the database (the one the write is guarded by).
-    fn key(&self) -> (Uuid, i32) {
+    /// The job and the run it holds in the database (the one the write is guarded by).
+    fn key(&self) -> (Uuid, Run) {
         match self {
-            Finished::Completed { id, attempt, .. } | Finished::Failed { id, attempt, .. } | Finished::Released { id, attempt } => (*id, *attempt),
-            Finished::InPlace(run) => (run.id, run.stored_attempt),
+            Finished::Completed { id, attempt, started_at, .. } | Finished::Released { id, attempt, started_at } => (*id, Run::new(*attempt, *started_at)),
+            Finished::Failed { id, attempt, known, .. } => (*id, Run::new(*attempt, known.started_at)),
+            Finished::InPlace(run) => (run.id, Run::new(run.stored_attempt, run.stored_started_at)),
         }
     }
 }
@@ -178,7 +181,7 @@ impl Completer {
         let mut buffer: Vec<Finished> = Vec::new();
         let mut writes: JoinSet<BatchOutcome> = JoinSet::new();
         // What each write carries, so a write that panics still lets go of its jobs.
-        let mut carried: HashMap<tokio::task::Id, Vec<(Uuid, i32)>> = HashMap::new();
+        let mut carried: HashMap<tokio::task::Id, Vec<(Uuid, Run)>> = HashMap::new();
         let mut order = ResultOrder::default();
         let mut open = true;
         let mut flush_at: Option<Instant> = None;
@@ -202,7 +205,7 @@ impl Completer {
                     // Everything waiting belongs to jobs with a write in flight.
                     break;
                 }
-                let keys: Vec<(Uuid, i32)> = batch.iter().map(Finished::key).collect();
+                let keys: Vec<(Uuid, Run)> = batch.iter().map(Finished::key).collect();
                 order.sent(&keys);
                 let handle = writes.spawn(self.writer.clone().write(batch, hard_stop.clone()));
                 carried.insert(handle.id(), keys);
@@ -259,7 +262,7 @@ impl Completer {
     fn absorb(
         &mut self,
         done: Result<(tokio::task::Id, BatchOutcome), tokio::task::JoinError>,
-        carried: &mut HashMap<tokio::task::Id, Vec<(Uuid, i32)>>,
+        carried: &mut HashMap<tokio::task::Id, Vec<(Uuid, Run)>>,
         order: &mut ResultOrder,
         buffer: &mut Vec<Finished>,
         outage: &mut OutageBackoff,
@@ -277,9 +280,9 @@ impl Completer {
                 // Cannot happen short of a bug; the jobs are let go so the rescuer re-runs them
                 // rather than this worker heartbeating them forever.
                 tracing::error!(error = %e, count = keys.len(), "writing job results failed unexpectedly; leaving their jobs to the rescuer");
-                for (id, attempt) in &keys {
+                for (id, run) in &keys {
                     order.settled(*id);
-                    self.running.abandon(*id, *attempt);
+                    self.running.abandon(*id, *run);
                 }
                 self.report.unwritten += keys.len() as u64;
                 self.backlog.remove(keys.len());
@@ -287,12 +290,12 @@ impl Completer {
             }
         };
         let mut settled = outcome.rejected.len();
-        let mut done: Vec<(Uuid, i32)> = Vec::with_capacity(outcome.settled.len());
+        let mut done: Vec<(Uuid, Run)> = Vec::with_capacity(outcome.settled.len());
         // Written, refused or given up: either way nothing of these jobs waits on them now.
-        for (id, attempt) in &outcome.rejected {
+        for (id, run) in &outcome.rejected {
             order.settled(*id);
             // They ran: their locks lapse and the rescuer counts the attempt.
-            self.running.abandon(*id, *attempt);
+            self.running.abandon(*id, *run);
         }
         for (item, _) in &outcome.settled {
             if matches!(item, Finished::InPlace(run) if run.end == InPlaceEnd::Running) {
@@ -300,7 +303,7 @@ impl Completer {
             }
         }
         for (item, written) in &outcome.settled {
-            let (id, attempt) = item.key();
+            let (id, run_key) = item.key();
             settled += 1;
             if let Finished::InPlace(run) = item
                 && run.end == InPlaceEnd::Running
@@ -308,11 +311,11 @@ impl Completer {
                 if *written {
                     // The job now stands at the attempt still running; its result names it.
                     self.report.failed += run.retried.len() as u64;
-                    self.running.advance(id, attempt, run.current_attempt());
+                    self.running.advance(id, run_key, Run::new(run.current_attempt(), Some(run.started_at)));
                 } else {
                     // No longer ours: stop the execution still running, write nothing more.
                     self.report.refused += 1;
-                    self.running.lose(&[(id, attempt)]);
+                    self.running.lose(&[(id, run_key)]);
                 }
                 continue;
             }
@@ -330,9 +333,9 @@ impl Completer {
                 // Rescued, cancelled or already written by an earlier try whose answer was
                 // lost with the connection: the attempt is no longer ours to record.
                 self.report.refused += 1;
-                tracing::debug!(job_id = %id, attempt, "result refused: the attempt is no longer current");
+                tracing::debug!(job_id = %id, attempt = run_key.attempt, "result refused: the attempt is no longer current");
             }
-            done.push((id, attempt));
+            done.push((id, run_key));
         }
         self.running.release_all(&done);
         self.backlog.remove(settled);
@@ -360,8 +363,8 @@ impl Completer {
 struct BatchOutcome {
     /// Results the store took (`true`) or refused as no longer current (`false`).
     settled: Vec<(Finished, bool)>,
-    /// `(id, attempt)` of results the database rejected for good; their jobs go to the rescuer.
-    rejected: Vec<(Uuid, i32)>,
+    /// `(id, run)` of results the database rejected for good; their jobs go to the rescuer.
+    rejected: Vec<(Uuid, Run)>,
     /// Results not written for now (a transient error outlasted the storage retry).
     unwritten: Vec<Finished>,
     /// Why they were not.
@@ -425,10 +428,10 @@ impl BatchWriter {
     /// hold back the others.
     async fn isolate(&self, items: Vec<Finished>, error: StoreError, cancel: &CancellationToken, out: &mut BatchOutcome) {
         if items.len() == 1 {
-            let (id, attempt) = items[0].key();
-            tracing::error!(job_id = %id, attempt, error = %error,
+            let (id, run) = items[0].key();
+            tracing::error!(job_id = %id, attempt = run.attempt, error = %error,
                 "the database rejected this job's result; leaving the job to the rescuer");
-            out.rejected.push((id, attempt));
+            out.rejected.push((id, run));
             return;
         }
         for item in items {
@@ -446,10 +449,10 @@ impl BatchWriter {
                     out.unwritten.push(item);
                 }
                 Err(e) => {
-                    let (id, attempt) = item.key();
-                    tracing::error!(job_id = %id, attempt, error = %e,
+                    let (id, run) = item.key();
+                    tracing::error!(job_id = %id, attempt = run.attempt, error = %e,
                         "the database rejected this job's result; leaving the job to the rescuer");
-                    out.rejected.push((id, attempt));
+                    out.rejected.push((id, run));
                 }
             }
         }
@@ -462,10 +465,11 @@ impl BatchWriter {
         let batch: Vec<Completion> = items
             .iter()
             .filter_map(|f| match f {
-                Finished::Completed { id, attempt, result } => Some(Completion {
+                Finished::Completed { id, attempt, started_at, result } => Some(Completion {
                     id: *id,
                     attempt: Some(*attempt),
                     worker_id: Some(self.worker_id.clone()),
+                    started_at: *started_at,
                     result: result.clone(),
                 }),
                 _ => None,
@@ -548,14 +552,14 @@ impl ResultOrder {
         take_batch(buffer, batch_size, &self.in_flight)
     }
 
-    fn sent(&mut self, keys: &[(Uuid, i32)]) {
+    fn sent(&mut self, keys: &[(Uuid, Run)]) {
         if !self.pending.is_empty() {
             self.in_flight.extend(keys.iter().map(|(id, _)| *id).filter(|id| self.pending.contains(id)));
         }
     }
 
     /// A write came back (whatever it did).
-    fn returned(&mut self, keys: &[(Uuid, i32)]) {
+    fn returned(&mut self, keys: &[(Uuid, Run)]) {
         if !self.in_flight.is_empty() {
             for (id, _) in keys {
                 self.in_flight.remove(id);
@@ -612,6 +616,7 @@ mod tests {
         let failures = Finished::InPlace(InPlaceRun {
             id: a,
             stored_attempt: 1,
+            stored_started_at: Some(now),
             worker_id: "w".into(),
             retried: vec![RetriedInPlace {
                 attempt: 1,
@@ -623,8 +628,8 @@ mod tests {
             started_at: now,
             end: InPlaceEnd::Running,
         });
-        let then = Finished::Released { id: a, attempt: 2 };
-        let other = Finished::Completed { id: b, attempt: 1, result: None };
+        let then = Finished::Released { id: a, attempt: 2, started_at: Some(now) };
+        let other = Finished::Completed { id: b, attempt: 1, started_at: Some(now), result: None };
         let mut order = ResultOrder::default();
         let mut buffer = vec![failures.clone(), other.clone(), then.clone()];
         for f in &buffer {
@@ -641,7 +646,7 @@ mod tests {
         assert!(order.pending.is_empty() && order.in_flight.is_empty());
 
         // Without such failures, batches come straight off the front.
-        let mut plain: Vec<Finished> = (1..=3).map(|n| Finished::Completed { id: Uuid::now_v7(), attempt: n, result: None }).collect();
+        let mut plain: Vec<Finished> = (1..=3).map(|n| Finished::Completed { id: Uuid::now_v7(), attempt: n, started_at: None, result: None }).collect();
         let expected = plain[..2].to_vec();
         assert_eq!(order.take(&mut plain, 2), expected);
         assert_eq!(plain.len(), 1);

@@ -105,8 +105,9 @@ impl Executor {
     async fn run(&self, mut job: Arc<Job>, lost: CancellationToken) {
         let clock = JobClock::start(&job);
         let mut started_at = clock.claimed_at;
-        // The attempt the database holds: results are written guarded by it.
+        // The run the database holds: results are written guarded by it.
         let mut stored_attempt = job.attempt;
+        let mut stored_started_at = job.started_at;
         let mut retried: Vec<RetriedInPlace> = Vec::new();
         loop {
             // Boxed: an execution's state (the handler's future, its timeout, the races) is
@@ -120,8 +121,9 @@ impl Executor {
                     _ = tokio::time::sleep(self.in_place.write_after) => {
                         // Taking a while: the failures are written now, so they show (and are
                         // kept) while this execution runs on as the job's current attempt.
-                        let run = self.in_place_run(&job, stored_attempt, std::mem::take(&mut retried), started_at, InPlaceEnd::Running);
+                        let run = self.in_place_run(&job, (stored_attempt, stored_started_at), std::mem::take(&mut retried), started_at, InPlaceEnd::Running);
                         stored_attempt = job.attempt;
+                        stored_started_at = Some(started_at);
                         self.completer.send(Finished::InPlace(run));
                         execution.await
                     }
@@ -149,11 +151,11 @@ impl Executor {
             if retried.is_empty() {
                 self.completer.send(finished);
             } else if let Finished::Completed { result, .. } = finished {
-                let run = self.in_place_run(&job, stored_attempt, retried, started_at, InPlaceEnd::Completed(result));
+                let run = self.in_place_run(&job, (stored_attempt, stored_started_at), retried, started_at, InPlaceEnd::Completed(result));
                 self.completer.send(Finished::InPlace(run));
             } else {
                 // The completer writes a job's results in order: the failures first.
-                self.completer.send(Finished::InPlace(self.in_place_run(&job, stored_attempt, retried, started_at, InPlaceEnd::Running)));
+                self.completer.send(Finished::InPlace(self.in_place_run(&job, (stored_attempt, stored_started_at), retried, started_at, InPlaceEnd::Running)));
                 self.completer.send(finished);
             }
             return;
@@ -179,8 +181,10 @@ impl Executor {
         }
     }
 
-    fn in_place_run(&self, job: &Job, stored_attempt: i32, retried: Vec<RetriedInPlace>, started_at: Timestamp, end: InPlaceEnd) -> InPlaceRun {
-        InPlaceRun { id: job.id, stored_attempt, worker_id: self.worker_id.to_string(), retried, started_at, end }
+    /// `stored`: the run the database holds (attempt, start), which the write is guarded by.
+    fn in_place_run(&self, job: &Job, stored: (i32, Option<Timestamp>), retried: Vec<RetriedInPlace>, started_at: Timestamp, end: InPlaceEnd) -> InPlaceRun {
+        let (stored_attempt, stored_started_at) = stored;
+        InPlaceRun { id: job.id, stored_attempt, stored_started_at, worker_id: self.worker_id.to_string(), retried, started_at, end }
     }
 
     fn timeout_for(&self, job: &Job) -> Duration {
@@ -219,7 +223,7 @@ impl Executor {
             _ = self.abort.cancelled() => {
                 cancel.cancel();
                 tracing::warn!(job_id = %id, attempt, "shutdown grace period over; releasing the job without counting the attempt");
-                return Some(Finished::Released { id, attempt });
+                return Some(Finished::Released { id, attempt, started_at: job.started_at });
             }
         };
         cancel.cancel();
@@ -237,7 +241,7 @@ impl Executor {
                 if let Some(r) = &mut result {
                     rebound_queue::storable::make_storable(r);
                 }
-                Some(Finished::Completed { id, attempt, result })
+                Some(Finished::Completed { id, attempt, started_at: job.started_at, result })
             }
             Some(Ok(Ok(Err(mut outcome)))) => {
                 outcome.make_storable();
@@ -271,5 +275,5 @@ impl Executor {
 
 /// What recording a failure of `job` needs to know of it, so the write skips reading it back.
 fn known(job: &Job) -> KnownRun {
-    KnownRun { job_type: job.job_type.clone(), retry: job.retry.clone() }
+    KnownRun { job_type: job.job_type.clone(), retry: job.retry.clone(), started_at: job.started_at }
 }

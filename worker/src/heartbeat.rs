@@ -128,7 +128,7 @@ impl Heartbeat {
         }
         // A busy job is one whose row was being written (its result, usually): still ours.
         let ours: std::collections::HashSet<Uuid> = report.extended.into_iter().chain(report.busy).collect();
-        let lost: Vec<(Uuid, i32)> = held.into_iter().filter(|(id, _)| !ours.contains(id)).collect();
+        let lost: Vec<_> = held.into_iter().filter(|(id, _)| !ours.contains(id)).collect();
         if !lost.is_empty() {
             // A job written back between the snapshot and the update also shows up here; its
             // entry is already gone, so marking it lost does nothing.

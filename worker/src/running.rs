@@ -8,20 +8,38 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+
+/// One run of a held job, as the database stores it: the attempt number and when the run
+/// started. Attempt numbers repeat (a snooze or a hand-back gives one back, and this worker
+/// may claim the job again before it hears the answer to the write that gave it back); the
+/// start does not, so a stale result cannot settle the newer run's entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub attempt: i32,
+    pub started_at: Option<Timestamp>,
+}
+
+impl Run {
+    pub fn new(attempt: i32, started_at: Option<Timestamp>) -> Self {
+        Run { attempt, started_at }
+    }
+}
 
 /// One held job.
 #[derive(Debug)]
 struct Held {
-    attempt: i32,
+    run: Run,
     visibility: Duration,
     /// Fired when the job turns out to be no longer ours, so its handler stops.
     lost: CancellationToken,
 }
 
-/// The held jobs, keyed by id. Every operation names the attempt, so a stale actor (a result
-/// of attempt 2 arriving after the job was claimed again as attempt 3) cannot touch the newer one.
+/// The held jobs, keyed by id. Every operation names the run, so a stale actor (a result of
+/// attempt 2 arriving after the job was claimed again as attempt 3, or as attempt 2 again after
+/// a snooze) cannot touch the newer one.
 #[derive(Debug, Default)]
 pub struct RunningJobs {
     jobs: Mutex<HashMap<Uuid, Held>>,
@@ -43,22 +61,22 @@ impl RunningJobs {
     }
 
     /// Starts holding a claimed job; the token fires if the job is lost.
-    pub fn hold(&self, id: Uuid, attempt: i32, visibility: Duration) -> CancellationToken {
+    pub fn hold(&self, id: Uuid, run: Run, visibility: Duration) -> CancellationToken {
         let lost = CancellationToken::new();
-        self.lock().insert(id, Held { attempt, visibility, lost: lost.clone() });
+        self.lock().insert(id, Held { run, visibility, lost: lost.clone() });
         lost
     }
 
     /// Stops holding a job whose result was written (or refused).
-    pub fn release(&self, id: Uuid, attempt: i32) {
-        self.release_all(&[(id, attempt)]);
+    pub fn release(&self, id: Uuid, run: Run) {
+        self.release_all(&[(id, run)]);
     }
 
     /// [`RunningJobs::release`] for a batch's jobs, under one lock.
-    pub fn release_all(&self, settled: &[(Uuid, i32)]) {
+    pub fn release_all(&self, settled: &[(Uuid, Run)]) {
         let mut jobs = self.lock();
-        for (id, attempt) in settled {
-            if jobs.get(id).is_some_and(|h| h.attempt == *attempt) {
+        for (id, run) in settled {
+            if jobs.get(id).is_some_and(|h| h.run == *run) {
                 jobs.remove(id);
             }
         }
@@ -66,18 +84,18 @@ impl RunningJobs {
 
     /// The job now holds `to` in the database (its failures retried in place were written
     /// while it ran on): later results and heartbeats name that attempt.
-    pub fn advance(&self, id: Uuid, from: i32, to: i32) {
-        if let Some(held) = self.lock().get_mut(&id).filter(|h| h.attempt == from) {
-            held.attempt = to;
+    pub fn advance(&self, id: Uuid, from: Run, to: Run) {
+        if let Some(held) = self.lock().get_mut(&id).filter(|h| h.run == from) {
+            held.run = to;
         }
     }
 
     /// Marks jobs as lost (the database says they are no longer ours): their handlers are
     /// told to stop and nothing more is written for them.
-    pub fn lose(&self, lost: &[(Uuid, i32)]) {
+    pub fn lose(&self, lost: &[(Uuid, Run)]) {
         let mut jobs = self.lock();
-        for (id, attempt) in lost {
-            if jobs.get(id).is_some_and(|h| h.attempt == *attempt)
+        for (id, run) in lost {
+            if jobs.get(id).is_some_and(|h| h.run == *run)
                 && let Some(held) = jobs.remove(id)
             {
                 held.lost.cancel();
@@ -86,9 +104,9 @@ impl RunningJobs {
     }
 
     /// Stops holding a job that ran but whose result cannot be written (see `abandoned`).
-    pub fn abandon(&self, id: Uuid, attempt: i32) {
+    pub fn abandon(&self, id: Uuid, run: Run) {
         let mut jobs = self.lock();
-        if jobs.get(&id).is_some_and(|h| h.attempt == attempt) {
+        if jobs.get(&id).is_some_and(|h| h.run == run) {
             jobs.remove(&id);
             self.abandoned.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
         }
@@ -103,9 +121,9 @@ impl RunningJobs {
         held.into_iter().chain(abandoned.iter().copied()).collect()
     }
 
-    /// `(id, attempt)` of every held job.
-    pub fn snapshot(&self) -> Vec<(Uuid, i32)> {
-        self.lock().iter().map(|(id, h)| (*id, h.attempt)).collect()
+    /// `(id, run)` of every held job.
+    pub fn snapshot(&self) -> Vec<(Uuid, Run)> {
+        self.lock().iter().map(|(id, h)| (*id, h.run)).collect()
     }
 
     /// The shortest visibility timeout among held jobs.
@@ -134,18 +152,39 @@ mod tests {
     fn stale_attempts_cannot_touch_newer_ones() {
         let running = RunningJobs::new();
         let id = Uuid::now_v7();
-        let lost3 = running.hold(id, 3, Duration::from_secs(30));
-        running.release(id, 2);
-        running.lose(&[(id, 2)]);
+        let at = |attempt| Run::new(attempt, None);
+        let lost3 = running.hold(id, at(3), Duration::from_secs(30));
+        running.release(id, at(2));
+        running.lose(&[(id, at(2))]);
         assert!(running.contains(id));
         assert!(!lost3.is_cancelled());
-        running.advance(id, 2, 4);
-        assert_eq!(running.snapshot(), vec![(id, 3)], "only the attempt held advances");
-        running.advance(id, 3, 4);
-        running.lose(&[(id, 3)]);
+        running.advance(id, at(2), at(4));
+        assert_eq!(running.snapshot(), vec![(id, at(3))], "only the attempt held advances");
+        running.advance(id, at(3), at(4));
+        running.lose(&[(id, at(3))]);
         assert!(!lost3.is_cancelled());
-        running.lose(&[(id, 4)]);
+        running.lose(&[(id, at(4))]);
         assert!(lost3.is_cancelled());
+        assert!(running.is_empty());
+    }
+
+    #[test]
+    fn a_stale_result_of_the_same_attempt_number_cannot_settle_a_new_claim() {
+        // Snoozed at attempt 2 (the number given back) and claimed again as attempt 2 before
+        // the snooze's answer arrived: settling the old run must leave the new one held.
+        let running = RunningJobs::new();
+        let id = Uuid::now_v7();
+        let t0 = Timestamp::from_second(1_800_000_000).unwrap();
+        let old = Run::new(2, Some(t0));
+        let new = Run::new(2, Some(t0 + jiff::SignedDuration::from_millis(120)));
+        running.hold(id, old, Duration::from_secs(30));
+        let lost = running.hold(id, new, Duration::from_secs(30));
+        running.release(id, old);
+        running.lose(&[(id, old)]);
+        running.abandon(id, old);
+        assert!(running.contains(id), "the new claim is still held");
+        assert!(!lost.is_cancelled());
+        running.release(id, new);
         assert!(running.is_empty());
     }
 
@@ -153,12 +192,13 @@ mod tests {
     fn shortest_visibility_and_release() {
         let running = RunningJobs::new();
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
-        running.hold(a, 1, Duration::from_secs(30));
-        running.hold(b, 1, Duration::from_secs(2));
+        let first = Run::new(1, None);
+        running.hold(a, first, Duration::from_secs(30));
+        running.hold(b, first, Duration::from_secs(2));
         assert_eq!(running.shortest_visibility(), Some(Duration::from_secs(2)));
-        running.release(b, 1);
+        running.release(b, first);
         assert_eq!(running.shortest_visibility(), Some(Duration::from_secs(30)));
-        assert_eq!(running.snapshot(), vec![(a, 1)]);
+        assert_eq!(running.snapshot(), vec![(a, first)]);
         assert_eq!(running.len(), 1);
     }
 }

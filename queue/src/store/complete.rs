@@ -1,6 +1,7 @@
 //! Completing jobs (singly, or in batches for the worker's completer) and releasing them
 //! back without counting the attempt.
 
+use jiff::Timestamp;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -15,6 +16,11 @@ pub struct Completion {
     /// rescued and claimed again meanwhile) is refused instead of completing someone else's run.
     pub attempt: Option<i32>,
     pub worker_id: Option<String>,
+    /// When the run being completed started, as its claim (or its last write) stored it. When
+    /// set, the completion is refused unless the job still stands at that run: attempt numbers
+    /// repeat (a snooze or a release gives one back), so a result written again after its first
+    /// write's answer was lost could otherwise land on the next claim of the same attempt.
+    pub started_at: Option<Timestamp>,
     pub result: Option<Value>,
 }
 
@@ -29,12 +35,14 @@ macro_rules! complete_sql {
 UPDATE jobs j
 SET state = 'completed', completed_at = now(), result = i.result, last_error = NULL,
     locked_by = COALESCE(i.worker_id, j.locked_by), lock_expires_at = NULL, updated_at = now()
-FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::jsonb[]) AS i(id, attempt, worker_id, result)
+FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::jsonb[], $5::int8[]) AS i(id, attempt, worker_id, result, started_us)
 -- A sub-select rather than a literal, so the plan never rests on the statistics' idea of how
 -- many jobs are active (see the same guard in fail.rs): each job is looked up by key.
 WHERE j.id = i.id AND j.state = (SELECT 'active'::job_state) AND (i.attempt IS NULL OR j.attempt = i.attempt)
   -- A worker that names itself completes only what it holds (OJS worker protocol §5.6).
   AND (i.worker_id IS NULL OR j.locked_by = i.worker_id)
+  -- The same run, not only the same attempt number (see `Completion::started_at`).
+  AND (i.started_us IS NULL OR j.started_at = 'epoch'::timestamptz + i.started_us * interval '1 microsecond')
 RETURNING ",
             $returning
         )
@@ -112,6 +120,7 @@ impl Store {
             .bind(&c.attempts)
             .bind(&c.workers)
             .bind(&c.results)
+            .bind(&c.started)
             .fetch_all(&self.pool)
             .await?)
     }
@@ -126,6 +135,7 @@ impl Store {
             .bind(&c.attempts)
             .bind(&c.workers)
             .bind(&c.results)
+            .bind(&c.started)
             .fetch_all(&self.pool)
             .await?;
         jobs_from_rows(&rows)
@@ -176,6 +186,8 @@ struct CompletionColumns<'a> {
     attempts: Vec<Option<i32>>,
     workers: Vec<Option<&'a str>>,
     results: Vec<Option<&'a Value>>,
+    /// Microseconds since the epoch, as the in-place write sends times.
+    started: Vec<Option<i64>>,
 }
 
 impl<'a> CompletionColumns<'a> {
@@ -185,6 +197,7 @@ impl<'a> CompletionColumns<'a> {
             attempts: items.iter().map(|c| c.attempt).collect(),
             workers: items.iter().map(|c| c.worker_id.as_deref()).collect(),
             results: items.iter().map(|c| c.result.as_ref()).collect(),
+            started: items.iter().map(|c| c.started_at.map(|t| t.as_microsecond())).collect(),
         }
     }
 }

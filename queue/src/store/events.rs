@@ -764,7 +764,7 @@ mod tests {
         let b = s.enqueue(NewJob::new("ev.b", serde_json::json!([])).queue("q2")).await.unwrap().job;
         let claim = |q: &str| ClaimRequest { worker_id: "w".into(), queues: vec![q.into()], limit: 1, visibility_timeout: Duration::from_secs(60) };
         s.claim(&claim("q1")).await.unwrap();
-        s.complete(&Completion { id: a.id, attempt: None, worker_id: None, result: None }).await.unwrap();
+        s.complete(&Completion { id: a.id, attempt: None, worker_id: None, started_at: None, result: None }).await.unwrap();
         s.claim(&claim("q2")).await.unwrap();
         let failure = Failure { id: b.id, attempt: None, worker_id: None, outcome: Outcome::Retry(HandlerError::new("x.y", "boom")), error_code: Some("E1".into()) };
         s.fail(&failure).await.unwrap();
@@ -804,10 +804,10 @@ mod tests {
         let gone = s.enqueue(NewJob::new("ev.c", serde_json::json!([])).queue("q2")).await.unwrap().job;
         s.claim(&claim("q1", 3)).await.unwrap();
         // One statement completes the three: one row of the log.
-        let done: Vec<Completion> = q1.iter().map(|id| Completion { id: *id, attempt: Some(1), worker_id: Some("w".into()), result: None }).collect();
+        let done: Vec<Completion> = q1.iter().map(|id| Completion { id: *id, attempt: Some(1), worker_id: Some("w".into()), started_at: None, result: None }).collect();
         assert_eq!(s.complete_batch(&done).await.unwrap().len(), 3);
         s.claim(&claim("q2", 1)).await.unwrap();
-        s.complete(&Completion { id: q2.id, attempt: None, worker_id: None, result: None }).await.unwrap();
+        s.complete(&Completion { id: q2.id, attempt: None, worker_id: None, started_at: None, result: None }).await.unwrap();
         s.cancel(gone.id, None).await.unwrap();
         let rows: Vec<(String, String, i32)> = sqlx::query_as("SELECT queue, state::text, cardinality(job_ids) FROM job_transitions ORDER BY id")
             .fetch_all(s.pool())
@@ -893,7 +893,7 @@ mod tests {
             .collect();
         s.claim(&claim(4)).await.unwrap();
         // Three completions in one statement (one row of the log, cut by pages of two), a failure.
-        let done: Vec<Completion> = jobs[..3].iter().map(|id| Completion { id: *id, attempt: Some(1), worker_id: Some("w".into()), result: None }).collect();
+        let done: Vec<Completion> = jobs[..3].iter().map(|id| Completion { id: *id, attempt: Some(1), worker_id: Some("w".into()), started_at: None, result: None }).collect();
         s.complete_batch(&done).await.unwrap();
         let failure = Failure { id: jobs[3], attempt: None, worker_id: None, outcome: Outcome::Retry(HandlerError::new("x.y", "boom")), error_code: None };
         s.fail(&failure).await.unwrap();
@@ -1124,7 +1124,7 @@ mod tests {
         s.fail(&failure).await.unwrap();
         let done = s.enqueue(NewJob::new("ev.one", serde_json::json!([])).queue("one2")).await.unwrap().job;
         s.claim(&claim("one2")).await.unwrap();
-        s.complete(&Completion { id: done.id, attempt: Some(1), worker_id: Some("w9".into()), result: None }).await.unwrap();
+        s.complete(&Completion { id: done.id, attempt: Some(1), worker_id: Some("w9".into()), started_at: None, result: None }).await.unwrap();
         let cut = s.enqueue(NewJob::new("ev.one", serde_json::json!([])).queue("one3")).await.unwrap().job;
         s.claim(&claim("one3")).await.unwrap();
         s.cancel(cut.id, None).await.unwrap();
@@ -1179,7 +1179,7 @@ mod tests {
         sqlx::query("UPDATE jobs SET state = 'available', scheduled_at = now() WHERE id = $1").bind(job.id).execute(s.pool()).await.unwrap();
         assert_eq!(s.claim(&claim).await.unwrap().len(), 1);
         assert_eq!(s.heartbeat(None, &[job.id], None).await.unwrap().extended, vec![job.id]);
-        s.complete(&Completion { id: job.id, attempt: None, worker_id: None, result: None }).await.unwrap();
+        s.complete(&Completion { id: job.id, attempt: None, worker_id: None, started_at: None, result: None }).await.unwrap();
         let later = s.enqueue(NewJob::new("ev.retried", serde_json::json!([])).queue("hb3")).await.unwrap().job;
         s.claim(&claim).await.unwrap();
         s.heartbeat(None, &[later.id], None).await.unwrap();
@@ -1200,7 +1200,7 @@ mod tests {
         s.cancel(cut.id, None).await.unwrap();
         retry_by_hand(s, cut.id).await;
         s.claim(&claim).await.unwrap();
-        s.complete(&Completion { id: cut.id, attempt: None, worker_id: None, result: None }).await.unwrap();
+        s.complete(&Completion { id: cut.id, attempt: None, worker_id: None, started_at: None, result: None }).await.unwrap();
         assert_eq!(s.events(&beats(cut.id)).await.unwrap().len(), 1, "the cancelled execution's beat");
         let history: Vec<(i32, String, Option<String>)> = s.attempts(cut.id).await.unwrap().into_iter().map(|a| (a.attempt, a.outcome, a.worker_id)).collect();
         assert_eq!(history, [(1, "cancelled".to_string(), Some("w1".to_string())), (1, "completed".to_string(), Some("w1".to_string()))]);

@@ -59,9 +59,9 @@ macro_rules! apply_failures_sql {
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::timestamptz[], $5::int4[], $6::jsonb[],
                          $7::int4[], $8::bool[], $9::int4[], $10::text[], $11::text[], $12::text[], $13::text[],
-                         $14::text[], $15::jsonb[], $16::int4[])
+                         $14::text[], $15::jsonb[], $16::int4[], $18::int8[])
         AS t(id, state, delay_ms, run_at, attempt_delta, last_error, max_attempts, dead_letter, ran_attempt,
-             worker_id, outcome, error_type, error_code, error_message, error_details, policy_index)
+             worker_id, outcome, error_type, error_code, error_message, error_details, policy_index, started_us)
 ), updated AS (
     UPDATE jobs j
     SET state = i.state::job_state,
@@ -92,6 +92,10 @@ WITH input AS (
       -- The worker named holds it (OJS worker protocol §5.6): a release and a new claim can
       -- give the same attempt number to another worker between the read and this write.
       AND (i.worker_id IS NULL OR j.locked_by = i.worker_id)
+      -- The same run, not only the same attempt number: a snooze gives its attempt number
+      -- back, so a snooze written again after its answer was lost would otherwise apply to
+      -- the next claim of the job by the same worker (see `KnownRun::started_at`).
+      AND (i.started_us IS NULL OR j.started_at = 'epoch'::timestamptz + i.started_us * interval '1 microsecond')
     RETURNING ",
             $updated,
             "
@@ -131,6 +135,9 @@ struct FailingRun<'a> {
     worker_id: Option<&'a str>,
     error_code: Option<&'a str>,
     immediate: bool,
+    /// The run's start as the worker that ran it knows it, to guard the write by (see
+    /// [`KnownRun::started_at`]); `None` for callers that read the job just before writing.
+    started_at: Option<Timestamp>,
 }
 
 impl<'a> FailingRun<'a> {
@@ -146,6 +153,7 @@ impl<'a> FailingRun<'a> {
             worker_id: f.worker_id.as_deref(),
             error_code: f.error_code.as_deref(),
             immediate: false,
+            started_at: None,
         }
     }
 }
@@ -162,6 +170,7 @@ impl<'a> From<&'a FailedRun> for FailingRun<'a> {
             worker_id: run.worker_id.as_deref(),
             error_code: run.error_code.as_deref(),
             immediate: run.immediate,
+            started_at: None,
         }
     }
 }
@@ -185,6 +194,8 @@ struct DecidedFailures {
     error_details: Vec<Option<Value>>,
     /// 1-based index into `policy_json` / `policies` for each job.
     policy_index: Vec<i32>,
+    /// Microseconds since the epoch.
+    started: Vec<Option<i64>>,
     policy_json: Vec<Value>,
     policies: Vec<Arc<RetryPolicy>>,
     decisions: Vec<Decision>,
@@ -213,6 +224,7 @@ fn decide_failures<'a>(runs: impl ExactSizeIterator<Item = FailingRun<'a>>, laye
         error_messages: Vec::with_capacity(n),
         error_details: Vec::with_capacity(n),
         policy_index: Vec::with_capacity(n),
+        started: Vec::with_capacity(n),
         policy_json: Vec::new(),
         policies: Vec::new(),
         decisions: Vec::with_capacity(n),
@@ -260,6 +272,7 @@ fn decide_failures<'a>(runs: impl ExactSizeIterator<Item = FailingRun<'a>>, laye
         d.error_messages.push(error.map(|e| e.message.clone()));
         d.error_details.push(error.and_then(|e| e.details.clone()));
         d.policy_index.push(i32::try_from(index + 1).unwrap_or(i32::MAX));
+        d.started.push(run.started_at.map(|t| t.as_microsecond()));
         d.decisions.push(decision);
     }
     d
@@ -291,6 +304,7 @@ impl DecidedFailures {
         args.add(&self.error_details)?;
         args.add(&self.policy_index)?;
         args.add(&self.policy_json)?;
+        args.add(&self.started)?;
         Ok(())
     }
 }
@@ -445,7 +459,7 @@ impl Store {
                 if !taken.insert(f.id) {
                     return None;
                 }
-                Some(FailingRun::reported(f, &known.job_type, attempt, known.retry.as_ref(), f.worker_id.as_deref()))
+                Some(FailingRun { started_at: known.started_at, ..FailingRun::reported(f, &known.job_type, attempt, known.retry.as_ref(), f.worker_id.as_deref()) })
             })
             .collect();
         if runs.is_empty() {
@@ -468,6 +482,11 @@ pub struct KnownRun {
     pub job_type: String,
     /// The job's own retry override, as claimed.
     pub retry: Option<Value>,
+    /// When the run started, as the database stores it (set by the claim, moved on by each
+    /// write of failures retried in place). The failure is written only if the job still
+    /// stands at this run: a snooze gives its attempt number back, so the attempt alone
+    /// cannot tell this run from the next claim of the same job.
+    pub started_at: Option<Timestamp>,
 }
 
 /// What [`Store::fail_batch_ids`] reads of an active job.

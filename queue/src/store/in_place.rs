@@ -48,6 +48,10 @@ pub struct InPlaceRun {
     pub id: Uuid,
     /// The job's attempt as stored (claimed, or last written): the write is refused otherwise.
     pub stored_attempt: i32,
+    /// When the stored run started (set by the claim, or by the last write of this kind): with
+    /// `stored_attempt`, the run the write is guarded by. Attempt numbers alone repeat (a
+    /// snooze or a release gives one back). `None` guards by the attempt alone.
+    pub stored_started_at: Option<Timestamp>,
     pub worker_id: String,
     /// The failed executions, oldest first, from `stored_attempt` on. Not empty.
     pub retried: Vec<RetriedInPlace>,
@@ -67,8 +71,8 @@ const RECORD: &str = concat!(
     "
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::int4[], $3::int4[], $4::text[], $5::int8[], $6::bool[], $7::jsonb[],
-                         $8::jsonb[], $9::int4[])
-        AS t(id, stored_attempt, new_attempt, worker_id, started_at, completed, result, last_error, max_attempts)
+                         $8::jsonb[], $9::int4[], $20::int8[])
+        AS t(id, stored_attempt, new_attempt, worker_id, started_at, completed, result, last_error, max_attempts, stored_started)
 ), updated AS (
     UPDATE jobs j
     -- Times come as microseconds since the epoch (on the database's clock: see RetriedInPlace).
@@ -86,6 +90,7 @@ WITH input AS (
     FROM input i
     -- Looked up by key whatever the statistics say (see the same guard in fail.rs).
     WHERE j.id = i.id AND j.state = (SELECT 'active'::job_state) AND j.attempt = i.stored_attempt
+      AND (i.stored_started IS NULL OR j.started_at = 'epoch'::timestamptz + i.stored_started * interval '1 microsecond')
     RETURNING j.id, j.queue
 ), retried AS (
     SELECT * FROM unnest($10::uuid[], $11::int4[], $12::int8[], $13::int8[], $14::text[], $15::text[],
@@ -121,7 +126,8 @@ UNION ALL
 -- worker would stop the execution that is running). This reads the statement's snapshot, from
 -- before `updated`.
 SELECT j.id FROM jobs j JOIN input i ON i.id = j.id
-WHERE NOT i.completed AND j.state = 'active' AND j.attempt = i.new_attempt AND j.locked_by = i.worker_id"
+WHERE NOT i.completed AND j.state = 'active' AND j.attempt = i.new_attempt AND j.locked_by = i.worker_id
+  AND j.started_at = 'epoch'::timestamptz + i.started_at * interval '1 microsecond'"
 );
 
 impl Store {
@@ -138,6 +144,7 @@ impl Store {
         let mut policy_json: Vec<Value> = Vec::new();
         let n = runs.len();
         let (mut ids, mut stored, mut new_attempts, mut workers, mut started) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut stored_started: Vec<Option<i64>> = Vec::with_capacity(n);
         let (mut completed, mut results, mut last_errors, mut max_attempts) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         let (mut r_ids, mut r_attempts, mut r_started, mut r_finished) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut r_types, mut r_messages, mut r_details, mut r_policies) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -145,6 +152,7 @@ impl Store {
             let Some(last) = run.retried.last() else { continue };
             ids.push(run.id);
             stored.push(run.stored_attempt);
+            stored_started.push(run.stored_started_at.map(|t| t.as_microsecond()));
             new_attempts.push(run.current_attempt());
             workers.push(run.worker_id.as_str());
             started.push(run.started_at.as_microsecond());
@@ -197,6 +205,7 @@ impl Store {
             args.add(&r_policies)?;
             args.add(&policy_json)?;
             args.add(AttemptOutcome::Retried.as_str())?;
+            args.add(&stored_started)?;
             Ok(())
         };
         add().map_err(sqlx::Error::Encode)?;

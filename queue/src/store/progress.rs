@@ -169,7 +169,7 @@ mod tests {
         }
         assert_eq!(s.latest_progress(job.id).await.unwrap().unwrap().percentage, 62.5, "nothing refused was kept");
 
-        s.complete(&Completion { id: job.id, attempt: None, worker_id: None, result: None }).await.unwrap();
+        s.complete(&Completion { id: job.id, attempt: None, worker_id: None, started_at: None, result: None }).await.unwrap();
         assert!(matches!(s.report_progress(&report(job.id, 100.0)).await, Err(StoreError::Conflict { .. })), "finished");
         assert_eq!(s.latest_progress(job.id).await.unwrap().unwrap().percentage, 62.5, "the last report outlives the run");
 

@@ -87,7 +87,7 @@ mod tests {
         assert_eq!(claimed[0].id, job.id);
         match outcome {
             None => {
-                db.store.complete(&Completion { id: job.id, attempt: Some(1), worker_id: None, result: None }).await.unwrap();
+                db.store.complete(&Completion { id: job.id, attempt: Some(1), worker_id: None, started_at: None, result: None }).await.unwrap();
             }
             Some(outcome) => {
                 db.store.fail(&Failure { id: job.id, attempt: Some(1), worker_id: None, outcome, error_code: None }).await.unwrap();
