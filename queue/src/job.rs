@@ -148,9 +148,10 @@ pub struct Job {
 
 impl Job {
     /// The job's own retry override, parsed. A stored override was validated at enqueue, so a
-    /// parse failure here means the row was edited by hand; it is reported, not ignored.
+    /// parse failure here means the row was edited by hand; it is reported, not ignored. (A
+    /// `max_attempts` stored before its bound reads capped, see [`PolicyPatch::from_stored_json`].)
     pub fn retry_patch(&self) -> Result<Option<PolicyPatch>, crate::policy::PolicyError> {
-        self.retry.as_ref().map(PolicyPatch::from_json).transpose()
+        self.retry.as_ref().map(PolicyPatch::from_stored_json).transpose()
     }
 
     /// When the next execution is due, for jobs waiting on a retry or a schedule.

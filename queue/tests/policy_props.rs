@@ -90,8 +90,8 @@ fn policy() -> impl Strategy<Value = RetryPolicy> {
         })
 }
 
-/// [`policy()`] with every interval capped at the accepted maximum (rebound_queue::bounds):
-/// what validation accepts. The math is tested over the whole range, since it also runs on
+/// [`policy()`] with every interval capped at the accepted maximum (rebound_queue::bounds) and
+/// `max_attempts` at `MAX_ATTEMPTS`: what validation accepts. The math is tested over the whole range, since it also runs on
 /// policies stored before the bounds existed.
 fn policy_within_bounds() -> impl Strategy<Value = RetryPolicy> {
     policy().prop_map(|mut p| {
@@ -99,6 +99,7 @@ fn policy_within_bounds() -> impl Strategy<Value = RetryPolicy> {
         p.initial_interval = cap(p.initial_interval);
         p.max_interval = cap(p.max_interval);
         p.schedule = p.schedule.into_iter().map(cap).collect();
+        p.max_attempts = p.max_attempts.min(rebound_queue::policy::patch::MAX_ATTEMPTS);
         p
     })
 }
@@ -114,7 +115,8 @@ proptest! {
     #[test]
     fn intervals_past_the_bounds_are_refused(p in policy()) {
         let too_long = p.max_interval > rebound_queue::bounds::MAX_INTERVAL
-            || p.schedule.iter().any(|d| *d > rebound_queue::bounds::MAX_INTERVAL);
+            || p.schedule.iter().any(|d| *d > rebound_queue::bounds::MAX_INTERVAL)
+            || p.max_attempts > rebound_queue::policy::patch::MAX_ATTEMPTS;
         prop_assert_eq!(p.validate().is_err(), too_long);
     }
 

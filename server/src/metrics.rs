@@ -4,8 +4,12 @@
 //! completed by a `rebound-worker` talking to Postgres directly are not seen here). Queue depth
 //! by state comes from the store at scrape time, so it is the same whoever did the work.
 //! A small hand-rolled registry: a handful of label sets, no need for a metrics framework.
+//!
+//! Labels come from what clients send (job type, queue) and `/metrics` needs no credentials, so
+//! the label sets are bounded: past [`MAX_LABEL_SETS`] distinct (type, queue) pairs, and as
+//! many queues for the latency histogram, new ones are counted under [`OTHER_LABEL`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 use std::sync::Mutex;
 
@@ -65,6 +69,14 @@ impl JobCounter {
     }
 }
 
+/// How many distinct (type, queue) label pairs the job counters keep, and distinct queues the
+/// start-latency histogram keeps; the rest are folded into [`OTHER_LABEL`].
+pub const MAX_LABEL_SETS: usize = 1_000;
+
+/// The label value events past [`MAX_LABEL_SETS`] are counted under. No job type or queue can
+/// be named so (both start with a letter or digit), so it never mixes with a real one.
+pub const OTHER_LABEL: &str = "_other";
+
 /// Upper bounds of the start-latency buckets, in seconds.
 const LATENCY_BUCKETS: [f64; 16] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
 
@@ -90,6 +102,8 @@ impl Histogram {
 #[derive(Debug, Default)]
 struct Registry {
     counters: BTreeMap<(JobCounter, String, String), u64>,
+    /// The (type, queue) pairs the counters use, at most [`MAX_LABEL_SETS`].
+    label_sets: BTreeSet<(String, String)>,
     latency: BTreeMap<String, Histogram>,
     rescued_stalled: u64,
     rescued_timed_out: u64,
@@ -110,14 +124,28 @@ impl Metrics {
         f(&mut guard)
     }
 
-    /// Counts one job event.
+    /// Counts one job event; once [`MAX_LABEL_SETS`] (type, queue) pairs are in use, a new
+    /// pair is counted as (`_other`, `_other`).
     pub fn count(&self, counter: JobCounter, job_type: &str, queue: &str) {
-        self.with(|r| *r.counters.entry((counter, job_type.to_owned(), queue.to_owned())).or_default() += 1);
+        self.with(|r| {
+            let mut labels = (job_type.to_owned(), queue.to_owned());
+            if !r.label_sets.contains(&labels) {
+                if r.label_sets.len() >= MAX_LABEL_SETS {
+                    labels = (OTHER_LABEL.to_owned(), OTHER_LABEL.to_owned());
+                }
+                r.label_sets.insert(labels.clone());
+            }
+            *r.counters.entry((counter, labels.0, labels.1)).or_default() += 1;
+        });
     }
 
-    /// Records how long a job waited from becoming due to being claimed.
+    /// Records how long a job waited from becoming due to being claimed; once
+    /// [`MAX_LABEL_SETS`] queues are in use, a new queue is recorded as `_other`.
     pub fn observe_start_latency(&self, queue: &str, seconds: f64) {
-        self.with(|r| r.latency.entry(queue.to_owned()).or_default().observe(seconds));
+        self.with(|r| {
+            let queue = if r.latency.contains_key(queue) || r.latency.len() < MAX_LABEL_SETS { queue } else { OTHER_LABEL };
+            r.latency.entry(queue.to_owned()).or_default().observe(seconds);
+        });
     }
 
     /// Records one maintenance pass.
@@ -140,7 +168,8 @@ impl Metrics {
         let mut out = String::new();
         self.with(|r| {
             for counter in JobCounter::ALL {
-                header(&mut out, counter.name(), counter.help(), "counter");
+                let help = format!("{} Past {MAX_LABEL_SETS} distinct type and queue pairs, new pairs are counted under type and queue \"{OTHER_LABEL}\".", counter.help());
+                header(&mut out, counter.name(), &help, "counter");
                 for ((c, job_type, queue), n) in &r.counters {
                     if *c == counter {
                         let _ = writeln!(out, "{}{{type=\"{}\",queue=\"{}\"}} {n}", counter.name(), escape(job_type), escape(queue));
@@ -148,7 +177,8 @@ impl Metrics {
                 }
             }
             let name = "rebound_job_start_latency_seconds";
-            header(&mut out, name, "Time from a job becoming due to a worker claiming it, for claims made through this server.", "histogram");
+            let help = format!("Time from a job becoming due to a worker claiming it, for claims made through this server. Past {MAX_LABEL_SETS} distinct queues, new queues are recorded under queue \"{OTHER_LABEL}\".");
+            header(&mut out, name, &help, "histogram");
             for (queue, h) in &r.latency {
                 let q = escape(queue);
                 let mut cumulative = 0;
@@ -252,5 +282,28 @@ mod tests {
         assert!(text.contains("rebound_database_up 1"));
         assert!(m.render(None).contains("rebound_database_up 0"));
         assert_eq!(m.counter(JobCounter::Enqueued, "email.send", "default"), 2);
+    }
+
+    #[test]
+    fn client_sent_labels_are_bounded() {
+        let m = Metrics::default();
+        for i in 0..MAX_LABEL_SETS + 500 {
+            m.count(JobCounter::Enqueued, &format!("t{i}"), "q");
+            m.observe_start_latency(&format!("q{i}"), 0.1);
+        }
+        // Pairs already in use keep their own labels; new ones share one.
+        m.count(JobCounter::Failed, "t0", "q");
+        m.count(JobCounter::Failed, "t-new", "q");
+        assert_eq!(m.counter(JobCounter::Enqueued, "t999", "q"), 1);
+        assert_eq!(m.counter(JobCounter::Enqueued, "t1000", "q"), 0);
+        assert_eq!(m.counter(JobCounter::Enqueued, OTHER_LABEL, OTHER_LABEL), 500);
+        assert_eq!(m.counter(JobCounter::Failed, "t0", "q"), 1);
+        assert_eq!(m.counter(JobCounter::Failed, OTHER_LABEL, OTHER_LABEL), 1);
+        let text = m.render(None);
+        let series = |prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
+        assert_eq!(series("rebound_jobs_enqueued_total{"), MAX_LABEL_SETS + 1, "{text}");
+        assert_eq!(series("rebound_job_start_latency_seconds_count{"), MAX_LABEL_SETS + 1);
+        assert!(text.contains("rebound_job_start_latency_seconds_count{queue=\"_other\"} 500"), "{text}");
+        assert!(text.contains("# HELP rebound_jobs_enqueued_total Jobs enqueued through this server's API. Past 1000 distinct"), "{text}");
     }
 }

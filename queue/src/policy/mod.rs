@@ -152,6 +152,11 @@ impl RetryPolicy {
     /// while their combination is not (e.g. a job's `initial_interval` above the type's
     /// `max_interval`).
     pub fn validate(&self) -> Result<(), PolicyError> {
+        // A policy built in code (the worker library, a re-drive override) skips the JSON
+        // parser's bound, and `jobs.max_attempts` holds no more than this.
+        if self.max_attempts > patch::MAX_ATTEMPTS {
+            return Err(PolicyError::new("max_attempts", format!("must be <= {}, got {}", patch::MAX_ATTEMPTS, self.max_attempts)));
+        }
         // Bounds first: an interval beyond them is the problem, whatever it is compared with.
         for (field, d) in [("initial_interval", self.initial_interval), ("max_interval", self.max_interval)] {
             crate::bounds::check_interval(d).map_err(|reason| PolicyError::new(field, reason))?;

@@ -10,7 +10,7 @@
 //!
 //! | key | JSON | notes |
 //! | --- | --- | --- |
-//! | `max_attempts` | integer ≥ 0 | 0 behaves like 1 |
+//! | `max_attempts` | integer 0 ..= [`MAX_ATTEMPTS`] | 0 behaves like 1 |
 //! | `initial_interval`, `max_interval` | ISO-8601 string > 0 | `"PT1S"`, `"P1D"` = 24 h |
 //! | `initial_interval_ms`, `max_interval_ms` | integer > 0 | OJS HTTP-binding alias; not with the ISO key |
 //! | `backoff_coefficient` | number ≥ 1.0 | |
@@ -72,6 +72,11 @@ pub const FIELDS: [&str; 9] = [
     "schedule",
 ];
 
+/// The largest `max_attempts` accepted: 2147483647 (`i32::MAX`). The value is stored in
+/// `jobs.max_attempts`, a Postgres `integer`; a policy saved above it failed every enqueue of
+/// its type at the cast. Far beyond any real budget either way.
+pub const MAX_ATTEMPTS: u32 = i32::MAX as u32;
+
 const INITIAL_MS: &str = "initial_interval_ms";
 const MAX_MS: &str = "max_interval_ms";
 
@@ -120,6 +125,22 @@ impl PolicyPatch {
             backoff_strategy: field(map, "backoff_strategy", |v| enum_str(v, "backoff_strategy"))?,
             schedule: field(map, "schedule", parse_schedule)?,
         })
+    }
+
+    /// Parses a patch read back from storage (a `retry_policies` row, a job's `retry`): as
+    /// [`PolicyPatch::from_json`], except that a `max_attempts` above [`MAX_ATTEMPTS`], saved
+    /// before that bound existed, reads as [`MAX_ATTEMPTS`]. Such a row must keep deciding
+    /// failures as near to what was saved as storage allows, not be dropped as invalid.
+    pub fn from_stored_json(v: &Value) -> Result<PolicyPatch, PolicyError> {
+        let too_many = v.get("max_attempts").and_then(Value::as_f64).is_some_and(|n| n > f64::from(MAX_ATTEMPTS));
+        if !too_many {
+            return PolicyPatch::from_json(v);
+        }
+        let mut capped = v.clone();
+        if let Some(map) = capped.as_object_mut() {
+            map.insert("max_attempts".into(), Value::from(MAX_ATTEMPTS));
+        }
+        PolicyPatch::from_json(&capped)
     }
 
     /// Only the set fields, in wire form; `from_json(&p.to_json()) == Ok(p)` for any patch
@@ -239,7 +260,10 @@ fn parse_max_attempts(v: &Value) -> Result<u32, PolicyError> {
         None if f.fract() == 0.0 => f as u64, // saturating: huge values fail below
         None => return Err(err(format!("must be an integer, got {n}"))),
     };
-    u32::try_from(whole).map_err(|_| err(format!("must be <= {}, got {n}", u32::MAX)))
+    match u32::try_from(whole) {
+        Ok(max) if max <= MAX_ATTEMPTS => Ok(max),
+        _ => Err(err(format!("must be <= {MAX_ATTEMPTS}, got {n}"))),
+    }
 }
 
 fn parse_coefficient(v: &Value) -> Result<f64, PolicyError> {
@@ -448,7 +472,11 @@ mod tests {
             (json!({"max_attempts": -1}), "max_attempts", "must be >= 0, got -1"),
             (json!({"max_attempts": 2.5}), "max_attempts", "must be an integer, got 2.5"),
             (json!({"max_attempts": "3"}), "max_attempts", "must be an integer, got string"),
-            (json!({"max_attempts": 5_000_000_000u64}), "max_attempts", "must be <= 4294967295, got 5000000000"),
+            (json!({"max_attempts": 5_000_000_000u64}), "max_attempts", "must be <= 2147483647, got 5000000000"),
+            // jobs.max_attempts is an `integer`: anything above i32::MAX cannot be stored.
+            (json!({"max_attempts": 2_147_483_648u64}), "max_attempts", "must be <= 2147483647, got 2147483648"),
+            (json!({"max_attempts": 4_294_967_295u64}), "max_attempts", "must be <= 2147483647, got 4294967295"),
+            (json!({"max_attempts": 3e9}), "max_attempts", "must be <= 2147483647, got 3000000000.0"),
             (json!({"backoff_coefficient": 0.5}), "backoff_coefficient", "must be >= 1.0, got 0.5"),
             (json!({"backoff_coefficient": true}), "backoff_coefficient", "must be a number, got boolean"),
             (json!({"initial_interval": "PT0S"}), "initial_interval", "must be > 0, got \"PT0S\""),
@@ -476,6 +504,28 @@ mod tests {
         }
         assert_eq!(PolicyPatch::from_json(&json!({"max_attempts": 3.0})).map(|p| p.max_attempts), Ok(Some(3)));
         assert_eq!(PolicyPatch::from_json(&json!({"max_attempts": 0})).map(|p| p.max_attempts), Ok(Some(0)));
+        assert_eq!(PolicyPatch::from_json(&json!({"max_attempts": 2_147_483_647})).map(|p| p.max_attempts), Ok(Some(MAX_ATTEMPTS)));
+    }
+
+    #[test]
+    fn policies_built_in_code_are_held_to_the_same_bound() {
+        let over = RetryPolicy { max_attempts: MAX_ATTEMPTS + 1, ..RetryPolicy::default() };
+        assert_eq!(over.validate().map_err(|e| e.field), Err("max_attempts".to_string()));
+        assert_eq!(RetryPolicy { max_attempts: MAX_ATTEMPTS, ..RetryPolicy::default() }.validate(), Ok(()));
+        let patch = PolicyPatch { max_attempts: Some(u32::MAX), ..PolicyPatch::default() };
+        let e = crate::policy::resolve(&RetryPolicy::default(), None, Some(&patch)).expect_err("refused");
+        assert_eq!(e.field, "max_attempts");
+    }
+
+    #[test]
+    fn stored_max_attempts_beyond_the_bound_read_as_the_bound() {
+        let stored = json!({"max_attempts": 4_294_967_295u64, "jitter": false});
+        assert_eq!(err_of(stored.clone()).field, "max_attempts");
+        let p = PolicyPatch::from_stored_json(&stored).expect("capped");
+        assert_eq!((p.max_attempts, p.jitter), (Some(MAX_ATTEMPTS), Some(Jitter::Off)));
+        assert_eq!(PolicyPatch::from_stored_json(&json!({"max_attempts": 7})).map(|p| p.max_attempts), Ok(Some(7)));
+        // Anything else wrong is still an error.
+        assert_eq!(PolicyPatch::from_stored_json(&json!({"max_attempts": -1})).map_err(|e| e.field), Err("max_attempts".to_string()));
     }
 
     #[test]

@@ -48,17 +48,23 @@ pub(super) fn check_retry_patch(patch: &PolicyPatch, prefix: &str) -> Result<i32
         e.field = format!("{prefix}.{}", e.field);
         e
     })?;
-    Ok(resolved.policy.max_attempts as i32)
+    // `validate` holds it to MAX_ATTEMPTS already; checked all the same, as a wrap to a
+    // negative budget would be stored silently.
+    i32::try_from(resolved.policy.max_attempts).map_err(|_| {
+        crate::policy::PolicyError::new(format!("{prefix}.max_attempts"), format!("must be <= {}, got {}", policy::patch::MAX_ATTEMPTS, resolved.policy.max_attempts))
+    })
 }
 
+/// A stored policy's `max_attempts` is clamped to 0 ..= i32::MAX: policies are refused beyond
+/// it now, but a row saved before that (or by hand) must not fail every enqueue of its type.
 const INSERT_ONE: &str = "
 INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
                   timeout_ms, visibility_timeout_ms, unique_key, unique_states, unique_until,
                   scheduled_at, expires_at, enqueued_at)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8, s.state,
        COALESCE($9,
-                (SELECT (policy->>'max_attempts')::int FROM retry_policies WHERE job_type = $2),
-                (SELECT (policy->>'max_attempts')::int FROM retry_policies WHERE job_type = '*'),
+                (SELECT LEAST(GREATEST((policy->>'max_attempts')::numeric, 0), 2147483647)::int FROM retry_policies WHERE job_type = $2),
+                (SELECT LEAST(GREATEST((policy->>'max_attempts')::numeric, 0), 2147483647)::int FROM retry_policies WHERE job_type = '*'),
                 3),
        $10, $11, $12, $13, $14,
        CASE WHEN $15::bigint IS NULL THEN NULL ELSE now() + $15 * interval '1 millisecond' END,
@@ -302,7 +308,8 @@ pub(super) async fn insert_many(
                       AS t(id, type, queue, args, meta, extra, priority, tags, max_attempts, retry,
                            timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, pending, workflow_id, workflow_step)
              ), layers AS (
-               SELECT job_type, (policy->>'max_attempts')::int AS max_attempts FROM retry_policies
+               -- Clamped as in INSERT_ONE: a stored policy must never fail an enqueue.
+               SELECT job_type, LEAST(GREATEST((policy->>'max_attempts')::numeric, 0), 2147483647)::int AS max_attempts FROM retry_policies
              )
              INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
                                timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, enqueued_at, workflow_id, workflow_step)

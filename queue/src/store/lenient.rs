@@ -5,6 +5,9 @@
 //!   `±infinity`); such a time reads as [`Timestamp::MIN`] or [`Timestamp::MAX`].
 //! * [`StoredJson`]: `jsonb` gives numbers back written out in full, and serde_json cannot read
 //!   every such number as a float (see [`crate::storable`]); such a number reads as a string.
+//!   A value nested deeper than serde_json reads (a workflow step's `parent_results` wrapping
+//!   a deep result, stored before input depth was bounded) reads with its parts below
+//!   [`crate::storable::MAX_DEPTH`] as their JSON text: the job stays claimable and visible.
 
 use jiff::Timestamp;
 use serde_json::Value;
@@ -55,7 +58,8 @@ fn saturating_instant(micros: i64) -> Timestamp {
         .unwrap_or(if micros < 0 { Timestamp::MIN } else { Timestamp::MAX })
 }
 
-/// A `json` / `jsonb` value; numbers serde_json cannot read come back as strings.
+/// A `json` / `jsonb` value; numbers serde_json cannot read come back as strings, nesting it
+/// cannot read as JSON text.
 pub(crate) struct StoredJson(pub Value);
 
 impl Type<Postgres> for StoredJson {

@@ -76,7 +76,7 @@ impl PolicyLayers {
             let job_type: String = row.try_get("job_type")?;
             let value: Value = row.try_get("policy")?;
             // A row that no longer parses (edited by hand) must not block failures: skip it loudly.
-            match PolicyPatch::from_json(&value).map(clamped) {
+            match PolicyPatch::from_stored_json(&value).map(clamped) {
                 Ok(patch) if job_type == DEFAULT_POLICY_KEY => layers.star = Some(patch),
                 Ok(patch) => {
                     layers.by_type.insert(job_type, patch);
@@ -147,7 +147,7 @@ impl PolicyLayers {
 /// A job's stored retry override. One that no longer parses (edited by hand) is ignored,
 /// loudly: a failure must still be recorded.
 pub(crate) fn stored_override(retry: Option<&Value>) -> Option<PolicyPatch> {
-    match retry.map(PolicyPatch::from_json).transpose() {
+    match retry.map(PolicyPatch::from_stored_json).transpose() {
         Ok(p) => p.map(clamped),
         Err(e) => {
             tracing::warn!(error = %e, "stored job retry override no longer parses; ignoring it");
@@ -312,7 +312,8 @@ impl Store {
             .ok_or_else(|| StoreError::Missing { what: format!("version {version} of the {job_type} policy") })?;
         let value: Option<Value> = row.try_get("policy")?;
         let value = value.ok_or_else(|| StoreError::invalid("version", "that version records a deletion"))?;
-        let patch = PolicyPatch::from_json(&value)?;
+        // An old version may predate the bounds: restored as the failure path applied it.
+        let patch = PolicyPatch::from_stored_json(&value)?;
         self.put_policy(job_type, &patch, actor, Some(&format!("restored version {version}"))).await
     }
 

@@ -193,16 +193,24 @@ fn body_filter(f: &Fields<'_>) -> Result<JobFilter, ApiError> {
         filter.job_type = Some(t.to_owned());
     }
     if let Some(e) = g.str("error_type")? {
-        filter.error_type = Some(e.to_owned());
+        filter.error_type = Some(super::dead_letter::error_type_filter(e).map_err(|r| g.error("error_type", r))?);
     }
     filter.created_after = time_field(&g, "since")?;
     filter.created_before = time_field(&g, "until")?;
     Ok(filter)
 }
 
-/// One page of jobs matching `filter`, by page number, through keyset pages.
+/// One page of jobs matching `filter`, by page number, through keyset pages. A search (error
+/// type, text) serves its first page only, as the OJS dead-letter listing refuses offsets of
+/// one: finding where a later page starts would check every job row by row.
 async fn job_page(state: &AppState, listing: &str, filter: &JobFilter, page: i64, per_page: i64) -> Result<(Vec<Job>, bool), ApiError> {
     let offset = (page - 1) * per_page;
+    if filter.is_search() && offset > 0 {
+        return Err(ApiError::invalid_field(
+            "page",
+            "a search (error_type) has only its first page here: narrow the search, or page by cursor through GET /ojs/v1/dead-letter",
+        ));
+    }
     let after = if offset == 0 {
         None
     } else {
@@ -481,7 +489,9 @@ pub async fn dead_letters(State(state): State<AppState>, q: QueryParams) -> Resu
     q.only(&["queue", "type", "since", "until", "page", "per_page", "error_type"])?;
     let mut filter = query_filter(&q)?;
     filter.dead_letter = Some(true);
-    filter.error_type = q.one("error_type")?.map(str::to_owned);
+    if let Some(e) = q.one("error_type")? {
+        filter.error_type = Some(super::dead_letter::error_type_filter(e).map_err(|r| ApiError::invalid_field("error_type", r))?);
+    }
     let (page, per_page) = paging(&q)?;
     let listing = format!("admin-dead|{}", serde_json::to_string(&filter).unwrap_or_default());
     let (items, has_more) = job_page(&state, &listing, &filter, page, per_page).await?;

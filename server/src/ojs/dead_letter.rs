@@ -35,10 +35,7 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
     q.only(&["queue", "type", "error_type", "q", "limit", "cursor", "offset"])?;
     let mut filter = JobFilter::dead_letters();
     if let Some(e) = q.one("error_type")? {
-        if e.is_empty() || e.len() > 200 {
-            return Err(ApiError::invalid_field("error_type", "must be 1 to 200 characters"));
-        }
-        filter.error_type = Some(e.to_owned());
+        filter.error_type = Some(error_type_filter(e).map_err(|r| ApiError::invalid_field("error_type", r))?);
     }
     if let Some(text) = q.one("q")? {
         if text.len() > 200 {
@@ -170,7 +167,7 @@ pub fn purge_filter(f: &Fields<'_>) -> Result<JobFilter, ApiError> {
         filter.job_type = Some(t.to_owned());
     }
     if let Some(e) = f.str("error_type")? {
-        filter.error_type = Some(e.to_owned());
+        filter.error_type = Some(error_type_filter(e).map_err(|r| f.error("error_type", r))?);
     }
     for (key, slot) in [("since", &mut filter.created_after), ("older_than", &mut filter.created_before)] {
         if let Some(s) = f.str(key)? {
@@ -178,6 +175,15 @@ pub fn purge_filter(f: &Fields<'_>) -> Result<JobFilter, ApiError> {
         }
     }
     Ok(filter)
+}
+
+/// An `error_type` filter, as every listing and bulk action takes it. It is matched row by row
+/// (a search), so its length is bounded: it is compared with every dead letter in the window.
+pub fn error_type_filter(e: &str) -> Result<String, &'static str> {
+    if e.is_empty() || e.len() > 200 {
+        return Err("must be 1 to 200 characters");
+    }
+    Ok(e.to_owned())
 }
 
 /// `GET /ojs/v1/dead-letter/{id}`: one dead letter with its full error history.

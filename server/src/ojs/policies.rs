@@ -132,7 +132,7 @@ pub async fn preview(State(state): State<AppState>, body: JsonObject) -> Result<
         let star = match state.store.policy(DEFAULT_POLICY_KEY).await? {
             // Stored before the bounds existed, it may hold longer intervals: preview it as the
             // failure path applies it (capped), not as an error about the caller's policy.
-            Some(p) => PolicyPatch::from_json(&p.policy).map(|mut star| {
+            Some(p) => PolicyPatch::from_stored_json(&p.policy).map(|mut star| {
                 star.clamp_to_bounds();
                 star
             }).unwrap_or_else(|e| {

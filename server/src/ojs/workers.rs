@@ -1,5 +1,6 @@
 //! The worker protocol: fetch, ack, nack, heartbeat, progress.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use axum::Json;
@@ -88,6 +89,7 @@ pub async fn ack(State(state): State<AppState>, body: JsonObject) -> Result<Json
         id: f.required_uuid("job_id")?,
         attempt: None,
         worker_id: worker_id(&f, false)?.map(str::to_owned),
+        started_at: None,
         result: f.get("result").cloned(),
     };
     let job = state.store.complete(&completion).await?;
@@ -232,12 +234,17 @@ async fn warn_lapsed<'a>(state: &AppState, worker: &str, ids: impl Iterator<Item
     }
 }
 
+/// The most job ids one heartbeat may list, across `active_jobs` and `active_job_ids`.
+const MAX_HEARTBEAT_JOBS: usize = 10_000;
+
 /// The job ids a heartbeat lists, leniently: OJS puts them in `active_jobs`; the JS and Go SDKs
-/// send `active_jobs` as a count and the ids in `active_job_ids`. Both lists are read. The
-/// count, when given, says how many jobs the worker believes it runs.
+/// send `active_jobs` as a count and the ids in `active_job_ids`. Both lists are read, together
+/// at most [`MAX_HEARTBEAT_JOBS`] entries. The count, when given, says how many jobs the worker
+/// believes it runs.
 fn heartbeat_jobs(f: &Fields<'_>) -> Result<(Vec<Uuid>, Option<i64>), ApiError> {
     let mut ids: Vec<Uuid> = Vec::new();
-    let mut count = None;
+    let mut seen: HashSet<Uuid> = HashSet::new();
+    let (mut listed, mut count) = (0usize, None);
     for key in ["active_jobs", "active_job_ids"] {
         let raw = match f.get(key) {
             Some(Value::Number(_)) if key == "active_jobs" => {
@@ -246,12 +253,14 @@ fn heartbeat_jobs(f: &Fields<'_>) -> Result<(Vec<Uuid>, Option<i64>), ApiError> 
             }
             _ => f.strings(key)?.unwrap_or_default(),
         };
-        if raw.len() > 10_000 {
-            return Err(f.error(key, "lists more than 10000 jobs"));
+        // Counted before any is parsed: the bound is on the work a beat can ask for.
+        listed += raw.len();
+        if listed > MAX_HEARTBEAT_JOBS {
+            return Err(f.error(key, format!("lists more than {MAX_HEARTBEAT_JOBS} jobs (active_jobs and active_job_ids together)")));
         }
         for (i, s) in raw.iter().enumerate() {
             let id = parse_uuid(s).map_err(|r| f.error(&format!("{key}[{i}]"), r))?;
-            if !ids.contains(&id) {
+            if seen.insert(id) {
                 ids.push(id);
             }
         }
@@ -338,4 +347,38 @@ pub async fn progress(State(state): State<AppState>, body: JsonObject) -> Result
     };
     let kept = state.store.report_progress(&report).await?;
     Ok(Json(progress_json(job_id, Some(&kept))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: usize, from: u128) -> Vec<Value> {
+        (0..n).map(|i| json!(Uuid::from_u128(from + i as u128).to_string())).collect()
+    }
+
+    fn jobs_of(body: Value) -> Result<(Vec<Uuid>, Option<i64>), ApiError> {
+        let map = body.as_object().cloned().unwrap_or_default();
+        heartbeat_jobs(&Fields::of(&map))
+    }
+
+    #[test]
+    fn heartbeat_ids_are_deduplicated_in_order_across_both_keys() {
+        let (got, count) = jobs_of(json!({"active_jobs": ids(3, 1), "active_job_ids": ids(3, 2)})).expect("valid");
+        assert_eq!(got, (1..=4).map(Uuid::from_u128).collect::<Vec<_>>());
+        assert_eq!(count, None);
+        let (got, count) = jobs_of(json!({"active_jobs": 2, "active_job_ids": ids(2, 7)})).expect("valid");
+        assert_eq!((got.len(), count), (2, Some(2)));
+    }
+
+    #[test]
+    fn heartbeat_ids_are_bounded_across_both_keys() {
+        let (got, _) = jobs_of(json!({"active_jobs": ids(5_000, 0), "active_job_ids": ids(5_000, 5_000)})).expect("at the bound");
+        assert_eq!(got.len(), MAX_HEARTBEAT_JOBS);
+        // Each list under the old per-key bound, together over it.
+        let e = jobs_of(json!({"active_jobs": ids(6_000, 0), "active_job_ids": ids(6_000, 0)})).expect_err("over the bound");
+        assert_eq!(e.details["field"], "active_job_ids");
+        let e = jobs_of(json!({"active_jobs": ids(10_001, 0)})).expect_err("over the bound");
+        assert_eq!(e.details["field"], "active_jobs");
+    }
 }

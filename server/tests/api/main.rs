@@ -6,6 +6,7 @@ mod auth;
 mod common;
 mod cron;
 mod hostile_inputs;
+mod hostile_values;
 mod jobs;
 mod maintenance;
 mod metrics;
