@@ -98,6 +98,17 @@ pub struct ServeArgs {
     /// header) instead of the proxy's.
     #[arg(long, env = "REBOUND_BEHIND_PROXY")]
     pub behind_proxy: bool,
+
+    /// Most Server-Sent Event streams open at once (server-wide); past it a new stream is
+    /// refused with 429. Each open stream polls the database, so this bounds what streams take
+    /// from the pool. 0 refuses every stream.
+    #[arg(long, env = "REBOUND_MAX_EVENT_STREAMS", default_value_t = 64)]
+    pub max_event_streams: usize,
+
+    /// How long one event stream stays open; then it ends and the client resumes it with
+    /// `Last-Event-ID` (e.g. "15m"). Bounds how long one client holds a stream.
+    #[arg(long, env = "REBOUND_EVENT_STREAM_LIFETIME", default_value = "15m", value_parser = parse_duration)]
+    pub event_stream_lifetime: Duration,
 }
 
 /// A dashboard role.
@@ -152,6 +163,10 @@ pub struct ServerConfig {
     pub secure_cookies: bool,
     /// Take the client's address from `X-Forwarded-For` (see [`ServeArgs::behind_proxy`]).
     pub behind_proxy: bool,
+    /// See [`ServeArgs::max_event_streams`].
+    pub max_event_streams: usize,
+    /// See [`ServeArgs::event_stream_lifetime`].
+    pub event_stream_lifetime: Duration,
 }
 
 impl Default for ServerConfig {
@@ -164,6 +179,8 @@ impl Default for ServerConfig {
             request_timeout: Duration::from_secs(30),
             secure_cookies: false,
             behind_proxy: false,
+            max_event_streams: 64,
+            event_stream_lifetime: Duration::from_secs(15 * 60),
         }
     }
 }
@@ -178,6 +195,8 @@ impl From<&ServeArgs> for ServerConfig {
             request_timeout: a.request_timeout,
             secure_cookies: a.secure_cookies,
             behind_proxy: a.behind_proxy,
+            max_event_streams: a.max_event_streams,
+            event_stream_lifetime: a.event_stream_lifetime,
         }
     }
 }
@@ -209,6 +228,8 @@ mod tests {
         assert_eq!(cfg.api_auth, ApiAuth::Token);
         assert_eq!(cfg.visibility_timeout, Duration::from_secs(300));
         assert!(!cfg.test_mode);
+        // The command line's defaults are the in-process ones the tests start from.
+        assert_eq!((cfg.max_event_streams, cfg.event_stream_lifetime), (ServerConfig::default().max_event_streams, ServerConfig::default().event_stream_lifetime));
         let cli = Cli::try_parse_from(["rebound-server", "serve", "--api-auth", "none", "--test-mode", "--listen", "127.0.0.1:0"])
             .expect("parses");
         let Command::Serve(args) = cli.command else { panic!("not serve") };

@@ -24,6 +24,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod ojs;
 pub mod passwords;
+pub mod request_task;
 pub mod security_headers;
 
 use std::sync::Arc;
@@ -57,6 +58,9 @@ pub struct AppState {
     pub password_checks: Arc<Semaphore>,
     /// Cancelled when the server shuts down: long-lived responses (event streams) end then.
     pub shutdown: CancellationToken,
+    /// Places for open event streams (`max_event_streams`): each polls the store for as long
+    /// as it is open, so without a bound a few clients could hold the whole pool.
+    pub event_streams: Arc<Semaphore>,
 }
 
 /// How many argon2 password checks run at once.
@@ -65,6 +69,8 @@ pub const CONCURRENT_PASSWORD_CHECKS: usize = 2;
 impl AppState {
     /// State for a server on `store` with `config`, and fresh metrics.
     pub fn new(store: Store, config: ServerConfig) -> Self {
+        // Beyond MAX_PERMITS the semaphore would panic; that many is no limit anyway.
+        let event_streams = Arc::new(Semaphore::new(config.max_event_streams.min(Semaphore::MAX_PERMITS)));
         AppState {
             store,
             config: Arc::new(config),
@@ -73,6 +79,7 @@ impl AppState {
             offset_pages: Arc::default(),
             password_checks: Arc::new(Semaphore::new(CONCURRENT_PASSWORD_CHECKS)),
             shutdown: CancellationToken::new(),
+            event_streams,
         }
     }
 }
@@ -100,6 +107,8 @@ pub fn router(state: AppState) -> Router {
         .with_state(state.clone())
         .nest("/ojs", ojs::router(state.clone()));
     dashboard::mount(app, state)
+        // Innermost: a client hanging up drops only the wait for the answer (see `request_task`).
+        .layer(axum::middleware::from_fn(request_task::run_to_completion))
         .layer(map_response(security_headers::add))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(TraceLayer::new_for_http())

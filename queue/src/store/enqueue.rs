@@ -218,21 +218,26 @@ impl Store {
     /// Moves a `pending` job to `available` (OJS activate). A job standing for a nested
     /// workflow is not one to run: it is refused as a job not pending.
     pub async fn activate(&self, id: Uuid) -> Result<Job, StoreError> {
+        // The queue is notified by the same statement: notified separately, a failed notify
+        // would report a failure for an activation that happened, and the job, no longer
+        // pending, could not be activated again.
         let row = sqlx::query(
-            "UPDATE jobs SET state = CASE WHEN scheduled_at > now() THEN 'scheduled'::job_state ELSE 'available'::job_state END,
-                             enqueued_at = CASE WHEN scheduled_at > now() THEN NULL ELSE now() END, updated_at = now()
-             WHERE id = $1 AND state = 'pending'
-               AND NOT EXISTS (SELECT 1 FROM workflows c WHERE c.parent_job = jobs.id) RETURNING *",
+            "WITH activated AS (
+                 UPDATE jobs SET state = CASE WHEN scheduled_at > now() THEN 'scheduled'::job_state ELSE 'available'::job_state END,
+                                 enqueued_at = CASE WHEN scheduled_at > now() THEN NULL ELSE now() END, updated_at = now()
+                 WHERE id = $1 AND state = 'pending'
+                   AND NOT EXISTS (SELECT 1 FROM workflows c WHERE c.parent_job = jobs.id) RETURNING *
+             ), woken AS (
+                 SELECT pg_notify('rebound_jobs', queue) FROM activated WHERE state = 'available'
+             )
+             -- Referencing `woken` is what makes Postgres run it.
+             SELECT * FROM activated WHERE (SELECT count(*) FROM woken) >= 0",
         )
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
         match row {
-            Some(row) => {
-                let job = job_from_row(&row)?;
-                super::notify::notify_queues(&self.pool, std::slice::from_ref(&job.queue)).await?;
-                Ok(job)
-            }
+            Some(row) => Ok(job_from_row(&row)?),
             None => Err(self.refusal(id, "activate", None).await),
         }
     }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::http::header::RETRY_AFTER;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;
@@ -372,8 +373,32 @@ const MAX_EVENT_WINDOW: jiff::SignedDuration = jiff::SignedDuration::from_secs(6
 /// How long one request steps over empty windows before it answers with the cursor moved on.
 const SKIP_BUDGET: Duration = Duration::from_millis(250);
 
-/// How often an open stream looks for new events.
+/// How often an open stream looks for new events while they come.
 const STREAM_POLL: Duration = Duration::from_millis(500);
+
+/// How many empty polls in a row a stream makes at [`STREAM_POLL`] before it slows down: a
+/// couple of seconds, so a job's next step or a burst's tail still arrives promptly.
+const QUIET_POLLS: u32 = 4;
+
+/// The slowest a quiet stream polls: an idle stream costs a sixth of a busy one, and an event
+/// after a quiet spell arrives at most this much later than it would have.
+const MAX_STREAM_POLL: Duration = Duration::from_secs(3);
+
+/// The reconnection delay a stream asks EventSource clients for (SSE `retry:`, sent first):
+/// short, since a stream ends at its lifetime or the server's and a reconnection with
+/// `Last-Event-ID` resumes where it ended.
+const STREAM_RETRY: Duration = Duration::from_secs(1);
+
+/// `Retry-After` of a stream refused because every place is taken. Refusals cost no database
+/// work, so clients may come back soon; places free as streams end or reach their lifetime.
+const STREAMS_FULL_RETRY_SECS: u64 = 5;
+
+/// How long a stream waits before its next poll after `quiet` empty polls in a row:
+/// [`STREAM_POLL`] at first, then twice as long each time up to [`MAX_STREAM_POLL`].
+fn poll_delay(quiet: u32) -> Duration {
+    let doublings = quiet.saturating_sub(QUIET_POLLS).min(16);
+    STREAM_POLL.saturating_mul(1 << doublings).min(MAX_STREAM_POLL)
+}
 
 /// What a stream follows.
 enum Channel {
@@ -413,10 +438,17 @@ pub async fn queue_stream(State(state): State<AppState>, Path(name): Path<String
 }
 
 /// Streams the channel's events from `Last-Event-ID` if the client resumes, else from the
-/// channel's start, polling every [`STREAM_POLL`] through the same pages as the list (so a
-/// stream never passes an event still being written, and a resumed one repeats none). Ends
-/// when the server shuts down.
+/// channel's start, polling through the same pages as the list (so a stream never passes an
+/// event still being written, and a resumed one repeats none): every [`STREAM_POLL`], slower
+/// while nothing happens ([`poll_delay`]). Holds one of the server's stream places
+/// (`max_event_streams`) until the client goes; ends after `event_stream_lifetime` or when the
+/// server shuts down, first telling the client where to resume.
 async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, headers: &HeaderMap) -> Result<Response, ApiError> {
+    // Taken before any database work, so refusals cost none; held by the stream itself, so a
+    // client hanging up (the body dropped) frees it.
+    let Ok(place) = state.event_streams.clone().try_acquire_owned() else {
+        return Ok(streams_full(state.config.max_event_streams));
+    };
     let resume = match headers.get("last-event-id") {
         Some(v) => Some(cursor("Last-Event-ID", v.to_str().map_err(|_| ApiError::invalid_field("Last-Event-ID", "not text"))?)?),
         None => None,
@@ -441,17 +473,25 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
     };
     let ends_at_terminal = matches!(channel, Channel::Job(_));
     let shutdown = state.shutdown.clone();
+    let now = tokio::time::Instant::now();
+    // Capped at a century: a longer lifetime could overflow the clock, and is none anyway.
+    let ends_at = now + state.config.event_stream_lifetime.min(Duration::from_secs(100 * 365 * 86_400));
     struct Tail {
         state: AppState,
         sel: Selection,
         cursor: String,
+        /// Where a client resuming now would continue from: the last id it was sent.
+        told: String,
         pending: std::collections::VecDeque<(String, bool, Value)>,
-        first: bool,
-        /// The last page said there is more: read on without waiting.
-        behind: bool,
+        /// When to read next: now when the last page said there is more.
+        next_poll: tokio::time::Instant,
+        /// Polls in a row that found nothing.
+        quiet: u32,
+        ends_at: tokio::time::Instant,
         done: bool,
+        _place: tokio::sync::OwnedSemaphorePermit,
     }
-    let tail = Tail { state, sel, cursor: from, pending: Default::default(), first: true, behind: false, done: false };
+    let tail = Tail { state, sel, told: from.clone(), cursor: from, pending: Default::default(), next_poll: now, quiet: 0, ends_at, done: false, _place: place };
     let events = futures::stream::unfold(tail, move |mut t| {
         let shutdown = shutdown.clone();
         async move {
@@ -462,30 +502,86 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
                         t.done = true;
                     }
                     let kind = v.get("type").and_then(Value::as_str).unwrap_or("message").to_owned();
-                    let event = Event::default().id(id).event(kind).data(v.to_string());
+                    let event = Event::default().id(&id).event(kind).data(v.to_string());
+                    t.told = id;
                     return Some((Ok::<Event, Infallible>(event), t));
                 }
                 if t.done {
                     return None;
                 }
-                if !t.first && !t.behind {
-                    tokio::select! {
-                        () = shutdown.cancelled() => return None,
-                        () = tokio::time::sleep(STREAM_POLL) => {}
+                let now = tokio::time::Instant::now();
+                if now >= t.ends_at || shutdown.is_cancelled() {
+                    t.done = true;
+                    // The cursor may be past the last event sent (quiet windows read through).
+                    // An event with only an id sets the client's Last-Event-ID and dispatches
+                    // nothing, so the resumed stream does not read that stretch again, and a
+                    // queue's stream that was sent nothing resumes here rather than from the
+                    // reconnection's now, missing nothing in between.
+                    if t.cursor != t.told {
+                        let event = Event::default().id(&t.cursor);
+                        return Some((Ok(event), t));
                     }
+                    return None;
                 }
-                t.first = false;
+                if now < t.next_poll {
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        () = tokio::time::sleep_until(t.next_poll.min(t.ends_at)) => {}
+                    }
+                    continue;
+                }
                 match page(&t.state, &t.sel, Some(t.cursor.clone()), 100).await {
                     Ok(p) => {
+                        t.quiet = if p.events.is_empty() { t.quiet.saturating_add(1) } else { 0 };
+                        t.next_poll = if p.has_more { now } else { tokio::time::Instant::now() + poll_delay(t.quiet) };
                         t.cursor = p.cursor;
-                        t.behind = p.has_more;
                         t.pending.extend(p.events);
                     }
-                    // The database is away: the stream waits for it rather than ending.
-                    Err(e) => tracing::warn!(error = ?e, "event stream: reading events failed; trying again"),
+                    // The database is away: the stream waits for it rather than ending, and asks
+                    // less often the longer it stays away.
+                    Err(e) => {
+                        tracing::warn!(error = ?e, "event stream: reading events failed; trying again");
+                        t.quiet = t.quiet.saturating_add(1);
+                        t.next_poll = tokio::time::Instant::now() + poll_delay(t.quiet);
+                    }
                 }
             }
         }
     });
-    Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
+    let hello = futures::stream::once(async { Ok::<Event, Infallible>(Event::default().retry(STREAM_RETRY)) });
+    Ok(Sse::new(futures::StreamExt::chain(hello, events)).keep_alive(KeepAlive::default()).into_response())
+}
+
+/// `429`: every stream place is taken.
+fn streams_full(limit: usize) -> Response {
+    let err = ApiError {
+        retryable: true,
+        ..ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "rate_limit_error",
+            format!("event streams are at their limit: {limit} open at once on this server"),
+            "retry later, or poll GET /ojs/v1/events with after= instead of streaming",
+        )
+    }
+    .detail("limit", limit)
+    .detail("retry_after_seconds", STREAMS_FULL_RETRY_SECS);
+    let mut res = err.into_response();
+    res.headers_mut().insert(RETRY_AFTER, HeaderValue::from(STREAMS_FULL_RETRY_SECS));
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_streams_poll_less_often_up_to_a_ceiling() {
+        let schedule: Vec<u64> = (0..10).map(|quiet| poll_delay(quiet).as_millis() as u64).collect();
+        // As often as ever for a few quiet polls, then doubling, then at most MAX_STREAM_POLL.
+        assert_eq!(schedule, [500_u64, 500, 500, 500, 500, 1000, 2000, 3000, 3000, 3000]);
+        assert_eq!(poll_delay(u32::MAX), MAX_STREAM_POLL, "no overflow however long a stream stays quiet");
+        // An event resets the count, so the next poll is as soon as today's.
+        assert_eq!(poll_delay(0), STREAM_POLL);
+    }
 }

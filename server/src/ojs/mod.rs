@@ -26,11 +26,9 @@ mod workflows;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post, put};
 use tower_http::limit::RequestBodyLimitLayer;
-use tower_http::timeout::TimeoutLayer;
 
 use crate::{AppState, auth};
 
@@ -111,7 +109,9 @@ pub fn router(state: AppState) -> Router {
         // axum's extractors have their own 2 MB default; the configured limit replaces it.
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(RequestBodyLimitLayer::new(state.config.max_body_bytes))
-        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, state.config.request_timeout))
+        // A request that takes too long is answered 408; its handler is never cut off (a
+        // transaction dropped halfway, see `request_task`).
+        .layer(from_fn_with_state(state.config.request_timeout, crate::request_task::run_to_completion_within))
         .layer(from_fn(unsupported::require_known_version))
         .layer(from_fn(response::ojs_response))
         .with_state(state)

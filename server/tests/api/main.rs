@@ -5,6 +5,8 @@ mod admin;
 mod auth;
 mod common;
 mod cron;
+mod cut_off;
+mod event_streams;
 mod hostile_inputs;
 mod hostile_values;
 mod jobs;

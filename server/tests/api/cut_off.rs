@@ -1,0 +1,81 @@
+//! Requests whose answer nobody waits for any more (the request timeout answered first, or
+//! the client hung up) still finish what they started: a handler is never dropped halfway
+//! through a transaction.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, TestDb};
+use rebound_queue::{JobState, NewJob, Store};
+use rebound_server::config::{ApiAuth, ServerConfig};
+use rebound_server::{AppState, router};
+use serde_json::json;
+use tower::ServiceExt;
+
+/// The router over a store whose statements pass through `proxy`, its connection made.
+async fn app_through(db: &TestDb, proxy: &FaultProxy, request_timeout: Duration) -> axum::Router {
+    let store = Store::connect(&proxy.url(&db.name), 1).await.expect("connect through the proxy");
+    // One pooled connection, opened now: the request under test then spends no time connecting.
+    store.now().await.expect("warm the pool");
+    router(AppState::new(store, ServerConfig { api_auth: ApiAuth::None, request_timeout, ..ServerConfig::default() }))
+}
+
+async fn state_of(db: &TestDb, id: uuid::Uuid) -> JobState {
+    db.store.job(id).await.expect("job").state
+}
+
+#[tokio::test]
+async fn a_request_past_its_timeout_is_answered_408_and_its_transaction_still_finishes() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let app = app_through(&db, &proxy, Duration::from_millis(200)).await;
+    let id = db.store.enqueue(NewJob::new("t.cut", json!([]))).await.expect("enqueue").job.id;
+    // The cancel's write inside its transaction answers late, after the request timeout.
+    let held = proxy.inject(Fault::once("SET state = 'cancelled', cancelled_at = now()", FaultPoint::Delay(Duration::from_millis(800))));
+    let req = Request::builder().method("DELETE").uri(format!("/ojs/v1/jobs/{id}")).body(Body::empty()).expect("request");
+    let res = app.oneshot(req).await.expect("infallible");
+    assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(held.count(), 1);
+    assert_eq!(state_of(&db, id).await, JobState::Available, "not done yet when the 408 went out");
+    // Dropped at the timeout, the transaction would have been rolled back: the job would stay
+    // available. Run to its end, it commits.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while state_of(&db, id).await != JobState::Cancelled {
+        assert!(tokio::time::Instant::now() < deadline, "the cancel never finished");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'job.cancel' AND target = $1")
+        .bind(id.to_string())
+        .fetch_one(db.store.pool())
+        .await
+        .expect("audit");
+    assert_eq!(audited, 1, "the whole transaction landed, its audit entry with it");
+}
+
+#[tokio::test]
+async fn a_client_hanging_up_does_not_cut_its_request_off() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let app = app_through(&db, &proxy, Duration::from_secs(30)).await;
+    let id = db.store.enqueue(NewJob::new("t.cut", json!([]))).await.expect("enqueue").job.id;
+    let held = proxy.inject(Fault::once("SET state = 'cancelled', cancelled_at = now()", FaultPoint::Delay(Duration::from_millis(500))));
+    let req = Request::builder().method("DELETE").uri(format!("/ojs/v1/jobs/{id}")).body(Body::empty()).expect("request");
+    // The client gives up while the write is held: its request future is dropped, as hyper
+    // drops it when the connection closes.
+    let mut call = Box::pin(app.oneshot(req));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while held.count() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the write never reached the database");
+        tokio::select! {
+            r = &mut call => panic!("answered while the write was held: {:?}", r.map(|r| r.status())),
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+    }
+    drop(call);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while state_of(&db, id).await != JobState::Cancelled {
+        assert!(tokio::time::Instant::now() < deadline, "the cancel was cut off with its client");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
