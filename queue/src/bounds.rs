@@ -11,7 +11,7 @@
 //! | value | bound |
 //! | --- | --- |
 //! | `timeout_ms`, `visibility_timeout_ms` of a job | 1 ms ..= [`MAX_TIMEOUT`] (7 days) |
-//! | retry-policy intervals, custom schedule entries, unique `period`, rate-limit periods, re-drive stagger | ≤ [`MAX_INTERVAL`] (365 days) |
+//! | retry-policy intervals, custom schedule entries, unique `period`, rate-limit periods, re-drive stagger, cron `@every` intervals | ≤ [`MAX_INTERVAL`] (365 days) |
 //! | `scheduled_at`, `expires_at` | [`EARLIEST_TIME`] (1970) ..= [`LATEST_TIME`] (year 9000) |
 //!
 //! Arithmetic on stored values saturates at the same bounds, so a row written before they

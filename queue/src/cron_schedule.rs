@@ -9,6 +9,7 @@
 //!
 //! `@every <duration>` (§4.1: Go-style `30m`, `1h30m`, `45s`, parsed by jiff) is not a
 //! calendar: it fires every interval from its anchor, the registration or the tick before.
+//! Intervals run from [`MIN_EVERY`] to [`crate::bounds::MAX_INTERVAL`] (365 days).
 
 use std::str::FromStr;
 
@@ -123,6 +124,9 @@ fn every_interval(expression: &str) -> Result<Option<SignedDuration>, ScheduleEr
     if interval < MIN_EVERY {
         return Err(err(format!("@every {text} is shorter than 1s; due ticks are looked for once a second")));
     }
+    // Without a ceiling, an interval whose next tick overflows the time range is accepted as
+    // active and never fires; the project's interval bound keeps it far inside that range.
+    crate::bounds::check_interval(interval.unsigned_abs()).map_err(|r| err(format!("@every {text}: the interval {r}")))?;
     Ok(Some(interval))
 }
 
@@ -230,6 +234,8 @@ mod tests {
         assert_eq!(s.tick_after(tick, ts("2026-01-01T10:00:01Z")), Some(ts("2026-01-01T10:30:00Z")), "fired late: the cadence holds");
         assert_eq!(s.tick_after(tick, ts("2026-01-01T11:40:00Z")), Some(ts("2026-01-01T12:00:00Z")), "missed ticks fire once");
         assert_eq!(s.tick_after(tick, ts("2026-01-01T10:30:00Z")), Some(ts("2026-01-01T11:00:00Z")), "strictly after now");
+        let year = CronSchedule::new("@every 8760h", "UTC").expect("365 days is within the bound");
+        assert_eq!(year.next_after(ts("2026-01-01T00:00:00Z")), Some(ts("2027-01-01T00:00:00Z")));
         let calendar = CronSchedule::new("*/5 * * * *", "UTC").unwrap();
         assert_eq!(calendar.tick_after(ts("2026-01-01T10:00:00Z"), ts("2026-01-01T10:17:00Z")), Some(ts("2026-01-01T10:20:00Z")));
     }
@@ -258,6 +264,8 @@ mod tests {
             "@every 500ms",
             "@every 0s",
             "@every -5m",
+            "@every 8761h",
+            "@every 100000000h",
         ] {
             let e = CronSchedule::new(bad, "UTC").expect_err(bad);
             assert_eq!(e.field, "expression", "{bad}: {e}");

@@ -398,7 +398,7 @@ async fn a_workflow_whose_unfinished_job_is_deleted_fails_instead_of_waiting_for
     jobs[1].queue = "doomed".into();
     let wf = s.create_workflow(workflow(WorkflowType::Group, jobs)).await.unwrap();
     let purged = s.purge_queue("doomed", &[JobState::Available], None, &rebound_queue::store::Actor::new("ops")).await.unwrap();
-    assert_eq!(purged, 1);
+    assert_eq!(purged, (1, false));
     let failed = get(s, wf.id).await;
     assert_eq!((failed.state.as_str(), failed.failed_count), ("failed", 1));
     assert_eq!(failed.errors[0]["code"], "deleted");

@@ -85,6 +85,47 @@ impl Store {
         .await
     }
 
+    /// Cancels every unfinished job in the selection (active ones too, as
+    /// [`Store::cancel_jobs`] does), reporting the finished ones it matched as refused, each
+    /// with its state, so that an answer's failures can be named. The unfinished jobs are
+    /// taken first, up to [`BULK_LIMIT`], so that finished ones never crowd them out of a
+    /// call; the finished ones fill what is left of the limit. Audited as `job.bulk_cancel`.
+    pub async fn cancel_unfinished_jobs(&self, sel: &JobSelection, actor: &Actor) -> Result<BulkReport, StoreError> {
+        let mut tx = self.begin().await?;
+        let ids: Vec<Uuid> = sel.select_ids("j.state NOT IN ('completed', 'cancelled', 'discarded')", BULK_LIMIT).build_query_scalar().fetch_all(&mut *tx).await?;
+        // The finished ones are read before the cancel, which would make its own jobs finished.
+        let room = BULK_LIMIT - i64::try_from(ids.len()).unwrap_or(BULK_LIMIT);
+        let finished: Vec<Uuid> = if room > 0 {
+            sel.select_ids("j.state IN ('completed', 'cancelled', 'discarded')", room).build_query_scalar().fetch_all(&mut *tx).await?
+        } else {
+            Vec::new()
+        };
+        let succeeded = sqlx::query(
+            "UPDATE jobs SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL, updated_at = now()
+             WHERE id = ANY($1) AND state NOT IN ('completed', 'cancelled', 'discarded')",
+        )
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let refused: Vec<(Uuid, JobState)> = sqlx::query_as("SELECT id, state FROM jobs WHERE id = ANY($1) ORDER BY id LIMIT 100")
+            .bind(&finished)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut details = sel.describe();
+        if let Some(o) = details.as_object_mut() {
+            o.insert("affected".into(), json!(succeeded));
+            o.insert("refused".into(), json!(finished.len()));
+        }
+        record(&mut tx, actor, "job.bulk_cancel", None, details).await?;
+        tx.commit().await?;
+        Ok(BulkReport {
+            matched: (ids.len() + finished.len()) as u64,
+            succeeded,
+            refused: refused.into_iter().map(|(id, s)| (id, format!("job is {s}; a finished job cannot be cancelled"))).collect(),
+        })
+    }
+
     async fn bulk_on_finished(&self, sel: &JobSelection, actor: &Actor, action: &str, eligible: Eligible, apply: &'static str) -> Result<BulkReport, StoreError> {
         let mut tx = self.begin().await?;
         let mut qb = sel.select_ids("true", BULK_LIMIT);
@@ -135,9 +176,10 @@ impl Store {
     }
 
     /// Deletes a queue's jobs in `states` (not `active`: a worker holds those), optionally only
-    /// those finished (or, unfinished, created) before `older_than`. At most 50 000 per call.
-    /// Audited.
-    pub async fn purge_queue(&self, queue: &str, states: &[JobState], older_than: Option<Timestamp>, actor: &Actor) -> Result<u64, StoreError> {
+    /// those finished (or, unfinished, created) before `older_than`. At most [`BULK_LIMIT`] per
+    /// call: returns how many were deleted and whether matching jobs remain beyond that cap (the
+    /// caller repeats the purge for them). Audited.
+    pub async fn purge_queue(&self, queue: &str, states: &[JobState], older_than: Option<Timestamp>, actor: &Actor) -> Result<(u64, bool), StoreError> {
         if states.is_empty() {
             return Err(StoreError::invalid("states", "name at least one state to purge"));
         }
@@ -159,10 +201,22 @@ impl Store {
         .bind(&actor.name)
         .fetch_one(&mut *tx)
         .await? as u64;
+        // Only a purge that reached the cap can have left any; the deleted rows are gone from
+        // this transaction's view, so whatever still matches is what remains.
+        let has_more = deleted >= BULK_LIMIT as u64
+            && sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = $1 AND state = ANY($2)
+                   AND ($3::timestamptz IS NULL OR COALESCE(completed_at, cancelled_at, discarded_at, created_at) < $3::timestamptz))",
+            )
+            .bind(queue)
+            .bind(states)
+            .bind(older_than.map(|t| t.to_string()))
+            .fetch_one(&mut *tx)
+            .await?;
         let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
-        record(&mut tx, actor, "queue.purge", Some(queue), json!({"states": states, "older_than": older_than.map(|t| t.to_string()), "affected": deleted})).await?;
+        record(&mut tx, actor, "queue.purge", Some(queue), json!({"states": states, "older_than": older_than.map(|t| t.to_string()), "affected": deleted, "has_more": has_more})).await?;
         tx.commit().await?;
-        Ok(deleted)
+        Ok((deleted, has_more))
     }
 
     /// Counts of dead letters by queue and by error type, and their age span.

@@ -321,7 +321,13 @@ impl Store {
         validate_cron_name(&spec.name)?;
         check(&spec.template.new_job(&spec.name, Timestamp::UNIX_EPOCH)?)?;
         let now = self.now().await?;
-        let next = if spec.enabled { spec.schedule.next_after(now) } else { None };
+        // An enabled schedule without a next run would be listed as active and never fire.
+        let next = match spec.enabled {
+            true => Some(spec.schedule.next_after(now).ok_or_else(|| {
+                StoreError::invalid("cron", format!("{:?} has no run after {now}; an enabled cron job must fire", spec.schedule.expression()))
+            })?),
+            false => None,
+        };
         let template = serde_json::to_value(&spec.template).map_err(|e| StoreError::invalid("template", e.to_string()))?;
         let mut tx = self.begin().await?;
         let row = sqlx::query(

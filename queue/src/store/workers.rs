@@ -249,15 +249,29 @@ impl Store {
     /// ([`Store::heartbeat`]), as the protocol allows beats from any holder. `usage` is what
     /// the client said of itself, if anything.
     pub async fn ojs_worker_beat(&self, id: &str, running: i32, stopping: bool, usage: ProcessUsage) -> Result<Option<String>, StoreError> {
+        let unsaid = WorkerRegistration { id: id.to_owned(), host: String::new(), pid: 0, queues: Vec::new(), concurrency: 0, version: String::new() };
+        self.ojs_worker_beat_as(&unsaid, running, stopping, usage).await
+    }
+
+    /// [`Store::ojs_worker_beat`] from a client that said what it is (worker protocol §4.2:
+    /// `hostname`, `pid`, `queues`, `concurrency`), for the worker list and the
+    /// `worker.heartbeat` event. A field left empty or zero was not said: the row keeps what an
+    /// earlier beat said, or at the first beat host `ojs-http` and pid 0. `version` is not
+    /// read: an OJS client is `ojs/1.0`. The caller bounds the values.
+    pub async fn ojs_worker_beat_as(&self, who: &WorkerRegistration, running: i32, stopping: bool, usage: ProcessUsage) -> Result<Option<String>, StoreError> {
         let usage = usage.sane();
         let status = if stopping { WorkerStatus::Stopping } else { WorkerStatus::Ready };
         let requested: Option<Option<String>> = sqlx::query_scalar(concat!(
             "WITH beat AS (
-    INSERT INTO workers AS w (id, host, pid, version, running, stopping, status, memory_mb, cpu_percent)
-    VALUES ($1, 'ojs-http', 0, 'ojs/1.0', $2, $3 = 'stopping', $3, $4, $5)
+    INSERT INTO workers AS w (id, host, pid, version, running, stopping, status, memory_mb, cpu_percent, queues, concurrency)
+    VALUES ($1, COALESCE(NULLIF($6, ''), 'ojs-http'), $7, 'ojs/1.0', $2, $3 = 'stopping', $3, $4, $5, $8, $9)
     ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now(), running = EXCLUDED.running, stopping = EXCLUDED.stopping,
         status = EXCLUDED.status, status_detail = NULL, memory_mb = EXCLUDED.memory_mb, cpu_percent = EXCLUDED.cpu_percent,
-        status_since = CASE WHEN w.status = EXCLUDED.status THEN w.status_since ELSE now() END
+        status_since = CASE WHEN w.status = EXCLUDED.status THEN w.status_since ELSE now() END,
+        host = CASE WHEN $6 = '' THEN w.host ELSE EXCLUDED.host END,
+        pid = CASE WHEN $7 = 0 THEN w.pid ELSE EXCLUDED.pid END,
+        queues = CASE WHEN cardinality($8::text[]) = 0 THEN w.queues ELSE EXCLUDED.queues END,
+        concurrency = CASE WHEN $9 = 0 THEN w.concurrency ELSE EXCLUDED.concurrency END
     RETURNING ",
             beat_returning!(),
             "
@@ -266,11 +280,15 @@ impl Store {
             "
 SELECT requested_state FROM beat"
         ))
-        .bind(id)
+        .bind(&who.id)
         .bind(running)
         .bind(status.as_str())
         .bind(usage.memory_mb)
         .bind(usage.cpu_percent)
+        .bind(&who.host)
+        .bind(who.pid)
+        .bind(&who.queues)
+        .bind(who.concurrency)
         .fetch_optional(&self.pool)
         .await?;
         Ok(requested.flatten())

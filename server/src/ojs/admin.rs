@@ -109,7 +109,9 @@ pub async fn resume_queue(State(state): State<AppState>, caller: Caller, Path(na
     Ok(Json(json!({ "name": q.name, "paused": false, "queue": queue_item(&q) })))
 }
 
-/// `DELETE /admin/queues/{name}/jobs` with `{"states", "older_than"?, "confirm": true}`.
+/// `DELETE /admin/queues/{name}/jobs` with `{"states", "older_than"?, "confirm": true}`. One
+/// call deletes at most `BULK_LIMIT` jobs; `has_more` says matching jobs remain, so a client
+/// repeats it rather than taking a capped count for the whole purge.
 pub async fn purge_queue(State(state): State<AppState>, caller: Caller, Path(name): Path<String>, body: JsonObject) -> Result<Json<Value>, ApiError> {
     let f = body.fields();
     f.only(&["states", "older_than", "confirm"])?;
@@ -121,8 +123,8 @@ pub async fn purge_queue(State(state): State<AppState>, caller: Caller, Path(nam
         .map(|(i, s)| s.parse::<JobState>().map_err(|e| f.error(&format!("states[{i}]"), e)))
         .collect::<Result<Vec<_>, _>>()?;
     let older_than = time_field(&f, "older_than")?;
-    let purged = state.store.purge_queue(queue_name(&name)?, &states, older_than, &caller.actor()).await?;
-    Ok(Json(json!({ "purged_count": purged, "states": names, "queue": name })))
+    let (purged, has_more) = state.store.purge_queue(queue_name(&name)?, &states, older_than, &caller.actor()).await?;
+    Ok(Json(json!({ "purged_count": purged, "states": names, "queue": name, "has_more": has_more })))
 }
 
 /// `PUT /admin/queues/{name}/config`: the queue's `rate_limit` (null to remove it). Other
@@ -317,18 +319,12 @@ pub async fn bulk(State(state): State<AppState>, caller: Caller, Path(action): P
     let f = body.fields();
     f.only(&["filter", "confirm"])?;
     confirmed(&f)?;
-    let filter = body_filter(&f)?;
-    let sel = JobSelection::Filter(filter.clone());
+    let sel = JobSelection::Filter(body_filter(&f)?);
     let actor = caller.actor();
     let report = match action.as_str() {
         "retry" => state.store.retry_finished_jobs(&sel, &actor).await?,
         "delete" => state.store.delete_finished_jobs(&sel, &actor).await?,
-        "cancel" => {
-            // Finished jobs cannot be cancelled; they count as matched but not cancelled.
-            let matched = state.store.count_jobs(&filter, rebound_queue::store::BULK_LIMIT).await?;
-            let cancelled = state.store.cancel_jobs(&sel, &actor).await?;
-            BulkReport { matched: matched as u64, succeeded: cancelled, refused: Vec::new() }
-        }
+        "cancel" => state.store.cancel_unfinished_jobs(&sel, &actor).await?,
         other => return Err(ApiError::invalid_field("action", format!("unknown bulk action {other:?}; use retry, cancel or delete"))),
     };
     Ok(Json(bulk_json(&action, &report)))

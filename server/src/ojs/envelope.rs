@@ -35,10 +35,10 @@ const ENVELOPE: [&str; 5] = ["type", "args", "id", "meta", "options"];
 
 /// Keys the server sets; a client sending them (e.g. re-posting a fetched job) is ignored
 /// rather than echoed back as if they were the job's.
-const SYSTEM_MANAGED: [&str; 16] = [
+const SYSTEM_MANAGED: [&str; 17] = [
     "specversion", "state", "attempt", "max_attempts", "created_at", "enqueued_at", "started_at",
     "completed_at", "cancelled_at", "discarded_at", "result", "error", "errors", "retry_delay_ms",
-    "next_attempt_at", "dead_letter",
+    "next_attempt_at", "next_retry_at", "dead_letter",
 ];
 
 /// Parses a job envelope. `now` anchors relative times (`"+PT2S"`).
@@ -279,6 +279,10 @@ pub fn job_json(job: &Job) -> Value {
     if waiting {
         put("next_attempt_at", ts(job.scheduled_at));
     }
+    // The retry spec's name (§10) for the same time; only a retry is one, not a delayed first run.
+    if job.state == JobState::Retryable {
+        put("next_retry_at", ts(job.scheduled_at));
+    }
     let optional_times = [
         ("enqueued_at", job.enqueued_at),
         ("expires_at", job.expires_at),
@@ -440,8 +444,22 @@ mod tests {
         let v = job_json(&stored);
         assert_eq!(v["x_custom_field"], "v");
         assert_eq!(v["enqueued_at"], "2026-01-01T00:00:00Z");
-        for absent in ["started_at", "completed_at", "error", "result", "scheduled_at", "next_attempt_at"] {
+        for absent in ["started_at", "completed_at", "error", "result", "scheduled_at", "next_attempt_at", "next_retry_at"] {
             assert!(v.get(absent).is_none(), "{absent} in {v}");
         }
+    }
+
+    #[test]
+    fn a_job_waiting_for_a_retry_says_when_by_both_names() {
+        let due: Timestamp = "2026-01-01T00:05:00Z".parse().expect("timestamp");
+        let job = parse(json!({"type": "a.b", "args": [], "next_retry_at": "1999-01-01T00:00:00Z"})).expect("valid");
+        let mut stored = job.into_job(Uuid::now_v7(), JobState::Retryable, 3, now());
+        stored.scheduled_at = due;
+        let v = job_json(&stored);
+        assert_eq!((v["next_retry_at"].as_str(), v["next_attempt_at"].as_str()), (Some("2026-01-01T00:05:00Z"), Some("2026-01-01T00:05:00Z")), "{v}");
+        // A delayed first run waits too, but not for a retry; a client's copy is never echoed.
+        stored.state = JobState::Scheduled;
+        let v = job_json(&stored);
+        assert_eq!((v.get("next_retry_at"), v["next_attempt_at"].as_str()), (None, Some("2026-01-01T00:05:00Z")), "{v}");
     }
 }

@@ -85,7 +85,10 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "rate-limiting": {
                 "implemented": ["queue-level concurrency, rate (fixed windows) and throttle, enforced in the claim statement",
                                 "GET /rate-limits, GET/PUT /rate-limits/queue:<name>", "PUT /admin/queues/{name}/rate-limit"],
-                "not_implemented": ["per-job keyed limits (a job with options.rate_limit is refused: 422 unsupported)", "on_limit reschedule/drop", "dynamic limits", "rate_limit.* events", "X-RateLimit-* headers"],
+                "not_implemented": ["per-job keyed limits (a job with options.rate_limit is refused: 422 unsupported)",
+                                    "keys other than queue:<name> (GET/PUT /rate-limits/{key} with a bare or other-prefixed key: 422 unsupported naming key)",
+                                    "temporary overrides (a limit with expires_at is refused: 422 unsupported)",
+                                    "on_limit reschedule/drop", "dynamic limits", "rate_limit.* events", "X-RateLimit-* headers"],
             },
             "events": {
                 "implemented": ["job.enqueued, job.scheduled, job.started, job.heartbeat (worker and API heartbeats, with visible_until), job.progress, job.completed, job.failed, job.retrying, job.discarded, job.expired, job.cancelled",
@@ -93,7 +96,7 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
                                 "ojs-timeouts' job.timeout and job.stalled (timeout_kind, limit_seconds, elapsed_seconds), just before the attempt's job.failed",
                                 "the job's trace_id (meta.trace_id or traceparent) on every event of a traced job",
                                 "workflow.started, workflow.step_completed, workflow.completed, workflow.failed",
-                                "worker.started, worker.heartbeat (every worker and API heartbeat: active_jobs, queues, status, and memory_mb and cpu_percent when the worker said them), worker.quiet (SIGTSTP, an operator's quiet, or draining after SIGTERM: reason quiet or shutdown), worker.stopped (reason shutdown or heartbeat_timeout, uptime_ms, active_jobs)",
+                                "worker.started, worker.heartbeat (every worker and API heartbeat: active_jobs, queues, concurrency, status, and memory_mb and cpu_percent when the worker said them; an API heartbeat's hostname, pid, queues and concurrency are kept for the worker list), worker.quiet (SIGTSTP, an operator's quiet, or draining after SIGTERM: reason quiet or shutdown), worker.stopped (reason shutdown or heartbeat_timeout, uptime_ms, active_jobs)",
                                 "GET /events: filters types, queues, job_types, job_id, since; newest first, or polled oldest first with after, cursor and has_more",
                                 "Server-Sent Events: /events/stream?channel=job:<id>|queue:<name>, /jobs/{id}/events (ends when the job finishes), /queues/{name}/events, Last-Event-ID resume"],
                 "not_implemented": ["WebSocket and gRPC subscriptions", "webhooks"],
@@ -109,7 +112,7 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
                 "notes": "a nested workflow (a chain's step or a group's or batch's job given as a workflow) is tracked on its own and stands in its parent as a job finished by its end; deeper nesting is refused at creation",
             },
             "cron": {
-                "implemented": ["5/6-field expressions, names, L W #, @yearly…@hourly", "@every <duration> (1 s at least), anchored to its registration", "IANA time zones", "overlap skip/allow/cancel_previous/enqueue",
+                "implemented": ["5/6-field expressions, names, L W #, @yearly…@hourly", "@every <duration> (1 s to 365 days), anchored to its registration", "IANA time zones", "overlap skip/allow/cancel_previous/enqueue",
                                 "register (upsert)/list/get/delete/PATCH enabled", "pause/resume/trigger", "exactly-once ticks across processes"],
                 "implemented_events": ["cron.triggered", "cron.skipped (overlap_skip)"],
                 "not_implemented": ["cron.skipped for disabled or DST-skipped ticks"],

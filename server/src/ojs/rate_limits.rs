@@ -90,12 +90,13 @@ fn state_json(s: &RateLimitState) -> Value {
     v
 }
 
-/// The queue a partition key names: `queue:<name>`, or a bare queue name.
+/// The queue a partition key names: only `queue:<name>`. A bare key such as `stripe-api` is
+/// a keyed partition in the spec, not a queue: taking it as a queue name would limit (or
+/// report) a queue nobody meant, so it is refused like any other keyed partition.
 fn queue_of(key: &str) -> Result<&str, ApiError> {
-    let name = key.strip_prefix("queue:").unwrap_or(key);
-    if key.contains(':') && !key.starts_with("queue:") {
+    let Some(name) = key.strip_prefix("queue:") else {
         return Err(unsupported(format!("rate-limit key {key:?} (only queue limits, keyed \"queue:<name>\")")).detail("field", "key"));
-    }
+    };
     validate_queue(name).map_err(|e| ApiError::invalid_field("key", e.reason))?;
     Ok(name)
 }

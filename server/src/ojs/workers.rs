@@ -8,7 +8,7 @@ use axum::extract::State;
 use jiff::Timestamp;
 use rebound_queue::job::validate_queue;
 use rebound_queue::outcome::NextStep;
-use rebound_queue::store::{ClaimRequest, Completion, Failure, JobProgress, ProcessUsage, ProgressReport};
+use rebound_queue::store::{ClaimRequest, Completion, Failure, JobProgress, ProcessUsage, ProgressReport, WorkerRegistration};
 use rebound_queue::{HandlerError, Job, Outcome};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -201,6 +201,9 @@ pub async fn nack(State(state): State<AppState>, body: JsonObject) -> Result<Jso
     if let Some(ms) = job.retry_delay_ms.filter(|_| !job.state.is_terminal()) {
         m.insert("retry_delay_ms".into(), json!(ms));
         m.insert("next_attempt_at".into(), Value::String(job.scheduled_at.to_string()));
+        if job.state == rebound_queue::JobState::Retryable {
+            m.insert("next_retry_at".into(), Value::String(job.scheduled_at.to_string()));
+        }
     }
     for (key, t) in [("discarded_at", job.discarded_at), ("completed_at", job.completed_at)] {
         if let Some(t) = t {
@@ -268,6 +271,45 @@ fn heartbeat_jobs(f: &Fields<'_>) -> Result<(Vec<Uuid>, Option<i64>), ApiError> 
     Ok((ids, count))
 }
 
+/// The most queues a heartbeat may say its worker serves (as many as one fetch may name).
+const MAX_HEARTBEAT_QUEUES: usize = 100;
+/// The longest `hostname` a heartbeat may give, in bytes (a DNS name is at most 253).
+const MAX_HOSTNAME: usize = 255;
+/// The largest `concurrency` a heartbeat may give.
+const MAX_CONCURRENCY: i64 = 100_000;
+
+/// What a heartbeat says of its worker (worker protocol §4.2: `hostname`, `pid`, `queues`,
+/// `concurrency`), for the worker list and the `worker.heartbeat` event. Absent, empty or zero
+/// is not said: the JS SDK sends pid 0 when it cannot tell. `labels` and `started_at` are not
+/// kept (the worker row has no place for them).
+fn heartbeat_worker(f: &Fields<'_>, id: &str) -> Result<WorkerRegistration, ApiError> {
+    let host = f.str("hostname")?.unwrap_or_default();
+    if host.len() > MAX_HOSTNAME || host.chars().any(char::is_control) {
+        return Err(f.error("hostname", format!("must be at most {MAX_HOSTNAME} bytes, without control characters")));
+    }
+    let pid = f.i64_in("pid", 0, i64::from(i32::MAX))?.unwrap_or(0);
+    let names = f.strings("queues")?.unwrap_or_default();
+    if names.len() > MAX_HEARTBEAT_QUEUES {
+        return Err(f.error("queues", format!("must list at most {MAX_HEARTBEAT_QUEUES} queues")));
+    }
+    let mut queues: Vec<String> = Vec::with_capacity(names.len());
+    for (i, name) in names.into_iter().enumerate() {
+        validate_queue(name).map_err(|e| f.error(&format!("queues[{i}]"), e.reason))?;
+        if !queues.iter().any(|q| q == name) {
+            queues.push(name.to_owned());
+        }
+    }
+    let concurrency = f.i64_in("concurrency", 0, MAX_CONCURRENCY)?.unwrap_or(0);
+    Ok(WorkerRegistration {
+        id: id.to_owned(),
+        host: host.to_owned(),
+        pid: i32::try_from(pid).unwrap_or(0),
+        queues,
+        concurrency: i32::try_from(concurrency).unwrap_or(0),
+        version: String::new(),
+    })
+}
+
 /// `POST /ojs/v1/workers/heartbeat`: extends the claims of `active_jobs` (or `active_job_ids`)
 /// and answers the worker's directive (`running`, or in test mode what the job's metadata asks
 /// for). A beat that leaves running jobs unextended is logged: one that names no ids while
@@ -277,6 +319,8 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
     let worker = worker_id(&f, true)?.unwrap_or(ANONYMOUS_WORKER);
     let (ids, claimed_count) = heartbeat_jobs(&f)?;
     let vis = visibility(&f)?;
+    // Read before any claim is extended, so a bad field changes nothing.
+    let about = heartbeat_worker(&f, worker)?;
     // Any holder's claim is extended: OJS workers need not send the id they fetched with.
     // A job whose row another request is writing (its ack, most likely) is `busy`: still
     // held, left for the next beat rather than waited for.
@@ -292,7 +336,7 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
     // What the client says it uses (the `worker.heartbeat` event's optional fields): a
     // petabyte and a thousand cores are bounds no real process passes.
     let usage = ProcessUsage { memory_mb: f.f64_in("memory_mb", 0.0, 1e9)?, cpu_percent: f.f64_in("cpu_percent", 0.0, 100_000.0)? };
-    let requested = state.store.ojs_worker_beat(worker, i32::try_from(said_running).unwrap_or(i32::MAX), stopping, usage).await?;
+    let requested = state.store.ojs_worker_beat_as(&about, i32::try_from(said_running).unwrap_or(i32::MAX), stopping, usage).await?;
     let directive = match requested.as_deref() {
         Some("terminate") => "terminate",
         Some("quiet") => "quiet",

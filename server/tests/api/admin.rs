@@ -160,11 +160,30 @@ async fn bulk_operations_and_purges_demand_confirmation() {
     let r = s.call("DELETE", "/ojs/v1/admin/queues/pq/jobs", Some(json!({"states": ["available"], "older_than": "2000-01-01T00:00:00Z", "confirm": true}))).await;
     assert_eq!(r.body["purged_count"], 0, "{}", r.text);
     let r = s.call("DELETE", "/ojs/v1/admin/queues/pq/jobs", Some(json!({"states": ["available"], "confirm": true}))).await;
-    assert_eq!((r.body["purged_count"].as_i64(), r.body["states"].clone()), (Some(3), json!(["available"])));
+    assert_eq!((r.body["purged_count"].as_i64(), r.body["states"].clone(), r.body["has_more"].as_bool()), (Some(3), json!(["available"]), Some(false)), "{}", r.text);
     let audit = s.db.store.audit_log(&Default::default()).await.expect("audit");
     for action in ["job.bulk_retry", "job.bulk_cancel", "job.bulk_delete", "queue.purge"] {
         assert!(audit.iter().any(|e| e.action == action), "{action} audited");
     }
+}
+
+/// A bulk cancel names each job it matched but could not cancel, as retry and delete do:
+/// `failed` is never a bare count beside an empty `errors`.
+#[tokio::test]
+async fn bulk_cancel_names_the_jobs_it_could_not_cancel() {
+    let s = TestServer::new().await;
+    let done = s.enqueue(json!({"type": "admin.job", "args": [1], "options": {"queue": "bc"}})).await;
+    assert_eq!(s.fetch("bc").await["id"], done["id"]);
+    let r = s.post("/ojs/v1/workers/ack", json!({"job_id": done["id"], "result": {}})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let waiting = s.enqueue(json!({"type": "admin.job", "args": [2], "options": {"queue": "bc"}})).await;
+    let r = s.post("/ojs/v1/admin/jobs/bulk/cancel", json!({"filter": {"queue": "bc"}, "confirm": true})).await;
+    assert_eq!((r.body["matched"].as_i64(), r.body["succeeded"].as_i64(), r.body["failed"].as_i64()), (Some(2), Some(1), Some(1)), "{}", r.text);
+    let errors = r.body["errors"].as_array().unwrap_or_else(|| panic!("no errors in {}", r.text));
+    assert_eq!((errors.len(), &errors[0]["job_id"]), (1, &done["id"]), "{}", r.text);
+    assert!(errors[0]["error"].as_str().is_some_and(|e| e.contains("completed")), "{}", r.text);
+    assert_eq!(s.get(&format!("/ojs/v1/jobs/{}", id(&waiting))).await.body["job"]["state"], "cancelled");
+    assert_eq!(s.get(&format!("/ojs/v1/jobs/{}", id(&done))).await.body["job"]["state"], "completed");
 }
 
 #[tokio::test]
@@ -267,6 +286,48 @@ async fn a_dead_letter_is_retried_with_an_override() {
     assert_eq!((r.status, r.body["job"]["state"].as_str()), (StatusCode::OK, Some("available")), "{}", r.text);
 }
 
+/// An OJS client's heartbeat says what its worker is (worker protocol §4.2, the JS SDK's body):
+/// the admin worker list and the `worker.heartbeat` event show it, later beats that say nothing
+/// keep it, and a bad value is refused by name before any claim is touched.
+#[tokio::test]
+async fn an_ojs_heartbeat_says_what_its_worker_is() {
+    let s = TestServer::new().await;
+    let beat = json!({
+        "worker_id": "js-1", "state": "running", "active_jobs": 0, "active_job_ids": [],
+        "hostname": "web-1", "pid": 4242, "queues": ["email", "default", "email"], "concurrency": 8, "labels": ["canary"],
+    });
+    let r = s.post("/ojs/v1/workers/heartbeat", beat).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = s.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "js-1", "active_jobs": []})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = s.get("/ojs/v1/admin/workers/js-1").await;
+    assert_eq!(
+        (r.body["hostname"].as_str(), r.body["pid"].as_i64(), r.body["queues"].clone(), r.body["concurrency"].as_i64(), r.body["version"].as_str()),
+        (Some("web-1"), Some(4242), json!(["email", "default"]), Some(8), Some("ojs/1.0")),
+        "a beat that says nothing keeps what the first said: {}",
+        r.text
+    );
+    let r = s.get("/ojs/v1/events?types=worker.heartbeat").await;
+    let data = &r.body["events"][1]["data"];
+    assert_eq!((data["worker_id"].as_str(), data["queues"].clone(), data["concurrency"].as_i64()), (Some("js-1"), json!(["email", "default"]), Some(8)), "{}", r.text);
+    let many: Vec<String> = (0..101).map(|i| format!("q{i}")).collect();
+    for (field, bad, named) in [
+        ("hostname", json!("h".repeat(256)), "hostname"),
+        ("hostname", json!(7), "hostname"),
+        ("pid", json!(-1), "pid"),
+        ("pid", json!(1u64 << 40), "pid"),
+        ("queues", json!("email"), "queues"),
+        ("queues", json!(["Bad Queue"]), "queues[0]"),
+        ("queues", json!(many), "queues"),
+        ("concurrency", json!(1_000_000), "concurrency"),
+        ("concurrency", json!(1.5), "concurrency"),
+    ] {
+        let r = s.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "js-2", "active_jobs": [], field: bad})).await;
+        assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some(named)), "{field} = {bad}: {}", r.text);
+    }
+    assert_eq!(s.get("/ojs/v1/admin/workers/js-2").await.status, StatusCode::NOT_FOUND, "a refused beat registers nothing");
+}
+
 #[tokio::test]
 async fn workers_quiet_and_stale_deregistration() {
     let s = TestServer::new().await;
@@ -354,10 +415,18 @@ async fn queue_rate_limits_over_http() {
     assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("rate.period")), "{}", r.text);
     let r = s.call("PUT", "/ojs/v1/admin/queues/rl/rate-limit", Some(json!({"throttle": {"limit": 0, "period": "PT1S"}}))).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
-    let r = s.call("PUT", "/ojs/v1/rate-limits/Stripe%20API", Some(json!({"concurrency": 1}))).await;
-    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("key")), "a bare key names a queue: {}", r.text);
+    let r = s.call("PUT", "/ojs/v1/rate-limits/queue:Stripe%20API", Some(json!({"concurrency": 1}))).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("key")), "{}", r.text);
     let r = s.call("PUT", "/ojs/v1/rate-limits/tenant:acme", Some(json!({"concurrency": 1}))).await;
     assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")));
+    // A bare key is a keyed partition in the spec, not a queue: refused, and no queue is limited.
+    for (method, body) in [("PUT", Some(json!({"concurrency": 0}))), ("GET", None)] {
+        let r = s.call(method, "/ojs/v1/rate-limits/stripe-api", body).await;
+        assert_eq!((r.status, r.body["error"]["code"].as_str(), r.error_field()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported"), Some("key")), "{method}: {}", r.text);
+    }
+    assert_eq!(s.get("/ojs/v1/rate-limits/queue:stripe-api").await.status, StatusCode::NOT_FOUND);
+    let r = s.call("PUT", "/ojs/v1/rate-limits/queue:rl", Some(json!({"concurrency": 0, "expires_at": "2030-01-01T00:00:00Z"}))).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::UNPROCESSABLE_ENTITY, Some("expires_at")), "{}", r.text);
     assert_eq!(s.get("/ojs/v1/rate-limits/queue:none").await.status, StatusCode::NOT_FOUND);
 }
 

@@ -73,6 +73,8 @@ async fn invalid_registrations_name_the_field_and_save_nothing() {
         (with("cron", json!("")), "cron"),
         (with("cron", json!("@every 500ms")), "cron"),
         (with("cron", json!("@every soon")), "cron"),
+        (with("cron", json!("@every 100000000h")), "cron"),
+        (json!({"name": "x", "expression": "@every 8761h", "job_template": {"type": "a.b"}}), "expression"),
         (suite_shaped.take(), "expression"),
         (with("timezone", json!("EST")), "timezone"),
         (with("timezone", json!("+05:00")), "timezone"),

@@ -492,4 +492,7 @@ async fn a_stored_unbounded_policy_schedules_within_a_year() {
     assert!(next < limit, "due within a year: {next}");
     let got = server.get(&format!("/ojs/v1/jobs/{}", job["id"].as_str().expect("id"))).await;
     assert_eq!(got.status, StatusCode::OK, "{}", got.text);
+    // The retry spec's name for the same time (§10), in the nack's answer and on the job.
+    assert_eq!(r.body["next_retry_at"], r.body["next_attempt_at"], "{}", r.text);
+    assert_eq!(got.body["job"]["next_retry_at"], r.body["next_attempt_at"], "{}", got.text);
 }
