@@ -127,6 +127,14 @@ async fn overlap_policies() {
     let skipped = db.store.cron_events(&EventFilter { types: vec!["cron.skipped".into()], limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(skipped.len(), 1);
     assert_eq!((skipped[0].cron_name.as_str(), skipped[0].reason, skipped[0].job_id), ("skip", Some("overlap_skip"), None));
+    // ojs-cron §9: a skip names the run in the way, a trigger which run it was.
+    let running = cron_jobs_of(&db.store, "skip").await;
+    assert_eq!((skipped[0].active_job_id, skipped[0].run_count), (Some(running[0].0), None));
+    let allow_runs = db.store.cron_events(&EventFilter { types: vec!["cron.triggered".into()], limit: 100, ..Default::default() }).await.unwrap();
+    let mut numbers: Vec<Option<i64>> = allow_runs.iter().filter(|e| e.cron_name == "allow").map(|e| e.run_count).collect();
+    numbers.sort();
+    assert_eq!(numbers, [Some(1), Some(2)]);
+    assert!(allow_runs.iter().all(|e| e.active_job_id.is_none()));
     assert_eq!(db.store.cron_events(&EventFilter { queues: vec!["cq".into()], limit: 100, ..Default::default() }).await.unwrap().len(), 8, "7 triggered + 1 skipped");
     // One job's: the run that enqueued it, newest first or after a cursor.
     let allowed = cron_jobs_of(&db.store, "allow").await;
@@ -140,6 +148,10 @@ async fn overlap_policies() {
     db.store.cancel(hold[0].0, None).await.unwrap();
     assert_eq!(db.store.fire_due_crons(10).await.unwrap().released, 1);
     assert_eq!(db.store.job(hold[1].0).await.unwrap().state, JobState::Available);
+    // A manual trigger is a run too, numbered after the scheduled ones.
+    let (_, manual) = db.store.trigger_cron("allow", &actor).await.unwrap();
+    let of_manual = db.store.cron_events(&EventFilter { job_id: Some(manual.id), limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(of_manual.iter().map(|e| (e.manual, e.run_count)).collect::<Vec<_>>(), [(true, Some(3))]);
 }
 
 #[tokio::test]

@@ -70,7 +70,7 @@ pub struct ServeArgs {
     #[arg(long, env = "REBOUND_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
-    /// Requests taking longer are abandoned with 408.
+    /// Requests taking longer are answered 408; their handlers still run to their end.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub request_timeout: Duration,
 

@@ -198,6 +198,11 @@ pub struct CronEvent {
     pub manual: bool,
     /// Why a tick was skipped (`overlap_skip`).
     pub reason: Option<&'static str>,
+    /// For a trigger, which run of its cron job it was (its `run_count` then). `None` for
+    /// runs recorded before this was kept.
+    pub run_count: Option<i64>,
+    /// For a skip, the earlier run's job that was still running.
+    pub active_job_id: Option<Uuid>,
 }
 
 /// Cron job names are `[a-z0-9][a-z0-9.-]*`, at most 255 characters (OJS).
@@ -242,7 +247,7 @@ macro_rules! cron_events_sql {
     SELECT ('evt_' || lpad(((extract(epoch FROM r.fired_at) * 1000000)::bigint)::text, 16, '0')
             || CASE WHEN r.outcome = 'skipped' THEN ':cron.skipped:' ELSE ':cron.triggered:' END
             || r.cron_name || ':' || ((extract(epoch FROM r.scheduled_for) * 1000000)::bigint)) COLLATE \"C\" AS id,
-           r.cron_name, r.scheduled_for, r.fired_at, r.outcome, r.job_id, c.expression, c.timezone,
+           r.cron_name, r.scheduled_for, r.fired_at, r.outcome, r.job_id, r.run_number, r.active_job_id, c.expression, c.timezone,
            j.type AS job_type, COALESCE(j.queue, c.template->>'queue') AS queue
     FROM cron_runs r
     LEFT JOIN cron_jobs c ON c.name = r.cron_name
@@ -304,6 +309,8 @@ impl Store {
                     queue: r.try_get("queue")?,
                     manual: outcome == "triggered",
                     reason: skipped.then_some("overlap_skip"),
+                    run_count: r.try_get("run_number")?,
+                    active_job_id: r.try_get("active_job_id")?,
                 })
             })
             .collect()
@@ -424,12 +431,6 @@ impl Store {
         let max_attempts = check(&new_job)?;
         let mut tx = self.begin().await?;
         let job = insert_one(&mut tx, &new_job, max_attempts).await?;
-        sqlx::query("INSERT INTO cron_runs (cron_name, scheduled_for, outcome, job_id) VALUES ($1, $2::timestamptz, 'triggered', $3) ON CONFLICT DO NOTHING")
-            .bind(name)
-            .bind(now.to_string())
-            .bind(job.id)
-            .execute(&mut *tx)
-            .await?;
         let row = sqlx::query(
             "UPDATE cron_jobs SET last_run_at = now(), last_job_id = $2, last_outcome = 'triggered', run_count = run_count + 1, updated_at = now()
              WHERE name = $1 RETURNING *",
@@ -437,6 +438,17 @@ impl Store {
         .bind(name)
         .bind(job.id)
         .fetch_one(&mut *tx)
+        .await?;
+        let run_count: i64 = row.try_get("run_count")?;
+        sqlx::query(
+            "INSERT INTO cron_runs (cron_name, scheduled_for, outcome, job_id, run_number) VALUES ($1, $2::timestamptz, 'triggered', $3, $4)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(name)
+        .bind(now.to_string())
+        .bind(job.id)
+        .bind(run_count)
+        .execute(&mut *tx)
         .await?;
         record(&mut tx, actor, "cron.trigger", Some(name), json!({"job_id": job.id})).await?;
         tx.commit().await?;
@@ -550,24 +562,32 @@ impl Store {
             }
         };
         let job_id = job.as_ref().map(|j| j.id);
-        sqlx::query("UPDATE cron_runs SET outcome = $3, job_id = $4 WHERE cron_name = $1 AND scheduled_for = $2::timestamptz")
-            .bind(&cron.name)
-            .bind(tick.to_string())
-            .bind(if job.is_none() && outcome != "skipped" { "failed" } else { outcome })
-            .bind(job_id)
-            .execute(&mut *tx)
-            .await?;
+        let recorded = if job.is_none() && outcome != "skipped" { "failed" } else { outcome };
         // run_count and last_run_at count triggers (OJS §2.2), so a skipped or failed tick
         // leaves them alone, though it took the tick above.
-        sqlx::query(
+        let run_count: i64 = sqlx::query_scalar(
             "UPDATE cron_jobs SET last_job_id = COALESCE($2, last_job_id), last_outcome = $3,
                  last_run_at = CASE WHEN $2::uuid IS NULL THEN last_run_at ELSE now() END,
                  run_count = run_count + CASE WHEN $2::uuid IS NULL THEN 0 ELSE 1 END
-             WHERE name = $1",
+             WHERE name = $1 RETURNING run_count",
         )
         .bind(&cron.name)
         .bind(job_id)
-        .bind(if job.is_none() && outcome != "skipped" { "failed" } else { outcome })
+        .bind(recorded)
+        .fetch_one(&mut *tx)
+        .await?;
+        // The run's number for its `cron.triggered` event; for a skip, the run in the way
+        // (the newest, if several are).
+        sqlx::query(
+            "UPDATE cron_runs SET outcome = $3, job_id = $4, run_number = CASE WHEN $4::uuid IS NULL THEN NULL ELSE $5 END, active_job_id = $6
+             WHERE cron_name = $1 AND scheduled_for = $2::timestamptz",
+        )
+        .bind(&cron.name)
+        .bind(tick.to_string())
+        .bind(recorded)
+        .bind(job_id)
+        .bind(run_count)
+        .bind(if outcome == "skipped" { unfinished.first().copied() } else { None })
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;

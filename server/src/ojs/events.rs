@@ -149,6 +149,12 @@ fn cron_event_json(e: &CronEvent) -> Value {
         if let Some(r) = e.reason {
             m.insert("reason".into(), Value::String(r.into()));
         }
+        if let Some(n) = e.run_count {
+            m.insert("run_count".into(), Value::from(n));
+        }
+        if let Some(id) = e.active_job_id {
+            m.insert("active_job_id".into(), Value::String(id.to_string()));
+        }
     }
     cloud_event(&e.id, e.event_type, "ojs://rebound/cron", e.actual_time, &e.cron_name, data)
 }

@@ -332,7 +332,8 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
         warn_lapsed(&state, worker, ids.iter().filter(|id| !held.extended.contains(id) && !held.busy.contains(id))).await;
     }
     // The worker's own state (graceful shutdown: `quiet` while draining, `terminate` at the end).
-    let stopping = matches!(f.str("state")?, Some("quiet" | "terminate" | "terminated" | "stopping"));
+    let own_state = f.str("state")?;
+    let stopping = matches!(own_state, Some("quiet" | "terminate" | "terminated" | "stopping"));
     // What the client says it uses (the `worker.heartbeat` event's optional fields): a
     // petabyte and a thousand cores are bounds no real process passes.
     let usage = ProcessUsage { memory_mb: f.f64_in("memory_mb", 0.0, 1e9)?, cpu_percent: f.f64_in("cpu_percent", 0.0, 100_000.0)? };
@@ -342,6 +343,13 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
         Some("quiet") => "quiet",
         _ if state.config.test_mode => test_mode::directive(&state.store, &ids).await?,
         _ => "running",
+    };
+    // Never a step back from where the worker says it is (worker protocol §2: no transition
+    // from `terminate` to `quiet` or `running`): a naive client obeying `running` would resume.
+    let directive = match own_state {
+        Some("terminate" | "terminated" | "stopping") => "terminate",
+        Some("quiet") if directive == "running" => "quiet",
+        _ => directive,
     };
     Ok(Json(json!({
         "state": directive,

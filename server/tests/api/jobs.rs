@@ -186,6 +186,7 @@ async fn events_record_what_happened() {
         .post("/ojs/v1/workers/heartbeat", json!({"worker_id": "w1", "active_jobs": [], "state": "quiet", "memory_mb": 96.5, "cpu_percent": 7}))
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.body["state"], "quiet", "never told to go back to running: {}", r.text);
     let r = s.get("/ojs/v1/events?types=worker.heartbeat,worker.quiet").await;
     let seen: Vec<(&str, &str, &Value)> = r.body["events"]
         .as_array()
