@@ -41,6 +41,14 @@ enum Kind {
     Every(SignedDuration),
 }
 
+/// How much of a schedule's text is checked: all of it when it is registered, only what it
+/// needs to fire when an earlier registration's is read back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Strictness {
+    Registering,
+    Stored,
+}
+
 /// The shortest `@every` interval: due ticks are looked for once a second, so a shorter one
 /// would silently fire at most once a second.
 pub const MIN_EVERY: SignedDuration = SignedDuration::from_secs(1);
@@ -50,8 +58,23 @@ impl CronSchedule {
     /// does: `"Europe/Berlin"`, `"Japan"`, `"UTC"`; fixed offsets and abbreviations like `"EST"`
     /// are refused, as OJS requires).
     pub fn new(expression: &str, timezone: &str) -> Result<CronSchedule, ScheduleError> {
-        let zone = parse_zone(timezone)?;
-        let kind = match every_interval(expression)? {
+        CronSchedule::parse(expression, timezone, Strictness::Registering)
+    }
+
+    /// A schedule as stored by an earlier registration, read back to fire it. Only what
+    /// cannot work is refused: a zone name in another spelling than the database's, or an
+    /// `@every` beyond the interval bound, was taken by earlier versions and still fires.
+    pub fn stored(expression: &str, timezone: &str) -> Result<CronSchedule, ScheduleError> {
+        CronSchedule::parse(expression, timezone, Strictness::Stored)
+    }
+
+    fn parse(expression: &str, timezone: &str, strictness: Strictness) -> Result<CronSchedule, ScheduleError> {
+        let zone = match strictness {
+            Strictness::Registering => parse_zone(timezone)?,
+            Strictness::Stored if timezone == "UTC" => TimeZone::UTC,
+            Strictness::Stored => TimeZone::get(timezone).map_err(|e| ScheduleError { field: "timezone", reason: format!("{timezone:?} is not a known IANA time zone: {e}") })?,
+        };
+        let kind = match every_interval(expression, strictness)? {
             Some(interval) => Kind::Every(interval),
             None => Kind::Calendar(Box::new(parse_expression(expression)?)),
         };
@@ -108,7 +131,7 @@ impl CronSchedule {
 }
 
 /// The interval of an `@every <duration>` expression; `None` for anything else.
-fn every_interval(expression: &str) -> Result<Option<SignedDuration>, ScheduleError> {
+fn every_interval(expression: &str, strictness: Strictness) -> Result<Option<SignedDuration>, ScheduleError> {
     let err = |reason: String| ScheduleError { field: "expression", reason };
     let trimmed = expression.trim();
     let Some(rest) = trimmed.get(..6).filter(|p| p.eq_ignore_ascii_case("@every")).map(|_| &trimmed[6..]) else {
@@ -126,7 +149,9 @@ fn every_interval(expression: &str) -> Result<Option<SignedDuration>, ScheduleEr
     }
     // Without a ceiling, an interval whose next tick overflows the time range is accepted as
     // active and never fires; the project's interval bound keeps it far inside that range.
-    crate::bounds::check_interval(interval.unsigned_abs()).map_err(|r| err(format!("@every {text}: the interval {r}")))?;
+    if strictness == Strictness::Registering {
+        crate::bounds::check_interval(interval.unsigned_abs()).map_err(|r| err(format!("@every {text}: the interval {r}")))?;
+    }
     Ok(Some(interval))
 }
 
@@ -276,6 +301,22 @@ mod tests {
         }
         let e = CronSchedule::new("* * * * *", "asia/tokyo").expect_err("lowercase");
         assert!(e.reason.contains("\"Asia/Tokyo\""), "names the database's spelling: {e}");
+    }
+
+    #[test]
+    fn schedules_stored_by_earlier_versions_still_fire() {
+        // Taken before the spelling check and the interval bound: refused if registered now,
+        // read back and fired as stored.
+        for (expression, zone) in [("0 9 * * *", "america/new_york"), ("@every 9000h", "UTC")] {
+            assert!(CronSchedule::new(expression, zone).is_err(), "{expression} {zone}");
+            let stored = CronSchedule::stored(expression, zone).unwrap_or_else(|e| panic!("{expression} {zone}: {}", e.reason));
+            assert!(stored.next_after(ts("2026-01-01T00:00:00Z")).is_some());
+        }
+        assert_eq!(
+            CronSchedule::stored("0 9 * * *", "america/new_york").unwrap().next_after(ts("2026-01-01T00:00:00Z")),
+            Some(ts("2026-01-01T14:00:00Z"))
+        );
+        assert!(CronSchedule::stored("0 9 * * *", "Not/AZone").is_err());
     }
 
     #[test]

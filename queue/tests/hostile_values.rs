@@ -39,6 +39,11 @@ async fn a_stored_policy_beyond_the_integer_range_does_not_fail_enqueues() {
     // The batch (and workflow) insert reads the policies through its own statement.
     let batch = s.enqueue_batch(vec![NewJob::new("old.type", json!([1])), NewJob::new("other.type", json!([2]))]).await.expect("batch");
     assert!(batch.iter().all(|e| e.job.max_attempts == i32::MAX), "{batch:?}");
+    // Not a number at all (saved by hand): the next layer applies, nothing fails.
+    store_policy(s, "odd.type", r#"{"max_attempts": "many"}"#).await;
+    assert_eq!(s.enqueue(NewJob::new("odd.type", json!([]))).await.expect("enqueue of the odd type").job.max_attempts, i32::MAX);
+    let batch = s.enqueue_batch(vec![NewJob::new("odd.type", json!([1]))]).await.expect("batch of the odd type");
+    assert_eq!(batch[0].job.max_attempts, i32::MAX);
 
     // The policy layers a failure resolves read the value capped rather than dropping it.
     let layers = s.policy_layers().await.expect("layers");

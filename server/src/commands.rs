@@ -71,6 +71,7 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     tracing::info!(addr = %listener.local_addr().context("reading the bound address")?, "rebound-server listening");
     let stop = shutdown.clone();
+    let (tasks, request_timeout) = (state.request_tasks.clone(), state.config.request_timeout);
     // The peer address reaches handlers (sign-in throttling counts per client address).
     axum::serve(listener, router(state).into_make_service_with_connect_info::<std::net::SocketAddr>())
         .with_graceful_shutdown(async move {
@@ -80,6 +81,9 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
         })
         .await
         .context("serving HTTP")?;
+    // Handlers whose callers left (or were answered 408) are still finishing their work:
+    // exiting under them would cut them off mid-transaction.
+    tasks.drain(request_timeout).await;
     shutdown.cancel();
     if let Some(handle) = maintenance {
         let _ = handle.await;

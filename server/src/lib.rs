@@ -61,6 +61,8 @@ pub struct AppState {
     /// Places for open event streams (`max_event_streams`): each polls the store for as long
     /// as it is open, so without a bound a few clients could hold the whole pool.
     pub event_streams: Arc<Semaphore>,
+    /// Every request's handler, detached from its caller (see [`request_task`]).
+    pub request_tasks: request_task::RequestTasks,
 }
 
 /// How many argon2 password checks run at once.
@@ -80,6 +82,7 @@ impl AppState {
             password_checks: Arc::new(Semaphore::new(CONCURRENT_PASSWORD_CHECKS)),
             shutdown: CancellationToken::new(),
             event_streams,
+            request_tasks: request_task::RequestTasks::default(),
         }
     }
 }
@@ -106,9 +109,10 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::serve_metrics))
         .with_state(state.clone())
         .nest("/ojs", ojs::router(state.clone()));
+    let tasks = state.request_tasks.clone();
     dashboard::mount(app, state)
         // Innermost: a client hanging up drops only the wait for the answer (see `request_task`).
-        .layer(axum::middleware::from_fn(request_task::run_to_completion))
+        .layer(axum::middleware::from_fn_with_state(tasks, request_task::run_to_completion))
         .layer(map_response(security_headers::add))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(TraceLayer::new_for_http())

@@ -6,7 +6,11 @@
 //! future when its client hangs up, and a timeout layer drops it when the time is up. Here the
 //! handler is spawned instead, so neither can cut it off: the client that left, or the one told
 //! it took too long, just does not hear the answer. The store's own limits (pool acquisition,
-//! the storage retry, `idle_in_transaction_session_timeout`) bound how long a handler can run.
+//! the storage retry, `idle_in_transaction_session_timeout`) bound how long a handler can run,
+//! and the server waits for the handlers still running before it exits ([`RequestTasks`]).
+//!
+//! A handler whose answer matters beyond its effect (a worker fetch: jobs it claims are the
+//! caller's to run) learns from [`Unheard`] that nobody is waiting for it any more.
 
 use std::time::Duration;
 
@@ -14,24 +18,78 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
-/// Runs the rest of the stack on its own task and answers what it answers.
-pub async fn run_to_completion(req: Request, next: Next) -> Response {
-    answer(tokio::spawn(next.run(req)).await)
+/// The handlers of this server's requests: detached from their callers, but waited for at
+/// shutdown (see `commands::serve`).
+#[derive(Clone, Debug, Default)]
+pub struct RequestTasks(TaskTracker);
+
+impl RequestTasks {
+    /// Waits up to `grace` for the handlers still running (their callers gone), after the
+    /// server stopped taking requests. Whatever is left then is logged.
+    pub async fn drain(&self, grace: Duration) {
+        self.0.close();
+        if tokio::time::timeout(grace, self.0.wait()).await.is_err() {
+            tracing::warn!(running = self.0.len(), grace_s = grace.as_secs_f64(), "request handlers still running at exit");
+        }
+    }
+}
+
+/// Set once nobody waits for the request's answer: its client hung up, or it was answered
+/// 408. A request extension.
+#[derive(Clone, Debug, Default)]
+pub struct Unheard(CancellationToken);
+
+impl Unheard {
+    pub fn is_unheard(&self) -> bool {
+        self.0.is_cancelled()
+    }
+}
+
+/// Runs the rest of the stack on its own task and answers what it answers. Requests under
+/// `/ojs/` are left to the API's own layer ([`run_to_completion_within`]), which spawns too.
+pub async fn run_to_completion(State(tasks): State<RequestTasks>, req: Request, next: Next) -> Response {
+    if req.uri().path().starts_with("/ojs/") {
+        return next.run(req).await;
+    }
+    let (handler, _waiting) = spawn(&tasks, req, next);
+    answer(handler.await)
 }
 
 /// [`run_to_completion`], answering `408 Request Timeout` if the handler is not done within
 /// the given time. The handler still runs to its end.
-pub async fn run_to_completion_within(State(limit): State<Duration>, req: Request, next: Next) -> Response {
+pub async fn run_to_completion_within(State((tasks, limit)): State<(RequestTasks, Duration)>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_owned();
-    let handler = tokio::spawn(next.run(req));
+    let (handler, waiting) = spawn(&tasks, req, next);
     match tokio::time::timeout(limit, handler).await {
         Ok(done) => answer(done),
         Err(_) => {
+            drop(waiting);
             tracing::warn!(path, limit_ms = limit.as_millis() as u64, "request timed out; its handler runs on to its end, unheard");
             StatusCode::REQUEST_TIMEOUT.into_response()
         }
     }
+}
+
+/// Marks the request [`Unheard`] when dropped: when its caller stops waiting, however.
+struct Waiting(CancellationToken);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+fn spawn(tasks: &RequestTasks, mut req: Request, next: Next) -> (tokio::task::JoinHandle<Response>, Waiting) {
+    let unheard = CancellationToken::new();
+    req.extensions_mut().insert(Unheard(unheard.clone()));
+    // In the request's span, which the trace layer outside opened: the handler's log lines
+    // keep its method, path and request id.
+    let handler = tasks.0.spawn(next.run(req).in_current_span());
+    (handler, Waiting(unheard))
 }
 
 fn answer(done: Result<Response, tokio::task::JoinError>) -> Response {

@@ -2,7 +2,7 @@
 //! retrying finished jobs, deleting finished jobs, purging a queue, dead-letter statistics,
 //! and asking workers to go quiet or forgetting stale ones.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -93,12 +93,24 @@ impl Store {
     pub async fn cancel_unfinished_jobs(&self, sel: &JobSelection, actor: &Actor) -> Result<BulkReport, StoreError> {
         let mut tx = self.begin().await?;
         let ids: Vec<Uuid> = sel.select_ids("j.state NOT IN ('completed', 'cancelled', 'discarded')", BULK_LIMIT).build_query_scalar().fetch_all(&mut *tx).await?;
-        // The finished ones are read before the cancel, which would make its own jobs finished.
+        // The finished ones are read before the cancel, which would make its own jobs finished,
+        // and without locks: they are only reported, and locking them would hold up the pruner.
         let room = BULK_LIMIT - i64::try_from(ids.len()).unwrap_or(BULK_LIMIT);
         let finished: Vec<Uuid> = if room > 0 {
-            sel.select_ids("j.state IN ('completed', 'cancelled', 'discarded')", room).build_query_scalar().fetch_all(&mut *tx).await?
+            sel.select_ids_unlocked("j.state IN ('completed', 'cancelled', 'discarded')", room).build_query_scalar().fetch_all(&mut *tx).await?
         } else {
             Vec::new()
+        };
+        // Named jobs neither taken nor finished were skipped as locked by another write (a
+        // worker's result, most likely): they are named too, to be tried again.
+        let busy: Vec<Uuid> = match sel {
+            JobSelection::Ids(named) => {
+                let seen: HashSet<&Uuid> = ids.iter().chain(&finished).collect();
+                let unseen: Vec<Uuid> = named.iter().filter(|id| !seen.contains(id)).copied().collect();
+                // Ids that name no job are not busy, just unknown.
+                sqlx::query_scalar("SELECT id FROM jobs WHERE id = ANY($1) ORDER BY id LIMIT 100").bind(&unseen).fetch_all(&mut *tx).await?
+            }
+            JobSelection::Filter(_) => Vec::new(),
         };
         let succeeded = sqlx::query(
             "UPDATE jobs SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL, updated_at = now()
@@ -115,15 +127,15 @@ impl Store {
         let mut details = sel.describe();
         if let Some(o) = details.as_object_mut() {
             o.insert("affected".into(), json!(succeeded));
-            o.insert("refused".into(), json!(finished.len()));
+            o.insert("refused".into(), json!(finished.len() + busy.len()));
         }
         record(&mut tx, actor, "job.bulk_cancel", None, details).await?;
         tx.commit().await?;
-        Ok(BulkReport {
-            matched: (ids.len() + finished.len()) as u64,
-            succeeded,
-            refused: refused.into_iter().map(|(id, s)| (id, format!("job is {s}; a finished job cannot be cancelled"))).collect(),
-        })
+        let busy_reason = "job was being written by another request (a worker's result, most likely); try again";
+        let mut refused: Vec<(Uuid, String)> = refused.into_iter().map(|(id, s)| (id, format!("job is {s}; a finished job cannot be cancelled"))).collect();
+        refused.extend(busy.iter().map(|id| (*id, busy_reason.to_string())));
+        refused.truncate(100);
+        Ok(BulkReport { matched: (ids.len() + finished.len() + busy.len()) as u64, succeeded, refused })
     }
 
     async fn bulk_on_finished(&self, sel: &JobSelection, actor: &Actor, action: &str, eligible: Eligible, apply: &'static str) -> Result<BulkReport, StoreError> {

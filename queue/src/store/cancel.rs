@@ -20,6 +20,13 @@ pub enum JobSelection {
 impl JobSelection {
     /// `SELECT id FROM jobs j WHERE <selection> AND <extra>`, locked, bounded by `limit`.
     pub(crate) fn select_ids(&self, extra: &str, limit: i64) -> QueryBuilder<Postgres> {
+        let mut qb = self.select_ids_unlocked(extra, limit);
+        qb.push(" FOR UPDATE SKIP LOCKED");
+        qb
+    }
+
+    /// [`JobSelection::select_ids`] for reading only: no row is locked, none is skipped.
+    pub(crate) fn select_ids_unlocked(&self, extra: &str, limit: i64) -> QueryBuilder<Postgres> {
         let mut qb = QueryBuilder::<Postgres>::new("SELECT j.id FROM jobs j WHERE ");
         qb.push(extra.to_string());
         match self {
@@ -28,7 +35,7 @@ impl JobSelection {
             }
             JobSelection::Filter(f) => f.push_conditions(&mut qb),
         }
-        qb.push(" ORDER BY j.id LIMIT ").push_bind(limit).push(" FOR UPDATE SKIP LOCKED");
+        qb.push(" ORDER BY j.id LIMIT ").push_bind(limit);
         qb
     }
 
@@ -77,11 +84,10 @@ impl Store {
         Ok((job_from_row(&row)?, previous))
     }
 
-    /// Cancels every unfinished job in the selection. Returns how many.
+    /// Cancels every unfinished job in the selection. Returns how many (see
+    /// [`Store::cancel_unfinished_jobs`] for what was not).
     pub async fn cancel_jobs(&self, sel: &JobSelection, actor: &Actor) -> Result<u64, StoreError> {
-        self.bulk(sel, actor, "job.bulk_cancel", "j.state NOT IN ('completed', 'cancelled', 'discarded')",
-            "UPDATE jobs SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL, updated_at = now()")
-            .await
+        Ok(self.cancel_unfinished_jobs(sel, actor).await?.succeeded)
     }
 
     /// Makes waiting jobs (scheduled, retryable) run now. Returns how many.

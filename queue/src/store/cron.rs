@@ -402,7 +402,7 @@ impl Store {
     pub async fn set_cron_enabled(&self, name: &str, enabled: bool, actor: &Actor) -> Result<CronJob, StoreError> {
         let cron = self.cron_job(name).await?.ok_or_else(|| StoreError::Missing { what: format!("cron job {name}") })?;
         let next = if enabled {
-            let schedule = CronSchedule::new(&cron.expression, &cron.timezone).map_err(|e| StoreError::invalid(e.field, e.reason))?;
+            let schedule = CronSchedule::stored(&cron.expression, &cron.timezone).map_err(|e| StoreError::invalid(e.field, e.reason))?;
             schedule.next_after(self.now().await?)
         } else {
             None
@@ -495,7 +495,7 @@ impl Store {
     /// took the tick first (or the cron job changed meanwhile).
     async fn fire_tick(&self, cron: &CronJob, now: Timestamp) -> Result<Option<&'static str>, StoreError> {
         let Some(tick) = cron.next_run_at else { return Ok(None) };
-        let schedule = CronSchedule::new(&cron.expression, &cron.timezone).map_err(|e| StoreError::invalid(e.field, e.reason))?;
+        let schedule = CronSchedule::stored(&cron.expression, &cron.timezone).map_err(|e| StoreError::invalid(e.field, e.reason))?;
         // Catch-up fires once: the next tick is the first one after now, not after the missed one.
         let next = schedule.tick_after(tick, now);
         let mut tx = self.begin().await?;

@@ -55,16 +55,17 @@ pub(super) fn check_retry_patch(patch: &PolicyPatch, prefix: &str) -> Result<i32
     })
 }
 
-/// A stored policy's `max_attempts` is clamped to 0 ..= i32::MAX: policies are refused beyond
-/// it now, but a row saved before that (or by hand) must not fail every enqueue of its type.
+/// A stored policy's `max_attempts` is read by `rebound_policy_max_attempts` (see
+/// migrations/…_policy_max_attempts_read.sql): a row saved before the bound (or by hand) must
+/// not fail every enqueue of its type.
 const INSERT_ONE: &str = "
 INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
                   timeout_ms, visibility_timeout_ms, unique_key, unique_states, unique_until,
                   scheduled_at, expires_at, enqueued_at)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8, s.state,
        COALESCE($9,
-                (SELECT LEAST(GREATEST((policy->>'max_attempts')::numeric, 0), 2147483647)::int FROM retry_policies WHERE job_type = $2),
-                (SELECT LEAST(GREATEST((policy->>'max_attempts')::numeric, 0), 2147483647)::int FROM retry_policies WHERE job_type = '*'),
+                (SELECT rebound_policy_max_attempts(policy) FROM retry_policies WHERE job_type = $2),
+                (SELECT rebound_policy_max_attempts(policy) FROM retry_policies WHERE job_type = '*'),
                 3),
        $10, $11, $12, $13, $14,
        CASE WHEN $15::bigint IS NULL THEN NULL ELSE now() + $15 * interval '1 millisecond' END,
@@ -313,8 +314,8 @@ pub(super) async fn insert_many(
                       AS t(id, type, queue, args, meta, extra, priority, tags, max_attempts, retry,
                            timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, pending, workflow_id, workflow_step)
              ), layers AS (
-               -- Clamped as in INSERT_ONE: a stored policy must never fail an enqueue.
-               SELECT job_type, LEAST(GREATEST((policy->>'max_attempts')::numeric, 0), 2147483647)::int AS max_attempts FROM retry_policies
+               -- Read as in INSERT_ONE: a stored policy must never fail an enqueue.
+               SELECT job_type, rebound_policy_max_attempts(policy) AS max_attempts FROM retry_policies
              )
              INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
                                timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, enqueued_at, workflow_id, workflow_step)

@@ -247,9 +247,10 @@ fn is_transient_sqlx(e: &sqlx::Error) -> bool {
                     | "57P03" // cannot_connect_now
                     | "53300" // too_many_connections
                     | "57014" // query_canceled (statement timeout)
-                    | "25006" // read_only_sql_transaction: a failover's old primary, or a standby, until the pool reaches the new one
-                    | "53100" // disk_full
-                    | "53200" // out_of_memory
+                    // read_only_sql_transaction: a failover's demoted primary; pooled connections
+                    // to it are replaced as they fail or age out (sqlx's idle and lifetime limits)
+                    | "25006"
+                    | "53100" // disk_full: held until an operator frees space, not failed for good
                 )
         }
         _ => false,

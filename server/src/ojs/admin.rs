@@ -203,21 +203,22 @@ fn body_filter(f: &Fields<'_>) -> Result<JobFilter, ApiError> {
 }
 
 /// One page of jobs matching `filter`, by page number, through keyset pages. A search (error
-/// type, text) serves its first page only, as the OJS dead-letter listing refuses offsets of
-/// one: finding where a later page starts would check every job row by row.
+/// type, text) pages on only from a page served before (whose end is remembered), as the OJS
+/// dead-letter listing refuses offsets of one: finding where a page starts otherwise would
+/// check every job before it row by row.
 async fn job_page(state: &AppState, listing: &str, filter: &JobFilter, page: i64, per_page: i64) -> Result<(Vec<Job>, bool), ApiError> {
     let offset = (page - 1) * per_page;
-    if filter.is_search() && offset > 0 {
-        return Err(ApiError::invalid_field(
-            "page",
-            "a search (error_type) has only its first page here: narrow the search, or page by cursor through GET /ojs/v1/dead-letter",
-        ));
-    }
     let after = if offset == 0 {
         None
     } else {
         match state.offset_pages.start_of(listing, offset) {
             Some(id) => Some(id),
+            None if filter.is_search() => {
+                return Err(ApiError::invalid_field(
+                    "page",
+                    "a search (error_type) pages on one page at a time from its first: ask for the pages before this one first, narrow the search, or page by cursor through GET /ojs/v1/dead-letter",
+                ));
+            }
             None => match state.store.job_id_at_offset(filter, offset).await? {
                 Some(id) => Some(id),
                 None => return Ok((Vec::new(), false)),

@@ -150,10 +150,15 @@ impl ApiError {
                 format!("the request body is too large: {reason}"),
                 "send smaller requests; split large batches",
             ),
-            StatusCode::REQUEST_TIMEOUT => ApiError {
-                retryable: true,
-                ..ApiError::new(status, "invalid_request", "timeout", "the request took too long and was abandoned", "retry the request")
-            },
+            // Not retryable as such: the handler runs on to its end (see `request_task`), so the
+            // same request sent again could do its work twice.
+            StatusCode::REQUEST_TIMEOUT => ApiError::new(
+                status,
+                "invalid_request",
+                "timeout",
+                "the request took too long to answer; it is still being carried out, and its effect may yet land",
+                "check the outcome (GET the job, or list what you changed) before sending it again",
+            ),
             StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
                 status,
                 "invalid_request",

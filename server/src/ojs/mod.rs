@@ -111,7 +111,7 @@ pub fn router(state: AppState) -> Router {
         .layer(RequestBodyLimitLayer::new(state.config.max_body_bytes))
         // A request that takes too long is answered 408; its handler is never cut off (a
         // transaction dropped halfway, see `request_task`).
-        .layer(from_fn_with_state(state.config.request_timeout, crate::request_task::run_to_completion_within))
+        .layer(from_fn_with_state((state.request_tasks.clone(), state.config.request_timeout), crate::request_task::run_to_completion_within))
         .layer(from_fn(unsupported::require_known_version))
         .layer(from_fn(response::ojs_response))
         .with_state(state)

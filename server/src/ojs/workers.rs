@@ -3,8 +3,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use axum::Json;
 use axum::extract::State;
+use axum::{Extension, Json};
 use jiff::Timestamp;
 use rebound_queue::job::validate_queue;
 use rebound_queue::outcome::NextStep;
@@ -19,6 +19,7 @@ use super::error::ApiError;
 use super::test_mode;
 use crate::AppState;
 use crate::metrics::JobCounter;
+use crate::request_task::Unheard;
 
 /// Longest accepted visibility timeout (a day): a longer claim is a stuck job in disguise.
 const MAX_VISIBILITY_MS: i64 = 24 * 3600 * 1000;
@@ -40,7 +41,7 @@ fn visibility(f: &Fields<'_>) -> Result<Option<Duration>, ApiError> {
 }
 
 /// `POST /ojs/v1/workers/fetch`: claims up to `count` jobs from `queues`, in queue order.
-pub async fn fetch(State(state): State<AppState>, body: JsonObject) -> Result<Json<Value>, ApiError> {
+pub async fn fetch(State(state): State<AppState>, unheard_by: Option<Extension<Unheard>>, body: JsonObject) -> Result<Json<Value>, ApiError> {
     let f = body.fields();
     let names = f.strings("queues")?.ok_or_else(|| f.error("queues", "is required"))?;
     if names.is_empty() || names.len() > 100 {
@@ -68,7 +69,19 @@ pub async fn fetch(State(state): State<AppState>, body: JsonObject) -> Result<Js
         limit: u32::try_from(count).unwrap_or(1),
         visibility_timeout: visibility(&f)?.unwrap_or(state.config.visibility_timeout),
     };
+    let unheard = |u: &Option<Extension<Unheard>>| u.as_ref().is_some_and(|u| u.is_unheard());
+    if unheard(&unheard_by) {
+        return Ok(Json(json!({ "jobs": [] })));
+    }
     let jobs = state.store.claim(&req).await?;
+    if !jobs.is_empty() && unheard(&unheard_by) {
+        // Its caller hung up or was answered 408 while the claim ran: nobody will run these
+        // jobs, so they go back now, uncounted, rather than be charged when their lock lapses.
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.id).collect();
+        let released = state.store.release(&ids, Some(&req.worker_id), UNHEARD_FETCH_REASON).await?;
+        tracing::warn!(worker = req.worker_id, count = released.len(), "a fetch's caller stopped waiting before its answer; its jobs were handed back uncounted");
+        return Ok(Json(json!({ "jobs": [] })));
+    }
     for job in &jobs {
         record_start_latency(&state, job);
     }
@@ -81,6 +94,9 @@ fn record_start_latency(state: &AppState, job: &Job) {
     let waited = started.duration_since(due).as_secs_f64();
     state.metrics.observe_start_latency(&job.queue, waited);
 }
+
+/// Why a fetch handed its jobs back: see [`fetch`].
+pub const UNHEARD_FETCH_REASON: &str = "fetched for a caller that stopped waiting for the answer (it hung up, or was answered 408), so nobody received the job; the attempt is not counted";
 
 /// `POST /ojs/v1/workers/ack`: an active job completed.
 pub async fn ack(State(state): State<AppState>, body: JsonObject) -> Result<Json<Value>, ApiError> {

@@ -29,18 +29,23 @@ async fn state_of(db: &TestDb, id: uuid::Uuid) -> JobState {
 async fn a_request_past_its_timeout_is_answered_408_and_its_transaction_still_finishes() {
     let db = TestDb::new().await;
     let proxy = FaultProxy::in_front_of(&db.url).await;
-    let app = app_through(&db, &proxy, Duration::from_millis(200)).await;
+    let app = app_through(&db, &proxy, Duration::from_millis(300)).await;
     let id = db.store.enqueue(NewJob::new("t.cut", json!([]))).await.expect("enqueue").job.id;
-    // The cancel's write inside its transaction answers late, after the request timeout.
-    let held = proxy.inject(Fault::once("SET state = 'cancelled', cancelled_at = now()", FaultPoint::Delay(Duration::from_millis(800))));
+    // The cancel's write inside its transaction answers late, long after the request timeout.
+    let held = proxy.inject(Fault::once("SET state = 'cancelled', cancelled_at = now()", FaultPoint::Delay(Duration::from_secs(3))));
     let req = Request::builder().method("DELETE").uri(format!("/ojs/v1/jobs/{id}")).body(Body::empty()).expect("request");
     let res = app.oneshot(req).await.expect("infallible");
     assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
-    assert_eq!(held.count(), 1);
+    let body: serde_json::Value = serde_json::from_slice(&axum::body::to_bytes(res.into_body(), usize::MAX).await.expect("body")).expect("json");
+    assert_eq!(body["error"]["retryable"], false, "sent again, it could be done twice: {body}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while held.count() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the write never reached the database");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(state_of(&db, id).await, JobState::Available, "not done yet when the 408 went out");
     // Dropped at the timeout, the transaction would have been rolled back: the job would stay
     // available. Run to its end, it commits.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while state_of(&db, id).await != JobState::Cancelled {
         assert!(tokio::time::Instant::now() < deadline, "the cancel never finished");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -78,4 +83,44 @@ async fn a_client_hanging_up_does_not_cut_its_request_off() {
         assert!(tokio::time::Instant::now() < deadline, "the cancel was cut off with its client");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test]
+async fn a_fetch_whose_caller_left_hands_its_jobs_back_uncounted() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let app = app_through(&db, &proxy, Duration::from_secs(30)).await;
+    let id = db.store.enqueue(NewJob::new("t.cut", json!([]))).await.expect("enqueue").job.id;
+    // The claim commits, but its answer is held while the client gives up.
+    let held = proxy.inject(Fault::once("SET state = 'active', attempt = j.attempt + 1", FaultPoint::Delay(Duration::from_millis(800))));
+    let body = json!({"queues": ["default"], "worker_id": "w-gone"}).to_string();
+    let req = Request::builder()
+        .method("POST")
+        .uri("/ojs/v1/workers/fetch")
+        .header("content-type", "application/openjobspec+json")
+        .body(Body::from(body))
+        .expect("request");
+    let mut call = Box::pin(app.oneshot(req));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while held.count() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the claim never reached the database");
+        tokio::select! {
+            r = &mut call => panic!("answered while the claim was held: {:?}", r.map(|r| r.status())),
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+    }
+    drop(call);
+    // Nobody received the job: it goes back at once, its attempt not counted, rather than
+    // sitting active until its lock lapses and the rescuer charges it.
+    loop {
+        let rows = db.store.attempts(id).await.expect("attempts");
+        if !rows.is_empty() {
+            assert_eq!(rows.iter().map(|a| a.outcome.as_str()).collect::<Vec<_>>(), ["released"], "{rows:?}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the job was never handed back: {:?}", db.store.job(id).await.expect("job").state);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let job = db.store.job(id).await.expect("job");
+    assert_eq!((job.state, job.attempt), (JobState::Available, 0), "back, not counted");
 }

@@ -108,6 +108,14 @@ async fn admin_dead_letter_searches_do_not_skip_to_far_pages() {
     assert_refused(&r, "page", "second page of a search");
     let r = s.get("/ojs/v1/admin/dead-letter?error_type=boom").await;
     assert_eq!(r.status, StatusCode::OK, "the first page of a search is served: {}", r.text);
+    // Page by page from the first, a search goes on: each page starts where the last ended.
+    let second = s.dead_letter("dlq", "boom").await;
+    let r = s.get("/ojs/v1/admin/dead-letter?error_type=boom&per_page=1").await;
+    assert_eq!((r.status, r.body["items"].as_array().map(Vec::len)), (StatusCode::OK, Some(1)), "{}", r.text);
+    assert_eq!(r.body["items"][0]["id"].as_str(), Some(second.as_str()), "newest first: {}", r.text);
+    let r = s.get("/ojs/v1/admin/dead-letter?error_type=boom&per_page=1&page=2").await;
+    assert_eq!((r.status, r.body["items"].as_array().map(Vec::len)), (StatusCode::OK, Some(1)), "the next page follows the one served: {}", r.text);
+    assert_ne!(r.body["items"][0]["id"].as_str(), Some(second.as_str()));
     // Without a search, any page is a keyset walk.
     let r = s.get("/ojs/v1/admin/dead-letter?page=3").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
@@ -119,7 +127,7 @@ async fn admin_dead_letter_searches_do_not_skip_to_far_pages() {
     assert_refused(&r, "filter.error_type", "bulk filter");
     let r = s.call("DELETE", "/ojs/v1/admin/dead-letter", Some(json!({"error_type": long, "confirm": true}))).await;
     assert_refused(&r, "error_type", "purge filter");
-    assert_eq!(s.job_count().await, 1, "nothing was purged");
+    assert_eq!(s.job_count().await, 2, "nothing was purged");
 }
 
 #[tokio::test]
