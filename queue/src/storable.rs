@@ -225,24 +225,14 @@ fn storable_within(value: &mut Value, depth: usize) -> bool {
 pub fn parse_lenient(text: &str) -> Result<Value, serde_json::Error> {
     let mut out = String::with_capacity(text.len() + 16);
     let mut chars = text.char_indices().peekable();
-    let (mut in_string, mut escaped) = (false, false);
+    let mut strings = Strings::default();
     let mut depth = 0usize;
     while let Some((i, c)) = chars.next() {
-        if in_string {
+        if strings.takes(c) {
             out.push(c);
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => in_string = false,
-                _ => {}
-            }
             continue;
         }
         match c {
-            '"' => {
-                in_string = true;
-                out.push(c);
-            }
             '[' | '{' if depth >= MAX_DEPTH => {
                 // Unclosed, the rest is taken and the parse below fails as it should.
                 let end = container_end(text, i).unwrap_or(text.len());
@@ -284,22 +274,41 @@ pub fn parse_lenient(text: &str) -> Result<Value, serde_json::Error> {
     serde_json::from_str(&out)
 }
 
+/// Where a scan of JSON text stands with respect to its strings, whose brackets and digits
+/// are text, not structure.
+#[derive(Default)]
+struct Strings {
+    inside: bool,
+    escaped: bool,
+}
+
+impl Strings {
+    /// Takes the next character; true when it is part of a string (its quotes included).
+    fn takes(&mut self, c: char) -> bool {
+        if self.inside {
+            match (self.escaped, c) {
+                (true, _) => self.escaped = false,
+                (false, '\\') => self.escaped = true,
+                (false, '"') => self.inside = false,
+                _ => {}
+            }
+            return true;
+        }
+        self.inside = c == '"';
+        self.inside
+    }
+}
+
 /// The end (exclusive) of the array or object that opens at byte `start` of `text`, or `None`
 /// when it is never closed.
 fn container_end(text: &str, start: usize) -> Option<usize> {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let mut depth = 0usize;
+    let mut strings = Strings::default();
     for (j, c) in text[start..].char_indices() {
-        if in_string {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => in_string = false,
-                _ => {}
-            }
+        if strings.takes(c) {
             continue;
         }
         match c {
-            '"' => in_string = true,
             '[' | '{' => depth += 1,
             ']' | '}' => {
                 depth = depth.saturating_sub(1);
