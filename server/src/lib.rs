@@ -97,6 +97,13 @@ impl MakeRequestId for RequestIdV7 {
     }
 }
 
+/// The span of one request, at INFO so that the default filter keeps it: every line a handler
+/// logs (on its own task, see [`request_task`]) then says which request it served.
+fn request_span<B>(req: &Request<B>) -> tracing::Span {
+    let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");
+    tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = id)
+}
+
 /// The whole server: the OJS API under `/ojs`, the probes, `/metrics`, then the dashboard.
 /// Every response carries `X-Request-Id` (the client's, if it sent one) and the
 /// [`security_headers`]. Bodies are limited where they are read: the OJS API to
@@ -115,6 +122,6 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(tasks, request_task::run_to_completion))
         .layer(map_response(security_headers::add))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(TraceLayer::new_for_http())
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .layer(SetRequestIdLayer::x_request_id(RequestIdV7))
 }

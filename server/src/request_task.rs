@@ -12,13 +12,14 @@
 //! A handler whose answer matters beyond its effect (a worker fetch: jobs it claims are the
 //! caller's to run) learns from [`Unheard`] that nobody is waiting for it any more.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
@@ -38,14 +39,35 @@ impl RequestTasks {
     }
 }
 
-/// Set once nobody waits for the request's answer: its client hung up, or it was answered
-/// 408. A request extension.
+/// Whether anybody still waits for the request's answer: not once its client hung up, or it
+/// was answered 408. A request extension. A handler whose answer carries something that is
+/// lost unheard (a fetch's jobs) takes the answer with [`Unheard::deliver`]: from then on the
+/// timeout waits for it instead of answering 408.
 #[derive(Clone, Debug, Default)]
-pub struct Unheard(CancellationToken);
+pub struct Unheard(Arc<AtomicU8>);
+
+const WAITING: u8 = 0;
+const DELIVERING: u8 = 1;
+const GONE: u8 = 2;
 
 impl Unheard {
+    /// Nobody waits any more.
     pub fn is_unheard(&self) -> bool {
-        self.0.is_cancelled()
+        self.0.load(Ordering::Acquire) == GONE
+    }
+
+    /// Takes the answer for delivery: true if the caller was still waiting, and then the
+    /// request timeout no longer answers in its place. False if it is gone already.
+    pub fn deliver(&self) -> bool {
+        self.0.compare_exchange(WAITING, DELIVERING, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// The caller stops waiting, unless the answer is already being delivered (true then).
+    fn leave(&self) -> bool {
+        match self.0.compare_exchange(WAITING, GONE, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => false,
+            Err(state) => state == DELIVERING,
+        }
     }
 }
 
@@ -63,11 +85,12 @@ pub async fn run_to_completion(State(tasks): State<RequestTasks>, req: Request, 
 /// the given time. The handler still runs to its end.
 pub async fn run_to_completion_within(State((tasks, limit)): State<(RequestTasks, Duration)>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_owned();
-    let (handler, waiting) = spawn(&tasks, req, next);
-    match tokio::time::timeout(limit, handler).await {
+    let (mut handler, waiting) = spawn(&tasks, req, next);
+    match tokio::time::timeout(limit, &mut handler).await {
         Ok(done) => answer(done),
+        // The handler took its answer for delivery just as the time ran out: it is on its way.
+        Err(_) if waiting.0.leave() => answer(handler.await),
         Err(_) => {
-            drop(waiting);
             tracing::warn!(path, limit_ms = limit.as_millis() as u64, "request timed out; its handler runs on to its end, unheard");
             StatusCode::REQUEST_TIMEOUT.into_response()
         }
@@ -75,17 +98,17 @@ pub async fn run_to_completion_within(State((tasks, limit)): State<(RequestTasks
 }
 
 /// Marks the request [`Unheard`] when dropped: when its caller stops waiting, however.
-struct Waiting(CancellationToken);
+struct Waiting(Unheard);
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.0.cancel();
+        self.0.leave();
     }
 }
 
 fn spawn(tasks: &RequestTasks, mut req: Request, next: Next) -> (tokio::task::JoinHandle<Response>, Waiting) {
-    let unheard = CancellationToken::new();
-    req.extensions_mut().insert(Unheard(unheard.clone()));
+    let unheard = Unheard::default();
+    req.extensions_mut().insert(unheard.clone());
     // In the request's span, which the trace layer outside opened: the handler's log lines
     // keep its method, path and request id.
     let handler = tasks.0.spawn(next.run(req).in_current_span());
@@ -100,5 +123,23 @@ fn answer(done: Result<Response, tokio::task::JoinError>) -> Response {
             tracing::error!(error = %e, "request handler did not finish");
             StatusCode::INTERNAL_SERVER_ERROR.into_response()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_taken_for_delivery_is_waited_for_and_a_gone_caller_gets_none() {
+        let taken = Unheard::default();
+        assert!(taken.deliver(), "the caller was waiting");
+        assert!(taken.leave(), "the timeout then waits for the answer on its way");
+        assert!(!taken.is_unheard());
+
+        let gone = Unheard::default();
+        assert!(!gone.leave(), "nothing was on its way: the timeout answers 408");
+        assert!(gone.is_unheard());
+        assert!(!gone.deliver(), "the handler learns nobody waits");
     }
 }

@@ -2,7 +2,7 @@
 //! retrying finished jobs, deleting finished jobs, purging a queue, dead-letter statistics,
 //! and asking workers to go quiet or forgetting stale ones.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -91,26 +91,21 @@ impl Store {
     /// taken first, up to [`BULK_LIMIT`], so that finished ones never crowd them out of a
     /// call; the finished ones fill what is left of the limit. Audited as `job.bulk_cancel`.
     pub async fn cancel_unfinished_jobs(&self, sel: &JobSelection, actor: &Actor) -> Result<BulkReport, StoreError> {
+        self.cancel_selected(sel, actor, true).await
+    }
+
+    /// Cancels the selection's unfinished jobs; with `name_refused`, also reads which finished
+    /// ones it matched, to name them (a caller that only counts is spared that read).
+    pub(crate) async fn cancel_selected(&self, sel: &JobSelection, actor: &Actor, name_refused: bool) -> Result<BulkReport, StoreError> {
         let mut tx = self.begin().await?;
         let ids: Vec<Uuid> = sel.select_ids("j.state NOT IN ('completed', 'cancelled', 'discarded')", BULK_LIMIT).build_query_scalar().fetch_all(&mut *tx).await?;
         // The finished ones are read before the cancel, which would make its own jobs finished,
         // and without locks: they are only reported, and locking them would hold up the pruner.
         let room = BULK_LIMIT - i64::try_from(ids.len()).unwrap_or(BULK_LIMIT);
-        let finished: Vec<Uuid> = if room > 0 {
+        let finished: Vec<Uuid> = if name_refused && room > 0 {
             sel.select_ids_unlocked("j.state IN ('completed', 'cancelled', 'discarded')", room).build_query_scalar().fetch_all(&mut *tx).await?
         } else {
             Vec::new()
-        };
-        // Named jobs neither taken nor finished were skipped as locked by another write (a
-        // worker's result, most likely): they are named too, to be tried again.
-        let busy: Vec<Uuid> = match sel {
-            JobSelection::Ids(named) => {
-                let seen: HashSet<&Uuid> = ids.iter().chain(&finished).collect();
-                let unseen: Vec<Uuid> = named.iter().filter(|id| !seen.contains(id)).copied().collect();
-                // Ids that name no job are not busy, just unknown.
-                sqlx::query_scalar("SELECT id FROM jobs WHERE id = ANY($1) ORDER BY id LIMIT 100").bind(&unseen).fetch_all(&mut *tx).await?
-            }
-            JobSelection::Filter(_) => Vec::new(),
         };
         let succeeded = sqlx::query(
             "UPDATE jobs SET state = 'cancelled', cancelled_at = now(), locked_by = NULL, lock_expires_at = NULL, updated_at = now()
@@ -127,15 +122,17 @@ impl Store {
         let mut details = sel.describe();
         if let Some(o) = details.as_object_mut() {
             o.insert("affected".into(), json!(succeeded));
-            o.insert("refused".into(), json!(finished.len() + busy.len()));
+            if name_refused {
+                o.insert("refused".into(), json!(finished.len()));
+            }
         }
         record(&mut tx, actor, "job.bulk_cancel", None, details).await?;
         tx.commit().await?;
-        let busy_reason = "job was being written by another request (a worker's result, most likely); try again";
-        let mut refused: Vec<(Uuid, String)> = refused.into_iter().map(|(id, s)| (id, format!("job is {s}; a finished job cannot be cancelled"))).collect();
-        refused.extend(busy.iter().map(|id| (*id, busy_reason.to_string())));
-        refused.truncate(100);
-        Ok(BulkReport { matched: (ids.len() + finished.len() + busy.len()) as u64, succeeded, refused })
+        Ok(BulkReport {
+            matched: (ids.len() + finished.len()) as u64,
+            succeeded,
+            refused: refused.into_iter().map(|(id, s)| (id, format!("job is {s}; a finished job cannot be cancelled"))).collect(),
+        })
     }
 
     async fn bulk_on_finished(&self, sel: &JobSelection, actor: &Actor, action: &str, eligible: Eligible, apply: &'static str) -> Result<BulkReport, StoreError> {

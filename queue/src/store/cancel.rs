@@ -84,10 +84,10 @@ impl Store {
         Ok((job_from_row(&row)?, previous))
     }
 
-    /// Cancels every unfinished job in the selection. Returns how many (see
-    /// [`Store::cancel_unfinished_jobs`] for what was not).
+    /// Cancels every unfinished job in the selection. Returns how many
+    /// ([`Store::cancel_unfinished_jobs`] also names the finished ones it matched).
     pub async fn cancel_jobs(&self, sel: &JobSelection, actor: &Actor) -> Result<u64, StoreError> {
-        Ok(self.cancel_unfinished_jobs(sel, actor).await?.succeeded)
+        Ok(self.cancel_selected(sel, actor, false).await?.succeeded)
     }
 
     /// Makes waiting jobs (scheduled, retryable) run now. Returns how many.

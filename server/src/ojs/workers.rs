@@ -69,17 +69,20 @@ pub async fn fetch(State(state): State<AppState>, unheard_by: Option<Extension<U
         limit: u32::try_from(count).unwrap_or(1),
         visibility_timeout: visibility(&f)?.unwrap_or(state.config.visibility_timeout),
     };
-    let unheard = |u: &Option<Extension<Unheard>>| u.as_ref().is_some_and(|u| u.is_unheard());
-    if unheard(&unheard_by) {
+    if unheard_by.as_ref().is_some_and(|u| u.is_unheard()) {
         return Ok(Json(json!({ "jobs": [] })));
     }
     let jobs = state.store.claim(&req).await?;
-    if !jobs.is_empty() && unheard(&unheard_by) {
+    // Taking the answer for delivery keeps the request timeout from answering 408 in its place
+    // from here on, so the jobs either reach the caller or go back below.
+    if !jobs.is_empty() && unheard_by.as_ref().is_some_and(|u| !u.deliver()) {
         // Its caller hung up or was answered 408 while the claim ran: nobody will run these
         // jobs, so they go back now, uncounted, rather than be charged when their lock lapses.
         let ids: Vec<Uuid> = jobs.iter().map(|j| j.id).collect();
-        let released = state.store.release(&ids, Some(&req.worker_id), UNHEARD_FETCH_REASON).await?;
-        tracing::warn!(worker = req.worker_id, count = released.len(), "a fetch's caller stopped waiting before its answer; its jobs were handed back uncounted");
+        match state.store.release(&ids, Some(&req.worker_id), UNHEARD_FETCH_REASON).await {
+            Ok(released) => tracing::warn!(worker = req.worker_id, count = released.len(), "a fetch's caller stopped waiting before its answer; its jobs were handed back uncounted"),
+            Err(e) => tracing::error!(worker = req.worker_id, count = ids.len(), error = %e, "a fetch's caller stopped waiting, and handing its jobs back failed; they are charged when their locks lapse"),
+        }
         return Ok(Json(json!({ "jobs": [] })));
     }
     for job in &jobs {
