@@ -6,6 +6,8 @@
 //! * a claim that commits with its answer lost costs nothing: the worker hands the jobs back
 //!   uncounted ([`Store::release_orphans`]), and a heartbeat does if the worker never noticed;
 //! * a retry-in-place write whose answer was lost is recognised as written when tried again;
+//! * a progress report lost on the way is missing and nothing else is; one whose answer was
+//!   lost is kept once;
 //! * a snooze whose answer was lost, written again after the same worker claimed the job
 //!   again at the attempt number the snooze gave back, is refused, not applied to that run;
 //! * after a database restart the rescuer gives every lock one visibility timeout.
@@ -15,7 +17,8 @@ use std::time::Duration;
 use rebound_queue::outcome::HandlerError;
 use rebound_queue::Outcome;
 use rebound_queue::store::{
-    ClaimRequest, Completion, Failure, InPlaceEnd, InPlaceRun, KnownRun, ORPHAN_REASON, RetriedInPlace, WorkerBeat, WorkerRegistration, WorkerStatus,
+    ClaimRequest, Completion, Failure, InPlaceEnd, InPlaceRun, KnownRun, ORPHAN_REASON, ProgressReport, RetriedInPlace, WorkerBeat, WorkerRegistration,
+    WorkerStatus,
 };
 use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, PrivateCluster, TestDb};
 use rebound_queue::{JobState, NewJob, Store};
@@ -344,6 +347,47 @@ async fn a_snooze_written_again_after_its_answer_was_lost_leaves_the_next_claim_
     // The second run's own result is written.
     let own = Completion { id, attempt: Some(second.attempt), worker_id: Some("w1".into()), started_at: second.started_at, result: None };
     assert_eq!(through.complete_batch(&[own]).await.unwrap(), vec![id]);
+}
+
+#[tokio::test]
+async fn a_lost_progress_report_costs_only_itself() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    db.store.enqueue(NewJob::new("t.progress", json!([]))).await.unwrap();
+    let job = db.store.claim(&claim_req("w1", 1, Duration::from_secs(60))).await.unwrap().remove(0);
+    let report = |percentage: f64| ProgressReport {
+        job_id: job.id,
+        attempt: Some(job.attempt),
+        worker_id: Some("w1".into()),
+        percentage,
+        message: Some(format!("{percentage}%")),
+        data: None,
+    };
+    let fragment = "INSERT INTO job_progress";
+
+    // Dropped before the server sees it: the caller hears of it, the report is missing, and
+    // the job is as it was (a report never writes the job's row).
+    let dropped = proxy.inject(Fault::once(fragment, FaultPoint::BeforeSend));
+    assert!(through.report_progress(&report(10.0)).await.is_err());
+    assert_eq!(dropped.count(), 1);
+    assert_eq!(db.store.latest_progress(job.id).await.unwrap(), None);
+    let after = db.store.job(job.id).await.unwrap();
+    assert_eq!((after.state, after.attempt, after.locked_by.as_deref(), after.updated_at), (JobState::Active, job.attempt, Some("w1"), job.updated_at));
+
+    // Committed with the answer lost: kept once (reports are not sent again); the next one
+    // supersedes it.
+    let lost = proxy.inject(Fault::once(fragment, FaultPoint::AfterCommit));
+    assert!(through.report_progress(&report(40.0)).await.is_err());
+    assert_eq!(lost.count(), 1);
+    assert_eq!(db.store.latest_progress(job.id).await.unwrap().map(|p| p.percentage), Some(40.0));
+    through.report_progress(&report(70.0)).await.unwrap();
+    assert_eq!(db.store.latest_progress(job.id).await.unwrap().map(|p| p.percentage), Some(70.0));
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM job_progress WHERE job_id = $1").bind(job.id).fetch_one(db.store.pool()).await.unwrap();
+    assert_eq!(kept, 2);
+    // The job's own result is untouched by any of it.
+    let done = Completion { id: job.id, attempt: Some(job.attempt), worker_id: Some("w1".into()), started_at: job.started_at, result: None };
+    assert_eq!(through.complete_batch(&[done]).await.unwrap(), vec![job.id]);
 }
 
 #[tokio::test]

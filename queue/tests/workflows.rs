@@ -1,7 +1,8 @@
 //! Workflows against a real database: chains pass results on and stop at a failure, groups and
 //! batches finish when all their jobs have, a batch's callbacks fire exactly once even when its
 //! last jobs finish in concurrent statements, cancelling stops what has not run, and a step's
-//! completion and the next step's start survive a lost connection together. Graphs start a
+//! completion and the next step's start (or its failure and the rest cancelled) survive a lost
+//! connection together. Graphs start a
 //! step once all it depends on has completed (once, however its dependencies finish), and a
 //! failure skips what is downstream of it while the other branches go on.
 
@@ -316,6 +317,41 @@ async fn a_step_s_completion_and_the_next_step_s_start_are_one_write_under_a_los
     assert_eq!(wf_now.completed_count, 1, "counted once");
     let b = claim(&db.store, 10).await;
     assert_eq!((b.len(), &b[0].extra["parent_results"]), (1, &json!(["a"])));
+}
+
+#[tokio::test]
+async fn a_step_s_failure_and_what_it_stops_are_one_write_under_a_lost_connection() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    let wf = db.store.create_workflow(workflow(WorkflowType::Chain, vec![job("c.a", json!([])), job("c.b", json!([])), job("c.c", json!([]))])).await.unwrap();
+    let a = claim(&db.store, 1).await.remove(0);
+    let failure = Failure {
+        id: a.id,
+        attempt: Some(a.attempt),
+        worker_id: Some("w1".into()),
+        outcome: Outcome::Discard(HandlerError::new("step.broken", "it broke")),
+        error_code: None,
+    };
+
+    // Dropped before the server sees it: the step is still running, nothing downstream moved.
+    let dropped = proxy.inject(Fault::once("attempt = j.attempt + i.attempt_delta", FaultPoint::BeforeSend));
+    assert!(through.fail_batch(std::slice::from_ref(&failure)).await.is_err());
+    assert_eq!(dropped.count(), 1);
+    let wf_now = get(&db.store, wf.id).await;
+    assert_eq!((wf_now.state.as_str(), states(&wf_now)), ("running", vec![(0, JobState::Active), (1, JobState::Pending), (2, JobState::Pending)]));
+
+    // Committed with the answer lost: the failure and the cancelled rest happened, once;
+    // writing it again changes nothing.
+    let lost = proxy.inject(Fault::once("attempt = j.attempt + i.attempt_delta", FaultPoint::AfterCommit));
+    assert!(through.fail_batch(std::slice::from_ref(&failure)).await.is_err());
+    assert_eq!(lost.count(), 1);
+    assert!(through.fail_batch(std::slice::from_ref(&failure)).await.unwrap().is_empty(), "already failed");
+    let wf_now = get(&db.store, wf.id).await;
+    assert_eq!((wf_now.state.as_str(), wf_now.failed_count, wf_now.failed_step_index), ("failed", 1, Some(0)));
+    assert_eq!(states(&wf_now), [(0, JobState::Discarded), (1, JobState::Cancelled), (2, JobState::Cancelled)]);
+    assert_eq!(wf_now.errors.as_array().map(Vec::len), Some(1), "the failure is recorded once: {}", wf_now.errors);
+    assert_eq!(db.store.attempts(a.id).await.unwrap().len(), 1);
 }
 
 #[tokio::test]
