@@ -33,16 +33,20 @@ async fn complete(s: &Store, job: &Job, result: Value) {
     assert_eq!(done, vec![job.id]);
 }
 
-/// Fails the job for good (no retries left).
-async fn fail_for_good(s: &Store, job: &Job) {
-    let failure = Failure {
+/// A failure of `job`'s current attempt that discards it (no retries).
+fn broken(job: &Job) -> Failure {
+    Failure {
         id: job.id,
         attempt: Some(job.attempt),
         worker_id: Some("w1".into()),
         outcome: Outcome::Discard(HandlerError::new("step.broken", "it broke")),
         error_code: None,
-    };
-    s.fail(&failure).await.unwrap();
+    }
+}
+
+/// Fails the job for good (no retries left).
+async fn fail_for_good(s: &Store, job: &Job) {
+    s.fail(&broken(job)).await.unwrap();
 }
 
 fn job(t: &str, args: Value) -> NewJob {
@@ -326,13 +330,7 @@ async fn a_step_s_failure_and_what_it_stops_are_one_write_under_a_lost_connectio
     let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
     let wf = db.store.create_workflow(workflow(WorkflowType::Chain, vec![job("c.a", json!([])), job("c.b", json!([])), job("c.c", json!([]))])).await.unwrap();
     let a = claim(&db.store, 1).await.remove(0);
-    let failure = Failure {
-        id: a.id,
-        attempt: Some(a.attempt),
-        worker_id: Some("w1".into()),
-        outcome: Outcome::Discard(HandlerError::new("step.broken", "it broke")),
-        error_code: None,
-    };
+    let failure = broken(&a);
 
     // Dropped before the server sees it: the step is still running, nothing downstream moved.
     let dropped = proxy.inject(Fault::once("attempt = j.attempt + i.attempt_delta", FaultPoint::BeforeSend));

@@ -47,13 +47,7 @@ pub async fn fetch(State(state): State<AppState>, unheard_by: Option<Extension<U
     if names.is_empty() || names.len() > 100 {
         return Err(f.error("queues", "must list 1 to 100 queues"));
     }
-    let mut queues: Vec<String> = Vec::with_capacity(names.len());
-    for (i, name) in names.into_iter().enumerate() {
-        validate_queue(name).map_err(|e| f.error(&format!("queues[{i}]"), e.reason))?;
-        if !queues.iter().any(|q| q == name) {
-            queues.push(name.to_owned());
-        }
-    }
+    let queues = valid_queues(&f, names)?;
     let count = f.i64_in("count", 1, MAX_FETCH)?.unwrap_or(1);
     let named = worker_id(&f, false)?;
     // A worker that said it is stopping, or that an operator quieted, gets no new jobs
@@ -297,6 +291,19 @@ const MAX_HOSTNAME: usize = 255;
 /// The largest `concurrency` a heartbeat may give.
 const MAX_CONCURRENCY: i64 = 100_000;
 
+/// The `queues` a request names, each a valid queue name (an error names `queues[i]`), once
+/// each in the order given. The caller bounds how many.
+fn valid_queues(f: &Fields<'_>, names: Vec<&str>) -> Result<Vec<String>, ApiError> {
+    let mut queues: Vec<String> = Vec::with_capacity(names.len());
+    for (i, name) in names.into_iter().enumerate() {
+        validate_queue(name).map_err(|e| f.error(&format!("queues[{i}]"), e.reason))?;
+        if !queues.iter().any(|q| q == name) {
+            queues.push(name.to_owned());
+        }
+    }
+    Ok(queues)
+}
+
 /// What a heartbeat says of its worker (worker protocol §4.2: `hostname`, `pid`, `queues`,
 /// `concurrency`), for the worker list and the `worker.heartbeat` event. Absent, empty or zero
 /// is not said: the JS SDK sends pid 0 when it cannot tell. `labels` and `started_at` are not
@@ -311,13 +318,7 @@ fn heartbeat_worker(f: &Fields<'_>, id: &str) -> Result<WorkerRegistration, ApiE
     if names.len() > MAX_HEARTBEAT_QUEUES {
         return Err(f.error("queues", format!("must list at most {MAX_HEARTBEAT_QUEUES} queues")));
     }
-    let mut queues: Vec<String> = Vec::with_capacity(names.len());
-    for (i, name) in names.into_iter().enumerate() {
-        validate_queue(name).map_err(|e| f.error(&format!("queues[{i}]"), e.reason))?;
-        if !queues.iter().any(|q| q == name) {
-            queues.push(name.to_owned());
-        }
-    }
+    let queues = valid_queues(f, names)?;
     let concurrency = f.i64_in("concurrency", 0, MAX_CONCURRENCY)?.unwrap_or(0);
     Ok(WorkerRegistration {
         id: id.to_owned(),

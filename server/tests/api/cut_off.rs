@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, TestDb};
+use rebound_queue::testing::{Fault, FaultHits, FaultPoint, FaultProxy, TestDb};
 use rebound_queue::{JobState, NewJob, Store};
 use rebound_server::config::{ApiAuth, ServerConfig};
 use rebound_server::{AppState, router};
@@ -19,6 +19,20 @@ async fn app_through(db: &TestDb, proxy: &FaultProxy, request_timeout: Duration)
     // One pooled connection, opened now: the request under test then spends no time connecting.
     store.now().await.expect("warm the pool");
     router(AppState::new(store, ServerConfig { api_auth: ApiAuth::None, request_timeout, ..ServerConfig::default() }))
+}
+
+/// Sends `req` and gives up once its held statement reached the database: the request future
+/// is dropped, as hyper drops it when the client's connection closes.
+async fn hang_up_once_held(app: axum::Router, req: Request<Body>, held: &FaultHits) {
+    let mut call = Box::pin(app.oneshot(req));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while held.count() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the statement never reached the database");
+        tokio::select! {
+            r = &mut call => panic!("answered while the statement was held: {:?}", r.map(|r| r.status())),
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+    }
 }
 
 async fn state_of(db: &TestDb, id: uuid::Uuid) -> JobState {
@@ -68,16 +82,7 @@ async fn a_client_hanging_up_does_not_cut_its_request_off() {
     let req = Request::builder().method("DELETE").uri(format!("/ojs/v1/jobs/{id}")).body(Body::empty()).expect("request");
     // The client gives up while the write is held: its request future is dropped, as hyper
     // drops it when the connection closes.
-    let mut call = Box::pin(app.oneshot(req));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while held.count() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the write never reached the database");
-        tokio::select! {
-            r = &mut call => panic!("answered while the write was held: {:?}", r.map(|r| r.status())),
-            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
-        }
-    }
-    drop(call);
+    hang_up_once_held(app, req, &held).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while state_of(&db, id).await != JobState::Cancelled {
         assert!(tokio::time::Instant::now() < deadline, "the cancel was cut off with its client");
@@ -100,16 +105,8 @@ async fn a_fetch_whose_caller_left_hands_its_jobs_back_uncounted() {
         .header("content-type", "application/openjobspec+json")
         .body(Body::from(body))
         .expect("request");
-    let mut call = Box::pin(app.oneshot(req));
+    hang_up_once_held(app, req, &held).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while held.count() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the claim never reached the database");
-        tokio::select! {
-            r = &mut call => panic!("answered while the claim was held: {:?}", r.map(|r| r.status())),
-            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
-        }
-    }
-    drop(call);
     // Nobody received the job: it goes back at once, its attempt not counted, rather than
     // sitting active until its lock lapses and the rescuer charges it.
     loop {
