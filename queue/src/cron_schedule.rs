@@ -92,30 +92,89 @@ impl CronSchedule {
     /// The first time the schedule fires strictly after `after`; `None` if it never does
     /// (e.g. `0 0 30 2 *`, February 30th).
     ///
-    /// A wall-clock time that a daylight-saving jump skips does not fire that day (OJS): croner
-    /// would run it at the first time after the gap, whose wall clock does not match the
-    /// expression, so such a time is passed over.
+    /// A wall-clock time that a daylight-saving jump skips does not fire that day (OJS §5.2),
+    /// so it is passed over here; [`CronSchedule::next_tick_after`] stops at it instead.
     ///
     /// An `@every` schedule fires one interval after `after`, its anchor.
     pub fn next_after(&self, after: Timestamp) -> Option<Timestamp> {
-        let cron = match &self.kind {
-            Kind::Every(interval) => return after.checked_add(*interval).ok(),
-            Kind::Calendar(cron) => cron,
-        };
-        let mut from = after.to_zoned(self.zone.clone());
+        let mut from = after;
         // A gap is passed over in one step; a few more guard against a zone with odd rules.
         for _ in 0..4 {
-            let next = cron.find_next_occurrence(&from, false).ok()?;
-            if cron.is_time_matching(&next).unwrap_or(false) {
-                return Some(next.timestamp());
+            let next = self.next_tick_after(from)?;
+            if !self.skips_at(next) {
+                return Some(next);
             }
             from = next;
         }
         None
     }
 
-    /// The tick after `tick`, fired at `now`: the first one strictly after `now`, so missed
-    /// ticks fire once, not once each. An `@every` schedule stays on its anchor's cadence
+    /// The next time the firing pass looks at the schedule, strictly after `after`: a time it
+    /// fires, or, where a daylight-saving jump swallowed one of its wall-clock times, the
+    /// instant of the jump, which fires nothing and is recorded as a `dst_skip`
+    /// ([`CronSchedule::skips_at`]; OJS §9.2: every occurrence that enqueues nothing is an
+    /// event). One gap is one such tick, however many of the schedule's times it swallowed.
+    pub fn next_tick_after(&self, after: Timestamp) -> Option<Timestamp> {
+        match &self.kind {
+            Kind::Every(interval) => after.checked_add(*interval).ok(),
+            Kind::Calendar(cron) => {
+                // croner resolves some times inside a gap to the instant after it and passes
+                // over others to the next day, so gaps are looked for here, in the zone's
+                // transitions, rather than read from what it returns.
+                let next = cron.find_next_occurrence(&after.to_zoned(self.zone.clone()), false).ok()?.timestamp();
+                Some(self.swallowing_gap(cron, after, next).unwrap_or(next))
+            }
+        }
+    }
+
+    /// Whether `at`, a tick from [`CronSchedule::next_tick_after`], stands for a wall-clock
+    /// time that a daylight-saving jump swallowed (it is the instant of the jump, and the
+    /// schedule does not name that instant's own wall-clock time): such a tick fires nothing.
+    pub fn skips_at(&self, at: Timestamp) -> bool {
+        match &self.kind {
+            Kind::Every(_) => false,
+            Kind::Calendar(cron) => {
+                !cron.is_time_matching(&at.to_zoned(self.zone.clone())).unwrap_or(false)
+                    && at.checked_sub(SignedDuration::from_nanos(1)).is_ok_and(|just_before| self.swallowing_gap(cron, just_before, at) == Some(at))
+            }
+        }
+    }
+
+    /// The end of the first daylight-saving gap after `after` and not after `until` whose
+    /// missing wall-clock times include one that `cron` names: the instant the clock jumps.
+    fn swallowing_gap(&self, cron: &Cron, after: Timestamp, until: Timestamp) -> Option<Timestamp> {
+        // Real gaps are an hour or so (Samoa once skipped a day); a longer one is checked
+        // only so far, a bound on the work rather than a rule.
+        const LONGEST: i64 = 2 * 86_400;
+        for transition in self.zone.following(after) {
+            let at = transition.timestamp();
+            if at > until {
+                break;
+            }
+            let before = self.zone.to_offset(at.checked_sub(SignedDuration::from_nanos(1)).ok()?);
+            let jump = before.duration_until(transition.offset()).as_secs();
+            if jump <= 0 {
+                continue;
+            }
+            // The wall clock skips from `at` read in the old offset to `at` in the new one;
+            // those civil times are matched as plain fields (a UTC reading of the same clock).
+            let first = at.to_zoned(TimeZone::fixed(before)).datetime();
+            let swallowed = (0..jump.min(LONGEST)).any(|s| {
+                first
+                    .checked_add(SignedDuration::from_secs(s))
+                    .ok()
+                    .and_then(|civil| civil.to_zoned(TimeZone::UTC).ok())
+                    .is_some_and(|z| cron.is_time_matching(&z).unwrap_or(false))
+            });
+            if swallowed {
+                return Some(at);
+            }
+        }
+        None
+    }
+
+    /// The tick after `tick`, fired at `now` (a tick as [`CronSchedule::next_tick_after`]
+    /// means it): the first one strictly after `now`, so missed ticks fire once, not once each. An `@every` schedule stays on its anchor's cadence
     /// (a tick fired late does not push the next ones later).
     pub fn tick_after(&self, tick: Timestamp, now: Timestamp) -> Option<Timestamp> {
         match &self.kind {
@@ -125,7 +184,7 @@ impl CronSchedule {
                 let steps = i32::try_from(behind / step + 1).ok()?;
                 tick.checked_add(interval.checked_mul(steps)?).ok()
             }
-            Kind::Calendar(_) => self.next_after(if tick > now { tick } else { now }),
+            Kind::Calendar(_) => self.next_tick_after(if tick > now { tick } else { now }),
         }
     }
 }
@@ -351,5 +410,35 @@ mod dst_tests {
         let first = half_one.next_after(ts("2026-11-01T04:00:00Z")).unwrap(); // 00:00 EDT
         assert_eq!(first, ts("2026-11-01T05:30:00Z"), "01:30 EDT");
         assert_eq!(half_one.next_after(first), Some(ts("2026-11-02T06:30:00Z")), "not again at 01:30 EST");
+        assert!(!half_one.skips_at(first));
+    }
+
+    #[test]
+    fn a_time_swallowed_by_a_gap_is_one_tick_that_does_not_fire() {
+        let half_two = CronSchedule::new("30 2 * * *", "America/New_York").unwrap();
+        let gap = half_two.next_tick_after(ts("2026-03-08T05:00:00Z")).expect("a tick on the 8th");
+        assert_eq!(gap, ts("2026-03-08T07:00:00Z"), "the instant of the jump, 03:00 EDT");
+        assert!(half_two.skips_at(gap), "the gap's tick is a skip");
+        assert_eq!(half_two.next_tick_after(gap), Some(ts("2026-03-09T06:30:00Z")), "then the next day's run");
+        assert_eq!(half_two.tick_after(ts("2026-03-07T07:30:00Z"), ts("2026-03-07T07:30:01Z")), Some(gap), "the firing pass stops at the gap");
+        // Every minute of the missing hour: one skip, not sixty.
+        let hour_two = CronSchedule::new("* 2 * * *", "America/New_York").unwrap();
+        let gap = hour_two.next_tick_after(ts("2026-03-08T06:59:00Z")).expect("a tick");
+        assert_eq!(gap, ts("2026-03-08T07:00:00Z"));
+        assert!(hour_two.skips_at(gap));
+        assert_eq!(hour_two.next_tick_after(gap), Some(ts("2026-03-09T06:00:00Z")));
+        // A time the jump does not swallow (03:30 exists) is no skip.
+        let half_three = CronSchedule::new("30 3 * * *", "America/New_York").unwrap();
+        assert_eq!(half_three.next_tick_after(ts("2026-03-08T05:00:00Z")), Some(ts("2026-03-08T07:30:00Z")));
+        // Falling back swallows nothing.
+        assert_eq!(half_three.next_tick_after(ts("2026-11-01T04:00:00Z")), Some(ts("2026-11-01T08:30:00Z")));
+        // In UTC nothing is swallowed.
+        let utc = CronSchedule::new("30 2 * * *", "UTC").unwrap();
+        let t = utc.next_tick_after(ts("2026-03-08T00:00:00Z")).unwrap();
+        assert!(!utc.skips_at(t));
+        assert!(!CronSchedule::new("@every 1h", "UTC").unwrap().skips_at(t));
+        // A tick set off the schedule by hand (not a jump) still fires.
+        assert!(!half_two.skips_at(ts("2026-03-08T07:01:00Z")));
+        assert!(!CronSchedule::new("@hourly", "America/New_York").unwrap().skips_at(ts("2026-03-08T07:00:00Z")), "03:00 EDT is a time @hourly names");
     }
 }

@@ -257,3 +257,32 @@ async fn re_registering_unchanged_keeps_the_schedule() {
     let (on, _) = db.store.register_cron(&zoned, &actor).await.unwrap();
     assert!(on.next_run_at.expect("re-enabled: scheduled") > Timestamp::now());
 }
+
+#[tokio::test]
+async fn a_time_swallowed_by_daylight_saving_is_a_skip_event_not_a_run() {
+    let db = TestDb::new().await;
+    let zoned = CronSpec { schedule: CronSchedule::new("30 2 * * *", "America/New_York").expect("schedule"), ..spec("nightly", "* * * * *", OverlapPolicy::CancelPrevious) };
+    db.store.register_cron(&zoned, &Actor::new("t")).await.unwrap();
+    // 2026-03-08: New York jumps from 02:00 to 03:00, so 02:30 never happens that day. The
+    // firing pass still looks at the schedule just after the gap, and records the skip.
+    let gap = zoned.schedule.next_tick_after("2026-03-08T05:00:00Z".parse().unwrap()).expect("a tick in the gap");
+    let set_tick = |at: Timestamp| {
+        sqlx::query("UPDATE cron_jobs SET next_run_at = $2::timestamptz WHERE name = $1").bind("nightly").bind(at.to_string()).execute(db.store.pool())
+    };
+    set_tick(gap).await.unwrap();
+    let listed = db.store.cron_job("nightly").await.unwrap().unwrap();
+    assert_eq!((listed.next_tick_at, listed.next_run_at), (Some(gap), Some("2026-03-09T06:30:00Z".parse().unwrap())), "next_run_at names the next real run");
+
+    let pass = db.store.fire_due_crons(10).await.unwrap();
+    assert_eq!((pass.fired, pass.skipped), (0, 1));
+    assert!(cron_jobs_of(&db.store, "nightly").await.is_empty(), "nothing enqueued for a time that did not exist");
+    let after = db.store.cron_job("nightly").await.unwrap().unwrap();
+    assert_eq!((after.run_count, after.last_outcome.as_deref()), (0, Some("skipped")));
+    let next = after.next_run_at.expect("scheduled");
+    assert!(next > Timestamp::now() && after.next_tick_at == Some(next), "the tick is consumed; the next is a real run: {next}");
+    let skips = db.store.cron_events(&EventFilter { types: vec!["cron.skipped".into()], limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(skips.len(), 1, "{skips:?}");
+    assert_eq!((skips[0].reason, skips[0].scheduled_time, skips[0].active_job_id, skips[0].job_id), (Some("dst_skip"), gap, None, None));
+    assert_eq!((skips[0].expression.as_deref(), skips[0].timezone.as_deref()), (Some("30 2 * * *"), Some("America/New_York")));
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap(), Default::default(), "decided once");
+}

@@ -150,8 +150,12 @@ pub struct CronJob {
     pub overlap_policy: OverlapPolicy,
     pub enabled: bool,
     pub description: Option<String>,
-    /// `None` while disabled.
+    /// The next time it fires; `None` while disabled.
     pub next_run_at: Option<Timestamp>,
+    /// When the firing pass next looks at it: `next_run_at`, or before that the first instant
+    /// after a daylight-saving gap that swallows one of its times, which is recorded as a
+    /// skip (`dst_skip`) instead of firing.
+    pub next_tick_at: Option<Timestamp>,
     pub last_run_at: Option<Timestamp>,
     pub last_job_id: Option<Uuid>,
     /// What the latest tick did: `enqueued`, `skipped`, `waiting`, `triggered`, `failed`.
@@ -171,6 +175,9 @@ pub struct CronPass {
     /// Jobs held back under `enqueue` that were released now.
     pub released: u64,
 }
+
+/// The skip reason of a tick whose wall-clock time a daylight-saving jump swallowed.
+const DST_SKIP: &str = "dst_skip";
 
 /// Cron event types ([`Store::cron_events`]).
 pub const CRON_EVENT_TYPES: [&str; 2] = ["cron.triggered", "cron.skipped"];
@@ -196,7 +203,8 @@ pub struct CronEvent {
     pub queue: Option<String>,
     /// Triggered by an operator rather than the schedule.
     pub manual: bool,
-    /// Why a tick was skipped (`overlap_skip`).
+    /// Why a tick was skipped: `overlap_skip` (an earlier run was still running) or
+    /// `dst_skip` (a daylight-saving jump swallowed its time).
     pub reason: Option<&'static str>,
     /// For a trigger, which run of its cron job it was (its `run_count` then). `None` for
     /// runs recorded before this was kept.
@@ -219,15 +227,24 @@ pub fn validate_cron_name(name: &str) -> Result<(), StoreError> {
 fn cron_from_row(r: &PgRow) -> Result<CronJob, StoreError> {
     let policy: String = r.try_get("overlap_policy")?;
     let template: Value = r.try_get("template")?;
+    let expression: String = r.try_get("expression")?;
+    let timezone: String = r.try_get("timezone")?;
+    let next_tick_at = ts_opt(r, "next_run_at")?;
+    // A schedule that no longer parses is reported by the firing pass; here its tick stands.
+    let next_run_at = next_tick_at.map(|tick| match CronSchedule::stored(&expression, &timezone) {
+        Ok(schedule) if schedule.skips_at(tick) => schedule.next_after(tick).unwrap_or(tick),
+        _ => tick,
+    });
     Ok(CronJob {
         name: r.try_get("name")?,
-        expression: r.try_get("expression")?,
-        timezone: r.try_get("timezone")?,
+        expression,
+        timezone,
         template: serde_json::from_value(template).map_err(|e| StoreError::invalid("template", format!("stored cron template does not parse: {e}")))?,
         overlap_policy: policy.parse().map_err(|e: String| StoreError::invalid("overlap_policy", e))?,
         enabled: r.try_get("enabled")?,
         description: r.try_get("description")?,
-        next_run_at: ts_opt(r, "next_run_at")?,
+        next_run_at,
+        next_tick_at,
         last_run_at: ts_opt(r, "last_run_at")?,
         last_job_id: r.try_get("last_job_id")?,
         last_outcome: r.try_get("last_outcome")?,
@@ -247,7 +264,7 @@ macro_rules! cron_events_sql {
     SELECT ('evt_' || lpad(((extract(epoch FROM r.fired_at) * 1000000)::bigint)::text, 16, '0')
             || CASE WHEN r.outcome = 'skipped' THEN ':cron.skipped:' ELSE ':cron.triggered:' END
             || r.cron_name || ':' || ((extract(epoch FROM r.scheduled_for) * 1000000)::bigint)) COLLATE \"C\" AS id,
-           r.cron_name, r.scheduled_for, r.fired_at, r.outcome, r.job_id, r.run_number, r.active_job_id, c.expression, c.timezone,
+           r.cron_name, r.scheduled_for, r.fired_at, r.outcome, r.skip_reason, r.job_id, r.run_number, r.active_job_id, c.expression, c.timezone,
            j.type AS job_type, COALESCE(j.queue, c.template->>'queue') AS queue
     FROM cron_runs r
     LEFT JOIN cron_jobs c ON c.name = r.cron_name
@@ -296,6 +313,7 @@ impl Store {
             .map(|r| {
                 let outcome: String = r.try_get("outcome")?;
                 let skipped = outcome == "skipped";
+                let skip_reason: Option<String> = r.try_get("skip_reason")?;
                 Ok(CronEvent {
                     id: r.try_get("id")?,
                     event_type: if skipped { "cron.skipped" } else { "cron.triggered" },
@@ -308,7 +326,7 @@ impl Store {
                     job_type: r.try_get("job_type")?,
                     queue: r.try_get("queue")?,
                     manual: outcome == "triggered",
-                    reason: skipped.then_some("overlap_skip"),
+                    reason: skipped.then_some(if skip_reason.as_deref() == Some(DST_SKIP) { DST_SKIP } else { "overlap_skip" }),
                     run_count: r.try_get("run_number")?,
                     active_job_id: r.try_get("active_job_id")?,
                 })
@@ -330,7 +348,7 @@ impl Store {
         let now = self.now().await?;
         // An enabled schedule without a next run would be listed as active and never fire.
         let next = match spec.enabled {
-            true => Some(spec.schedule.next_after(now).ok_or_else(|| {
+            true => Some(spec.schedule.next_tick_after(now).ok_or_else(|| {
                 StoreError::invalid("cron", format!("{:?} has no run after {now}; an enabled cron job must fire", spec.schedule.expression()))
             })?),
             false => None,
@@ -403,7 +421,7 @@ impl Store {
         let cron = self.cron_job(name).await?.ok_or_else(|| StoreError::Missing { what: format!("cron job {name}") })?;
         let next = if enabled {
             let schedule = CronSchedule::stored(&cron.expression, &cron.timezone).map_err(|e| StoreError::invalid(e.field, e.reason))?;
-            schedule.next_after(self.now().await?)
+            schedule.next_tick_after(self.now().await?)
         } else {
             None
         };
@@ -494,7 +512,7 @@ impl Store {
     /// Takes and decides one tick of `cron`, read as due at `now`. `None` when another firer
     /// took the tick first (or the cron job changed meanwhile).
     async fn fire_tick(&self, cron: &CronJob, now: Timestamp) -> Result<Option<&'static str>, StoreError> {
-        let Some(tick) = cron.next_run_at else { return Ok(None) };
+        let Some(tick) = cron.next_tick_at else { return Ok(None) };
         let schedule = CronSchedule::stored(&cron.expression, &cron.timezone).map_err(|e| StoreError::invalid(e.field, e.reason))?;
         // Catch-up fires once: the next tick is the first one after now, not after the missed one.
         let next = schedule.tick_after(tick, now);
@@ -539,7 +557,9 @@ impl Store {
         .bind(running_only)
         .fetch_all(&mut *tx)
         .await?;
+        let dst_skip = schedule.skips_at(tick);
         let (outcome, job) = match cron.overlap_policy {
+            _ if dst_skip => ("skipped", None),
             OverlapPolicy::Skip if !unfinished.is_empty() => ("skipped", None),
             policy => {
                 if policy == OverlapPolicy::CancelPrevious && !unfinished.is_empty() {
@@ -579,7 +599,8 @@ impl Store {
         // The run's number for its `cron.triggered` event; for a skip, the run in the way
         // (the newest, if several are).
         sqlx::query(
-            "UPDATE cron_runs SET outcome = $3, job_id = $4, run_number = CASE WHEN $4::uuid IS NULL THEN NULL ELSE $5 END, active_job_id = $6
+            "UPDATE cron_runs SET outcome = $3, job_id = $4, run_number = CASE WHEN $4::uuid IS NULL THEN NULL ELSE $5 END, active_job_id = $6,
+                 skip_reason = $7
              WHERE cron_name = $1 AND scheduled_for = $2::timestamptz",
         )
         .bind(&cron.name)
@@ -587,11 +608,18 @@ impl Store {
         .bind(recorded)
         .bind(job_id)
         .bind(run_count)
-        .bind(if outcome == "skipped" { unfinished.first().copied() } else { None })
+        .bind(if outcome == "skipped" && !dst_skip { unfinished.first().copied() } else { None })
+        .bind(match (outcome, dst_skip) {
+            (_, true) => Some(DST_SKIP),
+            ("skipped", false) => Some("overlap_skip"),
+            _ => None,
+        })
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        if outcome == "skipped" {
+        if dst_skip {
+            tracing::info!(cron = cron.name, %tick, timezone = cron.timezone, "cron tick skipped: a daylight-saving jump swallowed its time");
+        } else if outcome == "skipped" {
             tracing::debug!(cron = cron.name, %tick, "cron tick skipped: the previous run is still running (overlap policy \"skip\")");
         }
         Ok(Some(outcome))

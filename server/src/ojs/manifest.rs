@@ -114,8 +114,8 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
             "cron": {
                 "implemented": ["5/6-field expressions, names, L W #, @yearly…@hourly", "@every <duration> (1 s to 365 days), anchored to its registration", "IANA time zones", "overlap skip/allow/cancel_previous/enqueue",
                                 "register (upsert)/list/get/delete/PATCH enabled", "pause/resume/trigger", "exactly-once ticks across processes"],
-                "implemented_events": ["cron.triggered", "cron.skipped (overlap_skip)"],
-                "not_implemented": ["cron.skipped for disabled or DST-skipped ticks"],
+                "implemented_events": ["cron.triggered", "cron.skipped (overlap_skip, dst_skip)"],
+                "not_implemented": ["cron.skipped with reason disabled: a paused cron job has no next_run_at, so no tick of it is evaluated or skipped"],
             },
         },
         "endpoints": {
