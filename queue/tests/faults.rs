@@ -452,3 +452,21 @@ async fn after_a_restart_the_rescuer_gives_every_lock_one_visibility_timeout() {
     assert_eq!((after.state, after.attempt), (JobState::Retryable, 1));
     assert_eq!(after.last_error.unwrap()["type"], "rebound.timeout");
 }
+
+#[tokio::test]
+async fn a_listener_says_its_connection_was_lost_even_while_the_database_stays_away() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let store = Store::connect(&proxy.url(&db.name), 2).await.expect("connect through the proxy");
+    let mut listener = store.listen().await.expect("listen");
+    db.store.enqueue(NewJob::new("t", json!([])).queue("heard")).await.expect("enqueue");
+    assert_eq!(listener.next(Duration::from_secs(5)).await.expect("next"), Some(rebound_queue::store::Notification::Jobs("heard".into())));
+    // The connection drops and the database cannot be reached again (the proxy is gone, so a
+    // reconnect waits out the pool's acquire timeout). The caller's short wait must still
+    // hear of the loss: policies and jobs may change unheard from now on. A listener that
+    // reconnected inside that wait was cut off by it and re-listened silently later.
+    proxy.drop_connections();
+    drop(proxy);
+    let heard = listener.next(Duration::from_millis(500)).await;
+    assert!(matches!(heard, Ok(Some(rebound_queue::store::Notification::Reconnected))), "the loss was reported: {heard:?}");
+}

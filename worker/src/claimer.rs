@@ -113,7 +113,15 @@ impl Claimer {
                 Err(e) => {
                     drop(slots);
                     self.health.claims_failing(&e);
-                    if !outage.wait_logged(&format!("claiming from queue {}", self.queue), &e, &shutdown).await {
+                    // The listener wakes every loop once it is connected again, which ends
+                    // the wait: claims resume when the database is back, not up to a whole
+                    // backoff (10 s) later.
+                    let what = format!("claiming from queue {}", self.queue);
+                    let waited = tokio::select! {
+                        w = outage.wait_logged(&what, &e, &shutdown) => w,
+                        _ = self.wake.notified() => !shutdown.is_cancelled(),
+                    };
+                    if !waited {
                         break;
                     }
                     continue;

@@ -116,6 +116,55 @@ impl Store {
         Ok(claimed)
     }
 
+    /// [`Store::claim`] for a caller with nothing of its own to find lost claims by: the OJS
+    /// API's fetch, whose client knows only the jobs in the answer. (The worker binary finds
+    /// them by what it holds, see [`Store::release_orphans`].)
+    ///
+    /// The queues are claimed in one transaction, all or nothing, whose id is read first. If
+    /// anything after that fails, the connection lost with a `COMMIT` on the wire say, the
+    /// transaction may have committed unanswered: its jobs would sit active under the caller's
+    /// name, which never saw them, until the rescuer charged each an attempt that never ran.
+    /// So a task of its own waits until the database can say how the transaction ended and,
+    /// if it committed, hands back the jobs it claimed that are still as it left them,
+    /// uncounted, with a `released` attempt row ([`UNANSWERED_CLAIM_REASON`]). The error is
+    /// returned at once.
+    pub async fn claim_in_one(&self, req: &ClaimRequest) -> Result<Vec<Job>, StoreError> {
+        let mut tx = self.begin().await?;
+        let xid: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text").fetch_one(&mut *tx).await?;
+        let vis = millis(req.visibility_timeout).clamp(1, bounds::MAX_TIMEOUT_MS);
+        let mut claimed: Vec<Job> = Vec::new();
+        let mut outcome = Ok(());
+        for queue in &req.queues {
+            let want = req.limit as usize - claimed.len();
+            if want == 0 {
+                break;
+            }
+            let rows = match sqlx::query(CLAIM).bind(queue).bind(want as i64).bind(&req.worker_id).bind(vis).fetch_all(&mut *tx).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    outcome = Err(StoreError::from(e));
+                    break;
+                }
+            };
+            let mut jobs = jobs_from_rows(&rows)?;
+            jobs.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.scheduled_at.cmp(&b.scheduled_at)).then(a.id.cmp(&b.id)));
+            claimed.extend(jobs);
+        }
+        let outcome = match outcome {
+            Ok(()) => tx.commit().await,
+            // Dropped, the transaction's connection is closed and Postgres rolls it back; the
+            // lookup below then finds it aborted.
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(()) => Ok(claimed),
+            Err(e) => {
+                tokio::spawn(hand_back_if_committed(self.clone(), xid, req.worker_id.clone()));
+                Err(e)
+            }
+        }
+    }
+
     /// Extends the locks of the given active jobs held by `worker_id` (any holder when `None`,
     /// as the OJS heartbeat does not require the worker id to match). A job missing from both
     /// lists of the answer is no longer held (rescued, cancelled, finished). Like the worker's
@@ -157,3 +206,56 @@ SELECT true, id FROM extended
 UNION ALL
 SELECT false, id FROM busy"
 );
+
+/// Why a claim's jobs went back: its transaction committed with its answer lost
+/// ([`Store::claim_in_one`]).
+pub const UNANSWERED_CLAIM_REASON: &str = "the claim committed but its answer was lost: never delivered";
+
+/// After a [`Store::claim_in_one`] whose end went unanswered: once the database says how
+/// transaction `xid` ended, hands back, if it committed, the jobs it claimed for `worker_id`
+/// that nothing has touched since (their row version is still the claim's). Tries for about
+/// a minute with growing waits (the database may be restarting), then gives up, logging it:
+/// the jobs are then charged when their locks lapse.
+async fn hand_back_if_committed(store: Store, xid: String, worker_id: String) {
+    let mut wait = Duration::from_millis(50);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match settle_claim(&store, &xid, &worker_id).await {
+            Ok(Some(released)) => {
+                if released > 0 {
+                    tracing::warn!(worker = worker_id, count = released, "a claim committed but its answer was lost; its jobs were handed back uncounted");
+                }
+                return;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::debug!(worker = worker_id, error = %e, "looking up an unanswered claim failed; trying again"),
+        }
+        if tokio::time::Instant::now() + wait > deadline {
+            tracing::error!(worker = worker_id, xid, "could not learn whether an unanswered claim committed; any jobs it claimed are charged when their locks lapse");
+            return;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One look at transaction `xid`: `None` while it is still running, else how many of its
+/// jobs were handed back (none if it did not commit).
+async fn settle_claim(store: &Store, xid: &str, worker_id: &str) -> Result<Option<usize>, StoreError> {
+    let status: Option<String> = sqlx::query_scalar("SELECT pg_xact_status($1::xid8)").bind(xid).fetch_one(&store.pool).await?;
+    match status.as_deref() {
+        Some("in progress") => Ok(None),
+        Some("committed") => {
+            // A row the claim wrote and nothing rewrote since (a heartbeat or a result from a
+            // caller that did see it would have) still carries the claim's transaction id.
+            let ids: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'active' AND locked_by = $1 AND xmin = xid($2::xid8)")
+                .bind(worker_id)
+                .bind(xid)
+                .fetch_all(&store.pool)
+                .await?;
+            Ok(Some(store.release(&ids, Some(worker_id), UNANSWERED_CLAIM_REASON).await?.len()))
+        }
+        // Aborted, or so old its status is gone: nothing of it stands.
+        _ => Ok(Some(0)),
+    }
+}

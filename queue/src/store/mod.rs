@@ -129,7 +129,7 @@ pub use admin::{BulkReport, DeadLetterStats};
 pub use audit::{Actor, AuditEntry, AuditFilter};
 pub use auth::{ApiToken, MAX_USERNAME_BYTES, Operator, Role, Session};
 pub use login_throttle::LoginFailures;
-pub use claim::{ClaimRequest, HeldJobs};
+pub use claim::{ClaimRequest, HeldJobs, UNANSWERED_CLAIM_REASON};
 pub use complete::{Completion, ORPHAN_REASON};
 pub use cron::{CRON_EVENT_TYPES, CronEvent, CronJob, CronPass, CronSpec, CronTemplate, OverlapPolicy, validate_cron_name};
 pub use cancel::{BULK_LIMIT, JobSelection};
@@ -192,6 +192,21 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Database(e) => is_transient_sqlx(e),
+            _ => false,
+        }
+    }
+
+    /// Whether the statement may have run, and a transaction committed, although this error is
+    /// all its caller heard: the connection was lost while the request was out (as opposed to
+    /// a pool that found no connection, so nothing was sent, or an error the server answered,
+    /// after which it had rolled back).
+    pub fn may_have_landed(&self) -> bool {
+        match self {
+            StoreError::Database(e) => match e {
+                sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+                sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("08")),
+                _ => false,
+            },
             _ => false,
         }
     }
@@ -391,6 +406,9 @@ impl Store {
 /// longer has been abandoned (see [`transaction`]) and holds row locks nobody else can take.
 pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often a session running a statement checks that its client is still connected.
+pub const CLIENT_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
 /// Connection settings every Rebound process uses. `application_name` defaults to the
 /// program's name so operators can tell workers from servers in `pg_stat_activity`; a URL
 /// that sets its own wins.
@@ -415,6 +433,12 @@ pub fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
         ("idle_in_transaction_session_timeout", format!("{idle_ms}")),
         ("jit", "off".to_string()),
         ("max_parallel_workers_per_gather", "0".to_string()),
+        // A statement abandoned while it waits for a lock (a maintenance pass cut off at its
+        // stop grace, a request whose process died) would otherwise keep waiting, holding the
+        // locks it took, until it got the one it wanted: Postgres only reads the closed
+        // socket then, and the idle-in-transaction limit does not apply to a waiting session.
+        // Checked every few seconds, it ends with its client. (Postgres 14 or later, Linux.)
+        ("client_connection_check_interval", format!("{}", CLIENT_CHECK_INTERVAL.as_millis())),
     ]))
 }
 

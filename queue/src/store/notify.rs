@@ -67,6 +67,11 @@ impl Store {
     /// Subscribes to new-work and policy-change notifications.
     pub async fn listen(&self) -> Result<JobListener, StoreError> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
+        // Told of a lost connection at once, not after sqlx has reconnected inside the same
+        // call: callers bound each wait with a timeout, and one that dropped the call while
+        // it reconnected (the database still down) left the next call to re-listen silently,
+        // so `Reconnected` never came and nobody re-read what changed unheard.
+        listener.eager_reconnect(false);
         listener.listen_all([NOTIFY_CHANNEL, POLICY_CHANNEL]).await?;
         Ok(JobListener { listener })
     }

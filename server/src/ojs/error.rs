@@ -27,11 +27,15 @@ pub struct ApiError {
     pub details: Map<String, Value>,
     /// What the client can do about it.
     pub hint: String,
+    /// The database connection was lost while the request was out: a request that writes
+    /// may have taken effect, and is answered so ([`ApiError::outcome_unknown`]) by the
+    /// response layer, which knows the method. Not part of the body.
+    pub may_have_landed: bool,
 }
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, code: &'static str, kind: &'static str, message: impl Into<String>, hint: impl Into<String>) -> Self {
-        ApiError { status, code, kind, message: message.into(), retryable: false, details: Map::new(), hint: hint.into() }
+        ApiError { status, code, kind, message: message.into(), retryable: false, details: Map::new(), hint: hint.into(), may_have_landed: false }
     }
 
     /// The same error with another hint.
@@ -129,6 +133,26 @@ impl ApiError {
             retryable: true,
             ..ApiError::new(status, "backend_error", "backend_error", message, "retry the request shortly")
         }
+    }
+
+    /// A write whose effect is unknown: the database connection was lost while it was out,
+    /// so it may have committed unanswered. Sent again as it is, it could be done twice, so it
+    /// is not retryable; a job enqueued with a client-chosen `id` is the safe way to resend.
+    pub fn outcome_unknown() -> Self {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "backend_error",
+            "backend_error",
+            "the connection to the database was lost while the request was being carried out: it may or may not have taken effect",
+            "check before sending it again (fetch the job or the resource it changed); an enqueue that names its job's `id` can be sent again safely: a duplicate answers 409 with the existing job",
+        )
+    }
+
+    /// The same error, known to be safe to send again whatever the connection did (the
+    /// handler made sure nothing it started stands).
+    pub fn retry_safe(mut self) -> Self {
+        self.may_have_landed = false;
+        self
     }
 
     /// An error answer for a bare framework response (no handler built one).
@@ -244,7 +268,10 @@ impl From<StoreError> for ApiError {
             StoreError::Cancelled => ApiError::backend(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"),
             e if e.is_transient() => {
                 tracing::warn!(error = %e, "transient database error");
-                ApiError::backend(StatusCode::SERVICE_UNAVAILABLE, "the database is temporarily unavailable")
+                ApiError {
+                    may_have_landed: e.may_have_landed(),
+                    ..ApiError::backend(StatusCode::SERVICE_UNAVAILABLE, "the database is temporarily unavailable")
+                }
             }
             e => {
                 tracing::error!(error = %e, "database error");

@@ -48,6 +48,8 @@ pub async fn ojs_response(req: Request, next: Next) -> Response {
     let is_error = status.is_client_error() || status.is_server_error();
     if is_error && res.extensions().get::<OwnBody>().is_none() {
         let error = match res.extensions().get::<ApiError>() {
+            // A read can always be sent again; a write that may have landed cannot.
+            Some(e) if e.may_have_landed && !matches!(method.as_str(), "GET" | "HEAD" | "OPTIONS") => ApiError::outcome_unknown(),
             Some(e) => e.clone(),
             None => {
                 let (parts, body) = res.into_parts();

@@ -48,6 +48,7 @@ pub fn unsupported(what: impl std::fmt::Display) -> ApiError {
         retryable: false,
         details: Map::new(),
         hint: "see GET /ojs/manifest for the conformance level and extensions this server implements".into(),
+        may_have_landed: false,
     }
 }
 

@@ -9,7 +9,9 @@ use jiff::Timestamp;
 use rebound_queue::job::validate_queue;
 use rebound_queue::outcome::NextStep;
 use rebound_queue::store::{ClaimRequest, Completion, Failure, JobProgress, ProcessUsage, ProgressReport, WorkerRegistration};
+use rebound_queue::storage_retry::StorageRetry;
 use rebound_queue::{HandlerError, Job, Outcome};
+use tokio_util::sync::CancellationToken;
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
@@ -66,14 +68,19 @@ pub async fn fetch(State(state): State<AppState>, unheard_by: Option<Extension<U
     if unheard_by.as_ref().is_some_and(|u| u.is_unheard()) {
         return Ok(Json(json!({ "jobs": [] })));
     }
-    let jobs = state.store.claim(&req).await?;
+    // In one transaction whose fate is looked up if its answer is lost: jobs claimed for a
+    // caller that never heard of them go back uncounted instead of waiting to be charged.
+    let jobs = state.store.claim_in_one(&req).await.map_err(|e| ApiError::from(e).retry_safe())?;
     // Taking the answer for delivery keeps the request timeout from answering 408 in its place
     // from here on, so the jobs either reach the caller or go back below.
     if !jobs.is_empty() && unheard_by.as_ref().is_some_and(|u| !u.deliver()) {
         // Its caller hung up or was answered 408 while the claim ran: nobody will run these
         // jobs, so they go back now, uncounted, rather than be charged when their lock lapses.
         let ids: Vec<Uuid> = jobs.iter().map(|j| j.id).collect();
-        match state.store.release(&ids, Some(&req.worker_id), UNHEARD_FETCH_REASON).await {
+        // The release is guarded (still active under this worker), so sending it again after
+        // a blip cannot hand back anything twice.
+        let retry = StorageRetry::storage_default();
+        match retry.run("handing back an unheard fetch's jobs", &CancellationToken::new(), || state.store.release(&ids, Some(&req.worker_id), UNHEARD_FETCH_REASON)).await {
             Ok(released) => tracing::warn!(worker = req.worker_id, count = released.len(), "a fetch's caller stopped waiting before its answer; its jobs were handed back uncounted"),
             Err(e) => tracing::error!(worker = req.worker_id, count = ids.len(), error = %e, "a fetch's caller stopped waiting, and handing its jobs back failed; they are charged when their locks lapse"),
         }

@@ -121,3 +121,84 @@ async fn a_fetch_whose_caller_left_hands_its_jobs_back_uncounted() {
     let job = db.store.job(id).await.expect("job");
     assert_eq!((job.state, job.attempt), (JobState::Available, 0), "back, not counted");
 }
+
+/// Sends `body` as JSON with `method` to `uri` and reads the answer.
+async fn send(app: axum::Router, method: &str, uri: &str, body: Option<serde_json::Value>) -> (StatusCode, serde_json::Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/openjobspec+json")
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .expect("request");
+    let res = app.oneshot(req).await.expect("infallible");
+    let status = res.status();
+    let bytes = axum::body::to_bytes(res.into_body(), usize::MAX).await.expect("body");
+    (status, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+}
+
+#[tokio::test]
+async fn a_fetch_whose_commit_goes_unanswered_hands_what_it_claimed_back_uncounted() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let app = app_through(&db, &proxy, Duration::from_secs(30)).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        ids.push(db.store.enqueue(NewJob::new("t.lost", json!([])).queue("lost")).await.expect("enqueue").job.id);
+    }
+    // The fetch's transaction commits, and the connection drops before its answer comes back:
+    // the server cannot tell whether it claimed anything.
+    let hit = proxy.inject(Fault::once("COMMIT", FaultPoint::AfterCommit));
+    let (status, body) = send(app.clone(), "POST", "/ojs/v1/workers/fetch", Some(json!({"queues": ["lost"], "count": 2, "worker_id": "w-unanswered"}))).await;
+    assert_eq!(hit.count(), 1, "the fault struck the fetch's commit");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["retryable"], true, "nothing it claimed stands, so it can be sent again: {body}");
+    // The claim committed (both jobs went active under the worker's name); the server looks
+    // its transaction up and hands them back, uncounted, rather than leave them to be
+    // charged when their locks lapse.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    for id in &ids {
+        loop {
+            let rows = db.store.attempts(*id).await.expect("attempts");
+            if !rows.is_empty() {
+                assert_eq!(rows.iter().map(|a| a.outcome.as_str()).collect::<Vec<_>>(), ["released"], "{rows:?}");
+                assert_eq!(rows[0].error_message.as_deref(), Some(rebound_queue::store::UNANSWERED_CLAIM_REASON), "{rows:?}");
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never handed back: {:?}", db.store.job(*id).await.expect("job").state);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let job = db.store.job(*id).await.expect("job");
+        assert_eq!((job.state, job.attempt), (JobState::Available, 0), "back, not counted");
+    }
+    // Sent again, the fetch gets them, at their first attempt.
+    let (status, body) = send(app, "POST", "/ojs/v1/workers/fetch", Some(json!({"queues": ["lost"], "count": 2, "worker_id": "w-unanswered"}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let got: Vec<(String, i64)> = body["jobs"].as_array().expect("jobs").iter().map(|j| (j["id"].as_str().unwrap_or("").to_owned(), j["attempt"].as_i64().unwrap_or(-1))).collect();
+    assert_eq!(got.len(), 2, "{body}");
+    assert!(got.iter().all(|(_, attempt)| *attempt == 1), "{got:?}");
+}
+
+#[tokio::test]
+async fn a_write_whose_answer_is_lost_is_not_retryable_and_a_read_is() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let app = app_through(&db, &proxy, Duration::from_secs(30)).await;
+    // The enqueue's insert commits; its answer is lost with the connection.
+    let hit = proxy.inject(Fault::once("INSERT INTO jobs", FaultPoint::AfterCommit));
+    let (status, body) = send(app.clone(), "POST", "/ojs/v1/jobs", Some(json!({"type": "t.once", "args": [1], "queue": "once"}))).await;
+    assert_eq!(hit.count(), 1);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["retryable"], false, "sent again, the job would be enqueued twice: {body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("may or may not have taken effect")), "{body}");
+    let landed: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE type = 't.once'").fetch_one(db.store.pool()).await.expect("count");
+    assert_eq!(landed, 1, "the enqueue did land: exactly why a blind resend is refused");
+    // A read that loses its answer the same way can simply be asked again.
+    let id = db.store.enqueue(NewJob::new("t.read", json!([]))).await.expect("enqueue").job.id;
+    let hit = proxy.inject(Fault::once("FROM jobs", FaultPoint::AfterCommit));
+    let (status, body) = send(app.clone(), "GET", &format!("/ojs/v1/jobs/{id}"), None).await;
+    assert_eq!(hit.count(), 1);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["retryable"], true, "{body}");
+    let (status, _) = send(app, "GET", &format!("/ojs/v1/jobs/{id}"), None).await;
+    assert_eq!(status, StatusCode::OK);
+}
