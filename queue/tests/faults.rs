@@ -470,3 +470,28 @@ async fn a_listener_says_its_connection_was_lost_even_while_the_database_stays_a
     let heard = listener.next(Duration::from_millis(500)).await;
     assert!(matches!(heard, Ok(Some(rebound_queue::store::Notification::Reconnected))), "the loss was reported: {heard:?}");
 }
+
+#[tokio::test]
+async fn a_bulk_action_waits_for_a_row_being_written_instead_of_leaving_it_out() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(s.enqueue(NewJob::new("t.bulk", json!([i])).queue("bulk")).await.expect("enqueue").job.id);
+    }
+    // Another transaction is writing one of them (a worker's result, a promotion) right now.
+    let mut other = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    sqlx::query("BEGIN").execute(&mut other).await.expect("begin");
+    sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE").bind(ids[1]).execute(&mut other).await.expect("lock");
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::query("COMMIT").execute(&mut other).await.expect("commit");
+    });
+    let filter = rebound_queue::store::JobFilter { queue: Some("bulk".into()), ..Default::default() };
+    let cancelled = s.cancel_jobs(&rebound_queue::store::JobSelection::Filter(filter), &rebound_queue::store::Actor::new("op")).await.expect("bulk cancel");
+    release.await.expect("released");
+    assert_eq!(cancelled, 3, "the row being written was waited for, not skipped");
+    for id in ids {
+        assert_eq!(s.job(id).await.expect("job").state, JobState::Cancelled);
+    }
+}
