@@ -64,6 +64,8 @@ impl RunningJobs {
     pub fn hold(&self, id: Uuid, run: Run, visibility: Duration) -> CancellationToken {
         let lost = CancellationToken::new();
         self.lock().insert(id, Held { run, visibility, lost: lost.clone() });
+        // Claimed again, its abandoned run is over (rescued): known now by the new one.
+        self.abandoned.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         lost
     }
 
@@ -186,6 +188,20 @@ mod tests {
         assert!(!lost.is_cancelled());
         running.release(id, new);
         assert!(running.is_empty());
+    }
+
+    #[test]
+    fn an_abandoned_run_is_known_until_the_job_is_claimed_again() {
+        let running = RunningJobs::new();
+        let id = Uuid::now_v7();
+        let first = Run::new(1, None);
+        running.hold(id, first, Duration::from_secs(30));
+        running.abandon(id, first);
+        assert!(!running.contains(id), "no longer held");
+        assert_eq!(running.known(), vec![id], "but known, so never handed back uncounted");
+        running.hold(id, Run::new(2, None), Duration::from_secs(30));
+        running.release(id, Run::new(2, None));
+        assert!(running.known().is_empty(), "the abandoned run ended when the job was claimed again");
     }
 
     #[test]
