@@ -286,3 +286,41 @@ async fn a_time_swallowed_by_daylight_saving_is_a_skip_event_not_a_run() {
     assert_eq!((skips[0].expression.as_deref(), skips[0].timezone.as_deref()), (Some("30 2 * * *"), Some("America/New_York")));
     assert_eq!(db.store.fire_due_crons(10).await.unwrap(), Default::default(), "decided once");
 }
+
+#[tokio::test]
+async fn a_tick_lost_before_it_is_sent_or_committed_unanswered_fires_once() {
+    use rebound_queue::testing::{Fault, FaultPoint, FaultProxy};
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.expect("connect through the proxy");
+    // The tick's decision is written inside the transaction that takes it.
+    const DECIDING: &str = "INSERT INTO cron_runs (cron_name, scheduled_for, outcome) VALUES ($1, $2::timestamptz, 'deciding')";
+    for (name, point) in [("lost-before", FaultPoint::BeforeSend), ("lost-after", FaultPoint::AfterCommit)] {
+        db.store.register_cron(&spec(name, "* * * * *", OverlapPolicy::Allow), &Actor::new("t")).await.unwrap();
+        let tick = make_due(&db.store, name, 3).await;
+        let hit = proxy.inject(Fault::once(DECIDING, point));
+        // The pass logs the failed tick and goes on; either way nothing is enqueued twice.
+        let _ = through.fire_due_crons(10).await;
+        assert_eq!(hit.count(), 1, "{name}: the fault struck the tick");
+        let after_fault = cron_jobs_of(&db.store, name).await.len();
+        let pass = through.fire_due_crons(10).await.expect("the next pass");
+        let jobs = cron_jobs_of(&db.store, name).await;
+        assert_eq!(jobs.len(), 1, "{name}: the tick fired exactly once: {jobs:?}");
+        match point {
+            // Never reached the database: the tick is still due and the next pass fires it.
+            FaultPoint::BeforeSend => assert_eq!((after_fault, pass.fired), (0, 1), "{name}"),
+            // Committed unanswered: the tick was taken, so the next pass finds it gone.
+            _ => assert_eq!((after_fault, pass.fired), (1, 0), "{name}"),
+        }
+        let runs: Vec<(String,)> = sqlx::query_as("SELECT outcome FROM cron_runs WHERE cron_name = $1 AND scheduled_for = $2::timestamptz")
+            .bind(name)
+            .bind(tick.to_string())
+            .fetch_all(db.store.pool())
+            .await
+            .unwrap();
+        assert_eq!(runs, vec![("enqueued".to_string(),)], "{name}: one decision for the tick");
+        let cron = db.store.cron_job(name).await.unwrap().unwrap();
+        assert_eq!(cron.run_count, 1, "{name}");
+        assert!(cron.next_run_at.expect("next") > tick, "{name}: the schedule moved on");
+    }
+}
