@@ -930,3 +930,103 @@ async fn audit_filters_combine_and_page_newest_first_across_the_actions_a_prefix
     let paged: Vec<String> = first.iter().chain(&second).chain(&third).map(|e| format!("{}:{}", e.actor, e.action)).collect();
     assert_eq!(paged, ["carol:jobs.bulk_retry", "alice:job.retry", "bob:job.cancel", "bob:job.retry", "alice:job.cancel"]);
 }
+
+/// Marks the session with this token hash last used `secs` seconds ago.
+async fn session_last_used(s: &Store, token_hash: &str, secs: i64) {
+    let n = sqlx::query("UPDATE sessions SET last_seen_at = now() - $2 * interval '1 second' WHERE token_hash = $1")
+        .bind(token_hash)
+        .bind(secs)
+        .execute(s.pool())
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(n, 1, "no session {token_hash}");
+}
+
+/// How many whole seconds ago the session with this token hash was marked used (`None`: no row).
+async fn session_seen_secs_ago(s: &Store, token_hash: &str) -> Option<i64> {
+    sqlx::query_scalar::<_, i64>("SELECT extract(epoch FROM now() - last_seen_at)::bigint FROM sessions WHERE token_hash = $1")
+        .bind(token_hash)
+        .fetch_optional(s.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn sessions_end_when_idle_and_are_marked_used_at_most_once_a_minute() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let olivia = s.upsert_operator("olivia", "$argon2id$not-checked-here", rebound_queue::store::Role::Operator, &Actor::system("test")).await.unwrap();
+    let idle = Duration::from_secs(30 * 60);
+    s.create_session(olivia.id, "h1", "csrf1", Duration::from_secs(3600)).await.unwrap();
+
+    // Used 30 s ago: live, and not written again.
+    session_last_used(s, "h1", 30).await;
+    for _ in 0..3 {
+        assert_eq!(s.live_session("h1", idle).await.unwrap().map(|x| x.csrf_token), Some("csrf1".to_string()));
+    }
+    let ago = session_seen_secs_ago(s, "h1").await.unwrap();
+    assert!(ago >= 30, "marked {ago} s ago: written again within the minute");
+    // Used 90 s ago: marked now.
+    session_last_used(s, "h1", 90).await;
+    assert!(s.live_session("h1", idle).await.unwrap().is_some());
+    let ago = session_seen_secs_ago(s, "h1").await.unwrap();
+    assert!(ago < 30, "marked {ago} s ago: not marked again after a minute");
+    // A limit shorter than two minutes marks it every half limit, so a session in use never
+    // looks idle.
+    session_last_used(s, "h1", 20).await;
+    assert!(s.live_session("h1", Duration::from_secs(30)).await.unwrap().is_some());
+    let ago = session_seen_secs_ago(s, "h1").await.unwrap();
+    assert!(ago < 15, "marked {ago} s ago: with a 30 s limit, a use 20 s after the last marks it");
+
+    // Unused for longer than the limit: refused, and deleted.
+    session_last_used(s, "h1", 29 * 60).await;
+    assert!(s.live_session("h1", idle).await.unwrap().is_some());
+    session_last_used(s, "h1", 31 * 60).await;
+    assert!(s.live_session("h1", idle).await.unwrap().is_none());
+    assert_eq!(session_seen_secs_ago(s, "h1").await, None, "the idle session is deleted");
+
+    // `session` applies the 30-minute default.
+    s.create_session(olivia.id, "h2", "csrf2", Duration::from_secs(3600)).await.unwrap();
+    session_last_used(s, "h2", 29 * 60).await;
+    assert!(s.session("h2").await.unwrap().is_some());
+    session_last_used(s, "h2", 31 * 60).await;
+    assert!(s.session("h2").await.unwrap().is_none());
+    assert_eq!(session_seen_secs_ago(s, "h2").await, None);
+
+    // Expired, however recently used: refused, and deleted.
+    s.create_session(olivia.id, "h3", "csrf3", Duration::from_secs(3600)).await.unwrap();
+    sqlx::query("UPDATE sessions SET expires_at = now() - interval '1 second' WHERE token_hash = 'h3'").execute(s.pool()).await.unwrap();
+    assert!(s.live_session("h3", idle).await.unwrap().is_none());
+    assert_eq!(session_seen_secs_ago(s, "h3").await, None);
+
+    // Unknown: nothing, and nothing else is touched.
+    s.create_session(olivia.id, "h4", "csrf4", Duration::from_secs(3600)).await.unwrap();
+    assert!(s.live_session("nope", idle).await.unwrap().is_none());
+    assert!(session_seen_secs_ago(s, "h4").await.is_some());
+}
+
+#[tokio::test]
+async fn a_look_at_login_failures_counts_nothing_and_waits_for_no_lock() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let keys = ["account:olivia".to_string(), "address:10.0.0.1".to_string()];
+    let forget = Duration::from_secs(15 * 60);
+    let total = |f: &[rebound_queue::store::LoginFailures]| Duration::from_secs(f.iter().map(|x| u64::from(x.failures)).sum());
+
+    assert_eq!(s.login_wait(&keys, forget, total).await.unwrap(), Duration::ZERO);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM login_failures").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(rows, 0, "a look counts nothing");
+    for _ in 0..2 {
+        assert_eq!(s.start_login_attempt(&keys, forget, |_| Duration::ZERO).await.unwrap(), Duration::ZERO);
+    }
+    assert_eq!(s.login_wait(&keys, forget, total).await.unwrap(), Duration::from_secs(4), "two failures of each key");
+    assert_eq!(s.login_wait(&keys, forget, total).await.unwrap(), Duration::from_secs(4), "looking again counted nothing");
+
+    // An attempt in progress holds the rows' locks; a look does not wait for them.
+    let mut tx = s.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM login_failures WHERE key = ANY($1) FOR UPDATE").bind(&keys[..]).execute(&mut *tx).await.unwrap();
+    let looked = tokio::time::timeout(Duration::from_secs(5), s.login_wait(&keys, forget, total)).await.expect("the look waited for a lock");
+    assert_eq!(looked.unwrap(), Duration::from_secs(4));
+    tx.rollback().await.unwrap();
+}

@@ -87,6 +87,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_maintenance: bool,
 
+    /// End a dashboard session unused for this long (e.g. "30m", "PT30M"): a browser left
+    /// signed in, or a stolen session cookie, stops working then. Whatever its use, a session
+    /// ends 12 hours after sign-in.
+    #[arg(long, env = "REBOUND_SESSION_IDLE_TIMEOUT", default_value = "30m", value_parser = parse_idle_timeout)]
+    pub session_idle_timeout: Duration,
+
     /// Always mark the session cookie `Secure` (browsers then send it over HTTPS only). Without
     /// it the cookie is `Secure` only when the request says it came over HTTPS
     /// (`X-Forwarded-Proto: https`). Set it whenever the dashboard is reached over TLS.
@@ -151,6 +157,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from(d).map_err(|_| format!("{s:?} must not be negative"))
 }
 
+/// A session idle timeout: a duration as [`parse_duration`] reads it, longer than zero (with
+/// zero every session would end at once).
+fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() { Err(format!("{s:?} must be longer than zero")) } else { Ok(d) }
+}
+
 /// The settings the running server needs (the part of [`ServeArgs`] that is not about starting).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServerConfig {
@@ -159,6 +172,8 @@ pub struct ServerConfig {
     pub visibility_timeout: Duration,
     pub max_body_bytes: usize,
     pub request_timeout: Duration,
+    /// See [`ServeArgs::session_idle_timeout`].
+    pub session_idle_timeout: Duration,
     /// Mark the session cookie `Secure` whatever the request says.
     pub secure_cookies: bool,
     /// Take the client's address from `X-Forwarded-For` (see [`ServeArgs::behind_proxy`]).
@@ -177,6 +192,7 @@ impl Default for ServerConfig {
             visibility_timeout: Duration::from_secs(300),
             max_body_bytes: 4 * 1024 * 1024,
             request_timeout: Duration::from_secs(30),
+            session_idle_timeout: Duration::from_secs(30 * 60),
             secure_cookies: false,
             behind_proxy: false,
             max_event_streams: 64,
@@ -193,6 +209,7 @@ impl From<&ServeArgs> for ServerConfig {
             visibility_timeout: a.visibility_timeout,
             max_body_bytes: a.max_body_bytes,
             request_timeout: a.request_timeout,
+            session_idle_timeout: a.session_idle_timeout,
             secure_cookies: a.secure_cookies,
             behind_proxy: a.behind_proxy,
             max_event_streams: a.max_event_streams,
@@ -230,9 +247,15 @@ mod tests {
         assert!(!cfg.test_mode);
         // The command line's defaults are the in-process ones the tests start from.
         assert_eq!((cfg.max_event_streams, cfg.event_stream_lifetime), (ServerConfig::default().max_event_streams, ServerConfig::default().event_stream_lifetime));
+        assert_eq!(cfg.session_idle_timeout, Duration::from_secs(30 * 60));
+        assert_eq!(cfg.session_idle_timeout, ServerConfig::default().session_idle_timeout);
         let cli = Cli::try_parse_from(["rebound-server", "serve", "--api-auth", "none", "--test-mode", "--listen", "127.0.0.1:0"])
             .expect("parses");
         let Command::Serve(args) = cli.command else { panic!("not serve") };
         assert_eq!((args.api_auth, args.test_mode), (ApiAuth::None, true));
+        let cli = Cli::try_parse_from(["rebound-server", "serve", "--session-idle-timeout", "PT5M"]).expect("parses");
+        let Command::Serve(args) = cli.command else { panic!("not serve") };
+        assert_eq!(args.session_idle_timeout, Duration::from_secs(300));
+        assert!(Cli::try_parse_from(["rebound-server", "serve", "--session-idle-timeout", "0s"]).is_err(), "a zero idle timeout is refused");
     }
 }

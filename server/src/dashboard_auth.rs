@@ -1,25 +1,27 @@
 //! Dashboard sign-in: the login and logout handlers and the session middleware.
 //!
-//! A session is a random token in an `HttpOnly`, `SameSite=Lax` cookie (`Secure` over HTTPS or
-//! with `--secure-cookies`); the store keeps only its SHA-256 (like API tokens: random, so a
-//! plain hash is enough), the operator, a per-session CSRF token and the expiry
-//! ([`SESSION_TTL`], not extended by use). The middleware resolves the cookie once per request
-//! and hands the session to the app as a request extension; pages without one redirect to the
-//! login page. The checks every request passes first are in
+//! A session is a random token in an `HttpOnly`, `SameSite=Lax` cookie (`Secure`, and named
+//! [`SECURE_SESSION_COOKIE`], over HTTPS or with `--secure-cookies`); the store keeps only its
+//! SHA-256 (like API tokens: random, so a plain hash is enough), the operator, a per-session
+//! CSRF token and the expiry ([`SESSION_TTL`], not extended by use). A session unused for
+//! `--session-idle-timeout` ends sooner. Signing in ends the browser's previous session. The
+//! middleware resolves the cookie once per request and hands the session to the app as a
+//! request extension; pages without one redirect to the login page. Every dashboard response
+//! is `Cache-Control: no-store`. The checks every request passes first are in
 //! [`dashboard_guard`](crate::dashboard_guard); sign-in throttling in
 //! [`login_throttle`](crate::login_throttle).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::header::{ACCEPT, COOKIE, LOCATION, RETRY_AFTER, SET_COOKIE};
+use axum::http::header::{ACCEPT, CACHE_CONTROL, COOKIE, LOCATION, RETRY_AFTER, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Form};
-use rebound_queue::store::Actor;
+use rebound_queue::store::{Actor, Session, StoreError};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -32,8 +34,14 @@ use crate::dashboard_guard::{self as guard, FlashCheck};
 use crate::login_throttle;
 use crate::passwords::verify_password;
 
-/// The session cookie's name.
+/// The session cookie's name when it is not `Secure` (plain HTTP, e.g. on localhost).
 pub const SESSION_COOKIE: &str = "rebound_session";
+
+/// The session cookie's name when it is `Secure`. Browsers keep a `__Host-` cookie only if it
+/// came over HTTPS with `Path=/` and no `Domain`, so no plain-HTTP response and no other host
+/// (a sibling subdomain) can set or replace it. Both names are read (this one first): a
+/// browser may still hold a cookie from before the server said it was behind HTTPS.
+pub const SECURE_SESSION_COOKIE: &str = "__Host-rebound_session";
 
 /// How long a session lasts without logging in again.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
@@ -60,6 +68,23 @@ pub fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v.to_string())
         .filter(|v| !v.is_empty())
+}
+
+/// The session tokens the request's cookies carry: the [`SECURE_SESSION_COOKIE`] one first,
+/// then the [`SESSION_COOKIE`] one.
+fn session_tokens(headers: &HeaderMap) -> Vec<String> {
+    [SECURE_SESSION_COOKIE, SESSION_COOKIE].into_iter().filter_map(|name| cookie_value(headers, name)).collect()
+}
+
+/// The live session of the first of `tokens` that has one. A session unused for longer than
+/// `--session-idle-timeout` has none (and ends).
+async fn resolve_session(state: &AppState, tokens: &[String]) -> Result<Option<Session>, StoreError> {
+    for token in tokens {
+        if let Some(session) = state.store.live_session(&hash_token(token), state.config.session_idle_timeout).await? {
+            return Ok(Some(session));
+        }
+    }
+    Ok(None)
 }
 
 /// Where to go after signing in: `next` if it is a path on this site, else `/`.
@@ -104,20 +129,65 @@ fn see_other(location: &str) -> Response {
 /// reached us over HTTPS through a proxy that says so (browsers drop `Secure` cookies sent over
 /// plain HTTP to anything but localhost, so this cannot be the default).
 fn secure(state: &AppState, headers: &HeaderMap) -> bool {
-    state.config.secure_cookies || headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()) == Some("https")
+    state.config.secure_cookies || forwarded_https(headers, state.config.behind_proxy)
 }
 
+/// Whether `X-Forwarded-Proto` says the client reached the proxy over HTTPS. Behind a trusted
+/// proxy (`--behind-proxy`, as for `X-Forwarded-For`) its first comma-separated value counts,
+/// in any case (`HTTPS`; `https, http` from a chain of proxies). Without the flag only the
+/// exact value `https` counts, as documented: the header then proves nothing, but whoever
+/// sends it can only make their own cookie stricter.
+fn forwarded_https(headers: &HeaderMap, behind_proxy: bool) -> bool {
+    let Some(proto) = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()) else { return false };
+    if behind_proxy {
+        proto.split(',').next().is_some_and(|first| first.trim().eq_ignore_ascii_case("https"))
+    } else {
+        proto == "https"
+    }
+}
+
+/// The session cookie: [`SECURE_SESSION_COOKIE`] (`Secure`, `Path=/`, no `Domain`) when
+/// `secure`, else [`SESSION_COOKIE`].
 fn session_cookie(secure: bool, value: &str, max_age: Duration) -> String {
     format!(
-        "{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Lax; Max-Age={}{}",
+        "{}={value}; Path=/; HttpOnly; SameSite=Lax; Max-Age={}{}",
+        if secure { SECURE_SESSION_COOKIE } else { SESSION_COOKIE },
         max_age.as_secs(),
         if secure { "; Secure" } else { "" }
     )
 }
 
+/// Sets `cookie`, the response's first `Set-Cookie`.
+fn set_cookie(res: &mut Response, cookie: &str) {
+    if let Ok(v) = HeaderValue::from_str(cookie) {
+        res.headers_mut().insert(SET_COOKIE, v);
+    }
+}
+
+/// Removes the plain-named session cookie a browser may still hold once its session cookie is
+/// the `__Host-` one (only a `Secure` response may set that one, so this goes with it).
+fn clear_plain_session_cookie(res: &mut Response) {
+    if let Ok(v) = HeaderValue::from_str(&session_cookie(false, "", Duration::ZERO)) {
+        guard::add_cookie(res, v);
+    }
+}
+
 fn unavailable(message: &str, retry_after_secs: u64) -> Response {
     let mut res = guard::refusal_page(StatusCode::SERVICE_UNAVAILABLE, message);
     res.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+    res
+}
+
+/// A sign-in told to wait `wait` before trying again (429 with `Retry-After`), logged.
+fn throttled(username: &str, address: Option<IpAddr>, wait: Duration) -> Response {
+    // Rounded up: a client that waits what it is told is not refused again.
+    let secs = wait.as_millis().div_ceil(1000).max(1) as u64;
+    tracing::warn!(username = ?username, address = ?address, wait_secs = secs, "dashboard login throttled after repeated failures");
+    let mut res = guard::refusal_page(
+        StatusCode::TOO_MANY_REQUESTS,
+        &format!("Too many failed sign-ins for this account or from this address: wait {secs} s and try again."),
+    );
+    res.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
     res
 }
 
@@ -132,8 +202,9 @@ pub struct LoginForm {
 /// How long a sign-in waits for a turn at checking its password before being told to retry.
 const PASSWORD_CHECK_QUEUE_WAIT: Duration = Duration::from_secs(10);
 
-/// `POST /auth/login`: checks the password (throttled, see [`login_throttle`]), starts a
-/// session, and goes to `next` (see [`safe_next`]).
+/// `POST /auth/login`: checks the password (throttled, see [`login_throttle`]), ends the
+/// browser's previous session if it sent one, starts a session, and goes to `next` (see
+/// [`safe_next`]).
 pub async fn login(
     State(state): State<AppState>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
@@ -148,15 +219,26 @@ pub async fn login(
         return guard::refusal_page(StatusCode::BAD_REQUEST, "The username is too long: usernames have at most 64 bytes (64 letters of the Latin alphabet, fewer of others).");
     }
     let address = login_throttle::client_address(&headers, peer.as_ref().map(|p| &p.0), state.config.behind_proxy);
+    let (account, address_key) = (login_throttle::account_key(&username), login_throttle::address_key(address));
+    let keys = [account.clone(), address_key.clone()];
+    // An attempt already throttled is refused before it waits for a turn at a password check,
+    // so that a flood of them cannot hold the turns real sign-ins wait for. This look locks
+    // and counts nothing; the locked one below decides for the attempts that pass it.
+    match state.store.login_wait(&keys, login_throttle::FORGET_AFTER, login_throttle::remaining_wait).await {
+        Ok(wait) if !wait.is_zero() => return throttled(&username, address, wait),
+        Ok(_) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "login: reading recent failures failed");
+            return unavailable("the database is unavailable; try again shortly", 5);
+        }
+    }
     // argon2 takes ~19 MiB and tens of milliseconds per check: a bounded number run at once,
     // off the async workers; the rest wait their turn for a while, then are told to retry.
     // Taken before the attempt is counted: one told to retry was never checked.
     let Ok(Ok(permit)) = tokio::time::timeout(PASSWORD_CHECK_QUEUE_WAIT, state.password_checks.clone().acquire_owned()).await else {
-        tracing::warn!(username = %username, "login: too many password checks waiting");
+        tracing::warn!(username = ?username, "login: too many password checks waiting");
         return unavailable("Too many sign-ins at once: try again in a few seconds.", 5);
     };
-    let (account, address_key) = (login_throttle::account_key(&username), login_throttle::address_key(address));
-    let keys = [account.clone(), address_key.clone()];
     let wait = match state.store.start_login_attempt(&keys, login_throttle::FORGET_AFTER, login_throttle::remaining_wait).await {
         Ok(wait) => wait,
         Err(e) => {
@@ -165,15 +247,7 @@ pub async fn login(
         }
     };
     if !wait.is_zero() {
-        // Rounded up: a client that waits what it is told is not refused again.
-        let secs = wait.as_millis().div_ceil(1000).max(1) as u64;
-        tracing::warn!(username = %username, address = ?address, wait_secs = secs, "dashboard login throttled after repeated failures");
-        let mut res = guard::refusal_page(
-            StatusCode::TOO_MANY_REQUESTS,
-            &format!("Too many failed sign-ins for this account or from this address: wait {secs} s and try again."),
-        );
-        res.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
-        return res;
+        return throttled(&username, address, wait);
     }
     let operator = match state.store.operator(&username).await {
         Ok(op) => op.filter(|op| !op.disabled),
@@ -192,11 +266,19 @@ pub async fn login(
     .unwrap_or(false);
     let Some(operator) = operator.filter(|_| matches) else {
         // Already counted as a failure when the attempt started.
-        tracing::info!(username = %username, address = ?address, "dashboard login refused");
+        tracing::info!(username = ?username, address = ?address, "dashboard login refused");
         return see_other(&format!("/login?error=1&next={}", percent_encode(&next)));
     };
     if let Err(e) = state.store.login_succeeded(&account, &address_key).await {
         tracing::warn!(error = %e, "login: forgetting the account's failures failed");
+    }
+    // The browser's previous session ends: one sign-in, one session per browser, and a
+    // session someone planted in the browser does not outlive the operator's own sign-in.
+    for previous in session_tokens(&headers) {
+        if let Err(e) = state.store.delete_session(&hash_token(&previous)).await {
+            tracing::error!(error = %e, "login: ending the previous session failed");
+            return unavailable("could not start a session; try again shortly", 5);
+        }
     }
     let (Ok(token), Ok(csrf)) = (random_secret(), random_secret()) else {
         tracing::error!("login: the OS gave no randomness for the session token");
@@ -210,9 +292,11 @@ pub async fn login(
     if let Err(e) = state.store.audit(&actor, "operator.login", Some(&operator.username), json!({})).await {
         tracing::warn!(error = %e, "login: writing the audit entry failed");
     }
+    let secure_cookie = secure(&state, &headers);
     let mut res = see_other(&next);
-    if let Ok(v) = HeaderValue::from_str(&session_cookie(secure(&state, &headers), &token, SESSION_TTL)) {
-        res.headers_mut().insert(SET_COOKIE, v);
+    set_cookie(&mut res, &session_cookie(secure_cookie, &token, SESSION_TTL));
+    if secure_cookie && cookie_value(&headers, SESSION_COOKIE).is_some() {
+        clear_plain_session_cookie(&mut res);
     }
     res
 }
@@ -224,28 +308,31 @@ pub struct LogoutForm {
 }
 
 /// `POST /auth/logout`: ends the session (the form's CSRF token must match it, so no other
-/// site can sign an operator out) and clears the cookie.
+/// site can sign an operator out), and any other the browser's session cookies name, and
+/// clears the cookies.
 pub async fn logout(State(state): State<AppState>, headers: HeaderMap, Form(form): Form<LogoutForm>) -> Response {
-    if let Some(token) = cookie_value(&headers, SESSION_COOKIE) {
-        let hash = hash_token(&token);
-        match state.store.session(&hash).await {
-            Ok(Some(session)) if guard::constant_time_eq(session.csrf_token.as_bytes(), form.csrf.as_bytes()) => {
-                if let Err(e) = state.store.delete_session(&hash).await {
+    let tokens = session_tokens(&headers);
+    match resolve_session(&state, &tokens).await {
+        Ok(Some(session)) if guard::constant_time_eq(session.csrf_token.as_bytes(), form.csrf.as_bytes()) => {
+            for token in &tokens {
+                if let Err(e) = state.store.delete_session(&hash_token(token)).await {
                     tracing::error!(error = %e, "logout: deleting the session failed");
                     return unavailable("could not end the session; try again", 5);
                 }
             }
-            Ok(Some(_)) => return guard::refusal_page(StatusCode::FORBIDDEN, &AppError::Csrf.to_string()),
-            Ok(None) => {}
-            Err(e) => {
-                tracing::error!(error = %e, "logout: looking up the session failed");
-                return unavailable("the database is unavailable; try again shortly", 5);
-            }
+        }
+        Ok(Some(_)) => return guard::refusal_page(StatusCode::FORBIDDEN, &AppError::Csrf.to_string()),
+        Ok(None) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "logout: looking up the session failed");
+            return unavailable("the database is unavailable; try again shortly", 5);
         }
     }
+    let secure_cookie = secure(&state, &headers);
     let mut res = see_other("/login?logged_out=1");
-    if let Ok(v) = HeaderValue::from_str(&session_cookie(secure(&state, &headers), "", Duration::ZERO)) {
-        res.headers_mut().insert(SET_COOKIE, v);
+    set_cookie(&mut res, &session_cookie(secure_cookie, "", Duration::ZERO));
+    if secure_cookie {
+        clear_plain_session_cookie(&mut res);
     }
     res
 }
@@ -259,8 +346,18 @@ fn is_public(path: &str) -> bool {
 /// refuses cross-site, NUL-carrying or token-less mutations before anything parses them (see
 /// [`dashboard_guard`](crate::dashboard_guard)); sends signed-out page loads to the login
 /// page; drops server-function errors in links that this browser's form post did not
-/// produce; gives server-function errors their status.
-pub async fn session_middleware(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+/// produce; gives server-function errors their status. Every answer is `Cache-Control:
+/// no-store` unless it says otherwise: pages and server-function answers carry the session's
+/// CSRF token and jobs' arguments, which no cache (the browser's own included) may keep. The
+/// static files (`/pkg`) are outside this middleware and stay cacheable.
+pub async fn session_middleware(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let mut res = guarded(state, req, next).await;
+    res.headers_mut().entry(CACHE_CONTROL).or_insert(HeaderValue::from_static("no-store"));
+    res
+}
+
+/// [`session_middleware`] but for the cache header.
+async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
     let form_post = req.method() == Method::POST
         && req.headers().get(ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/html"));
     let path = req.uri().path().to_string();
@@ -274,16 +371,13 @@ pub async fn session_middleware(State(state): State<AppState>, mut req: Request,
         let nul = AppError::Invalid { field: "query".into(), reason: "contains a NUL character".into() };
         return guard::refusal(StatusCode::BAD_REQUEST, &nul, true);
     }
-    let mut session = None;
-    if let Some(token) = cookie_value(req.headers(), SESSION_COOKIE) {
-        match state.store.session(&hash_token(&token)).await {
-            Ok(found) => session = found,
-            Err(e) => {
-                tracing::error!(error = %e, "resolving the dashboard session failed");
-                return unavailable("the database is unavailable; try again shortly", 5);
-            }
+    let session = match resolve_session(&state, &session_tokens(req.headers())).await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::error!(error = %e, "resolving the dashboard session failed");
+            return unavailable("the database is unavailable; try again shortly", 5);
         }
-    }
+    };
     if unsafe_method {
         let (parts, body) = req.into_parts();
         let Ok(bytes) = axum::body::to_bytes(body, guard::MAX_FORM_BYTES).await else {
@@ -412,7 +506,48 @@ mod tests {
         let c = session_cookie(false, "tok", SESSION_TTL);
         assert!(c.starts_with("rebound_session=tok; Path=/; HttpOnly; SameSite=Lax; Max-Age=43200"), "{c}");
         assert!(!c.contains("Secure"));
-        assert!(session_cookie(true, "tok", SESSION_TTL).ends_with("; Secure"));
+        let c = session_cookie(true, "tok", SESSION_TTL);
+        assert!(c.starts_with("__Host-rebound_session=tok; Path=/; HttpOnly; SameSite=Lax; Max-Age=43200"), "{c}");
+        assert!(c.ends_with("; Secure") && !c.to_lowercase().contains("domain="), "{c}");
+    }
+
+    #[test]
+    fn the_host_prefixed_cookie_is_read_first_and_the_plain_one_still_counts() {
+        let mut h = HeaderMap::new();
+        h.insert(COOKIE, HeaderValue::from_static("rebound_session=old; __Host-rebound_session=new"));
+        assert_eq!(session_tokens(&h), ["new", "old"]);
+        h.insert(COOKIE, HeaderValue::from_static("rebound_session=old"));
+        assert_eq!(session_tokens(&h), ["old"]);
+        h.insert(COOKIE, HeaderValue::from_static("__Host-rebound_session=new; other=x"));
+        assert_eq!(session_tokens(&h), ["new"]);
+        h.insert(COOKIE, HeaderValue::from_static("other=x"));
+        assert!(session_tokens(&h).is_empty());
+    }
+
+    #[test]
+    fn forwarded_proto_variants_count_only_behind_a_trusted_proxy() {
+        let proto = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-forwarded-proto", HeaderValue::from_static(v));
+            h
+        };
+        // (value, behind a trusted proxy, without one)
+        let table = [
+            ("https", true, true),
+            ("HTTPS", true, false),
+            (" Https ", true, false),
+            ("https,http", true, false),
+            ("https, http", true, false),
+            ("http,https", false, false),
+            ("http", false, false),
+            ("", false, false),
+            ("httpsx", false, false),
+        ];
+        for (value, trusted, untrusted) in table {
+            assert_eq!(forwarded_https(&proto(value), true), trusted, "{value:?} behind a proxy");
+            assert_eq!(forwarded_https(&proto(value), false), untrusted, "{value:?} without one");
+        }
+        assert!(!forwarded_https(&HeaderMap::new(), true));
     }
 
     #[test]

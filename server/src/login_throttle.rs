@@ -1,4 +1,5 @@
-//! How long a sign-in must wait after failures, per account and per client address.
+//! How long a sign-in must wait after failures, per account and per client address (an IPv6
+//! address by its /64, see [`address_key`]).
 //!
 //! The first few failures cost nothing (people mistype); after that each failure doubles the
 //! wait before the next attempt is even checked, up to a cap. The account's cap is short
@@ -8,7 +9,7 @@
 //! [`FORGET_AFTER`] without one, and an account's after it signs in. The counts live in
 //! Postgres (`login_failures`) so that every server process enforces the same waits.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
@@ -44,8 +45,15 @@ pub fn account_key(username: &str) -> String {
     format!("account:{}", username.trim().to_lowercase())
 }
 
+/// An IPv4 address counts alone; an IPv6 address counts with its whole /64, since one client
+/// is usually given a /64 and could otherwise change address for every guess. An IPv4 address
+/// written as IPv6 (`::ffff:10.1.2.3`, as a dual-stack socket reports it) is that IPv4 address.
 pub fn address_key(address: Option<IpAddr>) -> String {
-    address.map_or_else(|| "address:unknown".to_string(), |a| format!("address:{a}"))
+    match address.map(|a| a.to_canonical()) {
+        None => "address:unknown".to_string(),
+        Some(IpAddr::V4(v4)) => format!("address:{v4}"),
+        Some(IpAddr::V6(v6)) => format!("address:{}/64", Ipv6Addr::from(u128::from(v6) & (u128::MAX << 64))),
+    }
 }
 
 /// The client's address: the connection's peer, or behind a proxy the address the proxy
@@ -92,6 +100,19 @@ mod tests {
         assert_eq!(remaining_wait(&[]), Duration::ZERO);
         assert_eq!(remaining_wait(&[f("account:olivia", 6, 1)]), Duration::from_secs(3));
         assert_eq!(remaining_wait(&[f("account:olivia", 6, 10), f("address:10.0.0.1", 14, 2)]), Duration::from_secs(6));
+    }
+
+    #[test]
+    fn ipv6_addresses_count_by_their_64_and_mapped_ipv4_as_ipv4() {
+        let key = |a: &str| address_key(Some(a.parse().expect("an address")));
+        assert_eq!(key("10.1.2.3"), "address:10.1.2.3");
+        assert_eq!(key("::ffff:10.1.2.3"), "address:10.1.2.3");
+        assert_eq!(key("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "address:2001:db8:1:2::/64");
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff:ffff:ffff:ffff"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        assert_ne!(key("10.1.2.3"), key("10.1.2.4"));
+        assert_eq!(key("::1"), "address:::/64");
+        assert_eq!(address_key(None), "address:unknown");
     }
 
     #[test]

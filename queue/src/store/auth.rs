@@ -1,6 +1,8 @@
 //! Operators, their sessions, and API tokens. Secrets arrive here already hashed: the server
 //! hashes passwords with argon2 and tokens with SHA-256, so this module never sees one.
 
+use std::time::Duration;
+
 use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::json;
@@ -13,6 +15,15 @@ use super::{Store, StoreError, millis, ts, ts_opt};
 /// Longest operator username, in bytes. A sign-in with a longer one cannot match anybody and
 /// is refused before it reaches the database.
 pub const MAX_USERNAME_BYTES: usize = 64;
+
+/// How long a session may go unused before [`Store::session`] ends it. The server passes its
+/// own limit (`--session-idle-timeout`, the same by default) to [`Store::live_session`].
+const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// A session's `last_seen_at` is refreshed at most this often (or at half the idle limit, if
+/// that is shorter): every dashboard request resolves its session, and writing the row on each
+/// one would cost a write per request and serialize a browser's requests on that row's lock.
+const SESSION_SEEN_GRANULARITY: Duration = Duration::from_secs(60);
 
 /// What an operator may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -163,7 +174,7 @@ impl Store {
     }
 
     /// Starts a session for an operator.
-    pub async fn create_session(&self, operator_id: i64, token_hash: &str, csrf_token: &str, ttl: std::time::Duration) -> Result<(), StoreError> {
+    pub async fn create_session(&self, operator_id: i64, token_hash: &str, csrf_token: &str, ttl: Duration) -> Result<(), StoreError> {
         let mut tx = self.begin().await?;
         sqlx::query(
             "INSERT INTO sessions (token_hash, operator_id, csrf_token, expires_at)
@@ -181,14 +192,41 @@ impl Store {
         Ok(())
     }
 
-    /// The live session for a token hash, if any (expired sessions and disabled operators have none).
+    /// The live session for a token hash, if any, ending sessions unused for 30 minutes (see
+    /// [`Store::live_session`]).
     pub async fn session(&self, token_hash: &str) -> Result<Option<Session>, StoreError> {
+        self.live_session(token_hash, DEFAULT_SESSION_IDLE_TIMEOUT).await
+    }
+
+    /// The live session for a token hash, if any, marking it used. Expired sessions, sessions
+    /// unused for longer than `idle_timeout` and disabled operators have none; an expired or
+    /// idle session is deleted when it is presented. `last_seen_at` is refreshed at most once a
+    /// minute (like `last_used_at` in [`Store::verify_token`]), or every half `idle_timeout` if
+    /// that is shorter, so that a session in use never looks idle.
+    pub async fn live_session(&self, token_hash: &str, idle_timeout: Duration) -> Result<Option<Session>, StoreError> {
+        let refresh_after = SESSION_SEEN_GRANULARITY.min(idle_timeout / 2);
+        // The delete re-checks the row itself: a concurrent request may have just refreshed it.
         let row = sqlx::query(
-            "UPDATE sessions s SET last_seen_at = now() FROM operators o
-             WHERE s.token_hash = $1 AND s.expires_at > now() AND o.id = s.operator_id AND NOT o.disabled
-             RETURNING o.*, s.csrf_token, s.expires_at",
+            "WITH found AS (
+                 SELECT token_hash, operator_id, csrf_token, expires_at, last_seen_at,
+                        expires_at > now() AND last_seen_at > now() - $2 * interval '1 millisecond' AS live
+                 FROM sessions WHERE token_hash = $1
+             ), touched AS (
+                 UPDATE sessions s SET last_seen_at = now() FROM found
+                 WHERE s.token_hash = found.token_hash AND found.live
+                   AND found.last_seen_at <= now() - $3 * interval '1 millisecond'
+             ), ended AS (
+                 DELETE FROM sessions s USING found
+                 WHERE s.token_hash = found.token_hash AND NOT found.live
+                   AND (s.expires_at <= now() OR s.last_seen_at <= now() - $2 * interval '1 millisecond')
+             )
+             SELECT o.*, found.csrf_token, found.expires_at
+             FROM found JOIN operators o ON o.id = found.operator_id
+             WHERE found.live AND NOT o.disabled",
         )
         .bind(token_hash)
+        .bind(millis(idle_timeout))
+        .bind(millis(refresh_after))
         .fetch_optional(&self.pool)
         .await?;
         row.as_ref()

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use sqlx::Row;
+use sqlx::postgres::PgRow;
 
 use super::{Store, StoreError, millis};
 
@@ -48,19 +49,7 @@ impl Store {
         .bind(millis(forget_after))
         .fetch_all(&mut *tx)
         .await?;
-        let failures = rows
-            .iter()
-            .map(|r| {
-                let failures: i32 = r.try_get("failures")?;
-                let since_ms: i64 = r.try_get("since_ms")?;
-                Ok(LoginFailures {
-                    key: r.try_get("key")?,
-                    failures: u32::try_from(failures).unwrap_or(0),
-                    since_last: Duration::from_millis(u64::try_from(since_ms).unwrap_or(0)),
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let wait = remaining_wait(&failures);
+        let wait = remaining_wait(&failures_from_rows(&rows)?);
         if !wait.is_zero() {
             tx.rollback().await?;
             return Ok(wait);
@@ -82,6 +71,29 @@ impl Store {
         Ok(Duration::ZERO)
     }
 
+    /// How long a sign-in for `keys` would have to wait, as [`Store::start_login_attempt`]
+    /// would decide it, but without counting the attempt or locking anything: a first look, so
+    /// that an attempt already throttled is refused before it queues for a password check. The
+    /// locked look in `start_login_attempt` still decides for the attempts that pass.
+    pub async fn login_wait(
+        &self,
+        keys: &[String],
+        forget_after: Duration,
+        remaining_wait: impl FnOnce(&[LoginFailures]) -> Duration,
+    ) -> Result<Duration, StoreError> {
+        let rows = sqlx::query(
+            "SELECT key, failures, (extract(epoch FROM now() - last_failed_at) * 1000)::bigint AS since_ms
+             FROM login_failures
+             WHERE key = ANY($1) AND last_failed_at > now() - $2 * interval '1 millisecond'
+             ORDER BY key",
+        )
+        .bind(keys)
+        .bind(millis(forget_after))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(remaining_wait(&failures_from_rows(&rows)?))
+    }
+
     /// The attempt started for `account_key` and `address_key` succeeded: the account's
     /// failures are forgotten, and the address's count no longer includes this attempt.
     pub async fn login_succeeded(&self, account_key: &str, address_key: &str) -> Result<(), StoreError> {
@@ -91,4 +103,19 @@ impl Store {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// The rows of the recent-failures query, as [`LoginFailures`].
+fn failures_from_rows(rows: &[PgRow]) -> Result<Vec<LoginFailures>, StoreError> {
+    rows.iter()
+        .map(|r| {
+            let failures: i32 = r.try_get("failures")?;
+            let since_ms: i64 = r.try_get("since_ms")?;
+            Ok(LoginFailures {
+                key: r.try_get("key")?,
+                failures: u32::try_from(failures).unwrap_or(0),
+                since_last: Duration::from_millis(u64::try_from(since_ms).unwrap_or(0)),
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()
 }

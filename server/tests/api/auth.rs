@@ -1,13 +1,23 @@
 //! Bearer-token authentication: missing, malformed, wrong and revoked tokens get 401 with the
 //! OJS error body; a live token works and is named in the audit log; `--api-auth none` needs none.
+//!
+//! Dashboard sessions: an idle session ends, a session in use is not written on every request,
+//! signing in ends the browser's previous session, the cookie is `Secure` (and `__Host-`) as
+//! `X-Forwarded-Proto` says only behind a trusted proxy, dashboard answers are not cached, and
+//! a throttled sign-in does not wait for a password check.
+
+use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use rebound_queue::store::Actor;
+use rebound_queue::store::{Actor, Role};
+use rebound_server::CONCURRENT_PASSWORD_CHECKS;
 use rebound_server::auth::{generate_token, hash_token};
 use rebound_server::config::{ApiAuth, ServerConfig};
+use rebound_server::dashboard_auth::{SECURE_SESSION_COOKIE, SESSION_COOKIE};
+use rebound_server::passwords::hash_password;
 use serde_json::json;
 
-use crate::common::TestServer;
+use crate::common::{Reply, TestServer};
 
 const JSON: &str = "application/openjobspec+json";
 
@@ -81,4 +91,212 @@ async fn api_auth_none_serves_without_tokens() {
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     let r = s.get("/ojs/manifest").await;
     assert!(r.body["extensions"].as_array().is_some_and(|e| !e.contains(&json!("auth:bearer"))));
+}
+
+/// The dashboard operator `olivia`, password `correct horse`.
+async fn operator(s: &TestServer) {
+    let hash = hash_password("correct horse").expect("hash");
+    s.db.store.upsert_operator("olivia", &hash, Role::Operator, &Actor::system("test")).await.expect("operator");
+}
+
+/// Olivia signs in through the login form, the request carrying `headers` too.
+async fn sign_in(s: &TestServer, headers: &[(&str, &str)]) -> Reply {
+    let mut all = vec![("content-type", "application/x-www-form-urlencoded"), ("accept", "text/html")];
+    all.extend_from_slice(headers);
+    s.raw("POST", "/auth/login", &all, b"username=olivia&password=correct+horse&next=%2Fjobs".to_vec()).await
+}
+
+/// The token of the session cookie named `name` a sign-in set (its first `Set-Cookie`).
+fn session_token(r: &Reply, name: &str) -> String {
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    let cookie = r.header("set-cookie").expect("a session cookie");
+    let prefix = format!("{name}=");
+    cookie.split(';').next().and_then(|kv| kv.strip_prefix(prefix.as_str())).unwrap_or_else(|| panic!("not a {name} cookie: {cookie}")).to_owned()
+}
+
+/// A dashboard page loaded with `cookie`.
+async fn page(s: &TestServer, path: &str, cookie: &str) -> Reply {
+    s.raw("GET", path, &[("cookie", cookie)], Vec::new()).await
+}
+
+/// Marks the session of `token` last used `secs` seconds ago.
+async fn last_used(s: &TestServer, token: &str, secs: i64) {
+    let n = sqlx::query("UPDATE sessions SET last_seen_at = now() - $2 * interval '1 second' WHERE token_hash = $1")
+        .bind(hash_token(token))
+        .bind(secs)
+        .execute(s.db.store.pool())
+        .await
+        .expect("age the session")
+        .rows_affected();
+    assert_eq!(n, 1, "no session row to age");
+}
+
+/// How many whole seconds ago the session of `token` was last marked used; `None`: it has no row.
+async fn seen_secs_ago(s: &TestServer, token: &str) -> Option<i64> {
+    sqlx::query_scalar::<_, i64>("SELECT extract(epoch FROM now() - last_seen_at)::bigint FROM sessions WHERE token_hash = $1")
+        .bind(hash_token(token))
+        .fetch_optional(s.db.store.pool())
+        .await
+        .expect("read the session")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_unused_for_the_idle_timeout_is_refused_and_deleted() {
+    let s = TestServer::new().await;
+    operator(&s).await;
+    let token = session_token(&sign_in(&s, &[]).await, SESSION_COOKIE);
+    let cookie = format!("{SESSION_COOKIE}={token}");
+    assert_eq!(page(&s, "/jobs", &cookie).await.status, StatusCode::OK);
+
+    // The default limit is 30 minutes.
+    last_used(&s, &token, 29 * 60).await;
+    assert_eq!(page(&s, "/jobs", &cookie).await.status, StatusCode::OK, "29 minutes unused is within the limit");
+    last_used(&s, &token, 31 * 60).await;
+    let r = page(&s, "/jobs", &cookie).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    assert_eq!(r.header("location"), Some("/login?next=%2Fjobs"));
+    assert_eq!(seen_secs_ago(&s, &token).await, None, "the idle session is deleted");
+    let r = s.raw("POST", "/api/whoami", &[("cookie", &cookie), ("accept", "application/json"), ("content-type", "application/x-www-form-urlencoded")], Vec::new()).await;
+    assert_eq!((r.status, r.text.trim()), (StatusCode::OK, "null"), "nobody is signed in");
+
+    // `--session-idle-timeout` sets the limit.
+    let s = TestServer::with_config(ServerConfig { api_auth: ApiAuth::None, session_idle_timeout: Duration::from_secs(5 * 60), ..ServerConfig::default() }).await;
+    operator(&s).await;
+    let token = session_token(&sign_in(&s, &[]).await, SESSION_COOKIE);
+    let cookie = format!("{SESSION_COOKIE}={token}");
+    last_used(&s, &token, 4 * 60).await;
+    assert_eq!(page(&s, "/jobs", &cookie).await.status, StatusCode::OK);
+    last_used(&s, &token, 6 * 60).await;
+    assert_eq!(page(&s, "/jobs", &cookie).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(seen_secs_ago(&s, &token).await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_in_use_is_marked_used_at_most_once_a_minute() {
+    let s = TestServer::new().await;
+    operator(&s).await;
+    let token = session_token(&sign_in(&s, &[]).await, SESSION_COOKIE);
+    let cookie = format!("{SESSION_COOKIE}={token}");
+
+    last_used(&s, &token, 30).await;
+    for _ in 0..3 {
+        assert_eq!(page(&s, "/jobs", &cookie).await.status, StatusCode::OK);
+    }
+    let ago = seen_secs_ago(&s, &token).await.expect("the session");
+    assert!(ago >= 30, "marked used {ago} s ago: the row was written again within the minute");
+
+    last_used(&s, &token, 120).await;
+    assert_eq!(page(&s, "/jobs", &cookie).await.status, StatusCode::OK);
+    let ago = seen_secs_ago(&s, &token).await.expect("the session");
+    assert!(ago < 30, "marked used {ago} s ago: a session unmarked for two minutes is marked again when used");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signing_in_again_ends_the_browsers_previous_session() {
+    let s = TestServer::new().await;
+    operator(&s).await;
+    let old = session_token(&sign_in(&s, &[]).await, SESSION_COOKIE);
+    let elsewhere = session_token(&sign_in(&s, &[]).await, SESSION_COOKIE);
+    let old_cookie = format!("{SESSION_COOKIE}={old}");
+
+    let new = session_token(&sign_in(&s, &[("cookie", &old_cookie)]).await, SESSION_COOKIE);
+    assert_ne!(new, old);
+    assert_eq!(seen_secs_ago(&s, &old).await, None, "the session the browser sent is deleted");
+    assert!(seen_secs_ago(&s, &new).await.is_some());
+    assert!(seen_secs_ago(&s, &elsewhere).await.is_some(), "another browser's session stays");
+    assert_eq!(page(&s, "/jobs", &old_cookie).await.status, StatusCode::SEE_OTHER, "the old cookie no longer signs in");
+    assert_eq!(page(&s, "/jobs", &format!("{SESSION_COOKIE}={new}")).await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_proto_makes_the_cookie_secure_only_as_a_trusted_proxy_says() {
+    // (behind a trusted proxy, X-Forwarded-Proto, Secure); more values in the unit tests.
+    let table = [
+        (false, "https", true),
+        (false, "HTTPS", false),
+        (false, "https,http", false),
+        (true, "HTTPS", true),
+        (true, "https,http", true),
+        (true, "http,https", false),
+    ];
+    for behind_proxy in [false, true] {
+        let s = TestServer::with_config(ServerConfig { api_auth: ApiAuth::None, behind_proxy, ..ServerConfig::default() }).await;
+        operator(&s).await;
+        for (trusted, proto, secure) in table.iter().copied().filter(|(trusted, _, _)| *trusted == behind_proxy) {
+            let r = sign_in(&s, &[("x-forwarded-proto", proto)]).await;
+            let cookie = r.header("set-cookie").expect("a session cookie").to_owned();
+            let case = format!("behind a proxy: {trusted}, X-Forwarded-Proto: {proto:?}: {cookie}");
+            assert_eq!(cookie.contains("; Secure"), secure, "{case}");
+            let name = if secure { SECURE_SESSION_COOKIE } else { SESSION_COOKIE };
+            let token = session_token(&r, name);
+            // The cookie signs in under its name.
+            assert_eq!(page(&s, "/jobs", &format!("{name}={token}")).await.status, StatusCode::OK, "{case}");
+        }
+        let r = sign_in(&s, &[]).await;
+        assert!(!r.header("set-cookie").expect("a session cookie").contains("Secure"), "no header, no --secure-cookies: not Secure");
+    }
+
+    // Moving to the `__Host-` cookie ends the plain one's session (from before the server was
+    // told it is behind HTTPS) and clears that cookie.
+    let s = TestServer::with_config(ServerConfig { api_auth: ApiAuth::None, secure_cookies: true, ..ServerConfig::default() }).await;
+    operator(&s).await;
+    let olivia = s.db.store.operator("olivia").await.expect("db").expect("olivia");
+    s.db.store.create_session(olivia.id, &hash_token("plain-token"), "csrf", Duration::from_secs(3600)).await.expect("a plain session");
+    assert_eq!(page(&s, "/jobs", &format!("{SESSION_COOKIE}=plain-token")).await.status, StatusCode::OK, "the plain cookie is still read");
+    let r = sign_in(&s, &[("cookie", &format!("{SESSION_COOKIE}=plain-token"))]).await;
+    let cookies: Vec<&str> = r.headers.get_all("set-cookie").iter().filter_map(|v| v.to_str().ok()).collect();
+    assert!(cookies[0].starts_with(&format!("{SECURE_SESSION_COOKIE}=")) && cookies[0].contains("; Secure"), "{cookies:?}");
+    assert!(cookies.iter().any(|c| c.starts_with(&format!("{SESSION_COOKIE}=;")) && c.contains("Max-Age=0")), "{cookies:?}");
+    assert_eq!(seen_secs_ago(&s, "plain-token").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_answers_are_not_cached_but_static_files_may_be() {
+    let s = TestServer::new().await;
+    operator(&s).await;
+    let token = session_token(&sign_in(&s, &[]).await, SESSION_COOKIE);
+    let cookie = format!("{SESSION_COOKIE}={token}");
+
+    let r = page(&s, "/jobs", &cookie).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.text.contains("name=\"csrf\""), "the page carries the CSRF token");
+    assert_eq!(r.header("cache-control"), Some("no-store"), "a page");
+    assert_eq!(s.get("/login").await.header("cache-control"), Some("no-store"), "the login page");
+    let r = s.raw("POST", "/api/whoami", &[("cookie", &cookie), ("accept", "application/json"), ("content-type", "application/x-www-form-urlencoded")], Vec::new()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.body["username"], "olivia", "{}", r.text);
+    assert_eq!(r.header("cache-control"), Some("no-store"), "a server function's answer");
+
+    // The front end's files are not dashboard answers (whether or not the site is built here).
+    for path in ["/pkg/rebound.css", "/pkg/rebound.wasm"] {
+        let r = s.raw("GET", path, &[("cookie", &cookie)], Vec::new()).await;
+        assert!(r.status == StatusCode::OK || r.status == StatusCode::NOT_FOUND, "{path}: {}", r.status);
+        assert_ne!(r.header("cache-control"), Some("no-store"), "{path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_sign_in_is_refused_without_waiting_for_a_password_check() {
+    let s = TestServer::new().await;
+    operator(&s).await;
+    // Enough recent failures for the account to wait half a minute.
+    sqlx::query("INSERT INTO login_failures (key, failures, last_failed_at) VALUES ('account:olivia', 9, now())")
+        .execute(s.db.store.pool())
+        .await
+        .expect("failures");
+    // Every turn at a password check is taken, as by a flood of sign-ins.
+    let turns = u32::try_from(CONCURRENT_PASSWORD_CHECKS).expect("a few");
+    let held = s.state.password_checks.clone().acquire_many_owned(turns).await.expect("the turns");
+
+    let started = Instant::now();
+    let r = sign_in(&s, &[]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
+    assert!(r.header("retry-after").is_some_and(|secs| secs.parse::<u64>().is_ok_and(|n| n > 20)), "{:?}", r.header("retry-after"));
+    assert!(started.elapsed() < Duration::from_secs(5), "the throttled sign-in waited {:?}", started.elapsed());
+    let failures: i32 = sqlx::query_scalar("SELECT failures FROM login_failures WHERE key = 'account:olivia'")
+        .fetch_one(s.db.store.pool())
+        .await
+        .expect("failures");
+    assert_eq!(failures, 9, "a refused attempt is not counted");
+    drop(held);
 }
