@@ -92,11 +92,7 @@ mod server {
 
     /// Sets the response status for an auth refusal, then returns the error.
     fn refuse(e: AppError) -> AppError {
-        if let Some(res) = use_context::<leptos_axum::ResponseOptions>()
-            && let Ok(status) = http::StatusCode::from_u16(e.status())
-        {
-            res.set_status(status);
-        }
+        crate::error::set_status(&e);
         e
     }
 

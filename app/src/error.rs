@@ -1,8 +1,10 @@
 //! The error every server function returns. It travels to the browser as JSON, so the page can
 //! say exactly what went wrong (which field, which state), and on the server it sets the HTTP
-//! status ([`AppError::status`], applied by the server's session middleware): a viewer's
-//! mutation is a 403, a missing session a 401, a malformed argument a 400. Internal failures
-//! never carry their text to the browser: only the request id the server logged them under.
+//! status ([`AppError::status`], applied by the server's session middleware, and by
+//! `set_status` to a page that shows the error): a viewer's mutation is a 403, a missing
+//! session a 401, a malformed argument a 400, a refused value a 422. Internal failures never
+//! carry their text to the browser: only the request id the server logged them under. A reason
+//! that quotes input quotes at most its start ([`quoted`]).
 
 use leptos::server_fn::codec::JsonEncoding;
 use leptos::server_fn::error::{FromServerFnError, ServerFnErrorErr};
@@ -72,6 +74,39 @@ impl AppError {
     }
 }
 
+/// How many characters of a value a message quotes back: enough to recognise it, never a page
+/// of it (a crafted or pasted value is not reflected at length).
+pub const QUOTED_CHARS: usize = 40;
+
+/// `input` quoted for a message (`"value"`), cut to [`QUOTED_CHARS`] characters with an
+/// ellipsis. Every reason that quotes what the operator typed (or a URL carried) uses it.
+pub fn quoted(input: &str) -> String {
+    let mut chars = input.chars();
+    let head: String = chars.by_ref().take(QUOTED_CHARS).collect();
+    let head = if chars.next().is_some() { head + "…" } else { head };
+    format!("{head:?}")
+}
+
+/// A reason from a validator that quotes `input` whole (`{input:?}`, as the store's do), with
+/// the quote cut like [`quoted`].
+pub fn requoted(reason: String, input: &str) -> String {
+    let whole = format!("{input:?}");
+    if reason.contains(&whole) { reason.replacen(&whole, &quoted(input), 1) } else { reason }
+}
+
+/// Answers the request being rendered with `error`'s status ([`AppError::status`]): a page
+/// that shows an error is not a 200. Pages render with `SsrMode::Async`, so the status is set
+/// before the response starts. Outside a request (a test calling a function directly) it does
+/// nothing.
+#[cfg(feature = "ssr")]
+pub fn set_status(error: &AppError) {
+    if let Some(res) = leptos::prelude::use_context::<leptos_axum::ResponseOptions>()
+        && let Ok(status) = http::StatusCode::from_u16(error.status())
+    {
+        res.set_status(status);
+    }
+}
+
 /// The id `rebound-server` gave this request (its `X-Request-Id`), or a fresh one when the
 /// request carries none (a test calling a server function directly).
 #[cfg(feature = "ssr")]
@@ -123,7 +158,7 @@ impl From<rebound_queue::job::JobValidationError> for AppError {
 /// stored, or refused by Postgres as an internal error).
 #[cfg(feature = "ssr")]
 pub fn check_queue(queue: &str) -> Result<(), AppError> {
-    rebound_queue::job::validate_queue(queue).map_err(|v| AppError::Invalid { field: "queue".into(), reason: v.reason })
+    rebound_queue::job::validate_queue(queue).map_err(|v| AppError::Invalid { field: "queue".into(), reason: requoted(v.reason, queue) })
 }
 
 /// Checks a job type from a policy form, like [`check_queue`] (`*`, the defaults, included).
@@ -132,5 +167,23 @@ pub fn check_job_type(job_type: &str) -> Result<(), AppError> {
     if job_type == rebound_queue::store::DEFAULT_POLICY_KEY {
         return Ok(());
     }
-    rebound_queue::job::validate_type(job_type).map_err(|v| AppError::Invalid { field: "job_type".into(), reason: v.reason })
+    rebound_queue::job::validate_type(job_type).map_err(|v| AppError::Invalid { field: "job_type".into(), reason: requoted(v.reason, job_type) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{QUOTED_CHARS, quoted, requoted};
+
+    #[test]
+    fn quotes_are_cut_to_a_recognisable_start() {
+        assert_eq!(quoted("forever"), "\"forever\"");
+        let long = "é".repeat(1000);
+        let q = quoted(&long);
+        assert_eq!(q, format!("\"{}…\"", "é".repeat(QUOTED_CHARS)));
+        assert_eq!(quoted(&"x".repeat(QUOTED_CHARS)), format!("\"{}\"", "x".repeat(QUOTED_CHARS)), "exactly the limit is not cut");
+        let reason = format!("{:?} is not a valid queue name: lowercase letters", "Q".repeat(500));
+        let cut = requoted(reason, &"Q".repeat(500));
+        assert!(cut.starts_with(&format!("\"{}…\" is not a valid queue name", "Q".repeat(QUOTED_CHARS))), "{cut}");
+        assert_eq!(requoted("must be a number".into(), "abc"), "must be a number", "a reason without the quote is kept");
+    }
 }

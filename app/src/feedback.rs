@@ -5,15 +5,22 @@ use leptos::server_fn::ServerFn;
 
 use crate::error::AppError;
 
-/// A failed load, with the way out for an expired session.
+/// A failed load, with the way out for an expired session. On the server it also answers the
+/// page with the error's status ([`AppError::status`]): a refused filter or id is a 4xx, a
+/// missing job a 404, a failure inside the server a 500, not a 200 that merely says so.
 #[component]
 pub fn ErrorBox(error: AppError) -> impl IntoView {
+    #[cfg(feature = "ssr")]
+    crate::error::set_status(&error);
     let login = matches!(error, AppError::Unauthorized).then(|| view! { " " <a href="/login" rel="external">"Log in"</a> });
     view! { <div class="alert error" role="alert">{error.to_string()} {login}</div> }
 }
 
 /// The outcome of the latest submission of `action`: a success message or the error. After a
-/// form post without JavaScript, the error comes back in the URL and shows here too.
+/// form post without JavaScript, the error comes back in the URL and shows here too: the post
+/// itself is answered with a redirect (and the flash cookie that lets this page show the
+/// error), and the page it lands on answers with the error's status, so a refused action is a
+/// 4xx whether or not JavaScript ran.
 #[component]
 pub fn ActionResult<S>(action: ServerAction<S>) -> impl IntoView
 where
@@ -22,6 +29,12 @@ where
 {
     let value = action.value();
     let pending = action.pending();
+    #[cfg(feature = "ssr")]
+    value.with_untracked(|v| {
+        if let Some(Err(e)) = v {
+            crate::error::set_status(e);
+        }
+    });
     move || {
         if pending.get() {
             return view! { <div class="alert pending" role="status">"Working…"</div> }.into_any();

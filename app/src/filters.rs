@@ -85,28 +85,56 @@ pub fn urlencode(s: &str) -> String {
     out
 }
 
+/// The longest `text` a search takes, in characters. Each is matched row by row (`ILIKE
+/// '%…%'` over the args and the error message of up to `SEARCH_WINDOW` jobs, each pattern
+/// lowercased per row), so a long one would hold a connection for seconds; nobody searches
+/// for more.
+pub const MAX_TEXT_CHARS: usize = 200;
+
+/// The longest `error_type` filter, in characters (an error type is a short dotted name).
+pub const MAX_ERROR_TYPE_CHARS: usize = 255;
+
 #[cfg(feature = "ssr")]
 impl JobQuery {
-    /// The store filter, relative to `now` for `since`. Unknown states are an input error
-    /// naming the field.
+    /// The store filter, relative to `now` for `since`. Unknown states, queue names and types
+    /// that no job can have, a `text` longer than [`MAX_TEXT_CHARS`] or an `error_type` longer
+    /// than [`MAX_ERROR_TYPE_CHARS`] are input errors naming the field (checked here, before
+    /// any of it reaches the database).
     pub fn to_filter(&self, now: jiff::Timestamp) -> Result<rebound_queue::store::JobFilter, crate::error::AppError> {
-        use crate::error::AppError;
+        use crate::error::{AppError, quoted, requoted};
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        let too_long = |field: &str, value: &str, max: usize| {
+            let n = value.chars().count();
+            (n > max).then(|| AppError::Invalid { field: field.into(), reason: format!("must be at most {max} characters (this one has {n})") })
+        };
         let states = if self.state.is_empty() {
             Vec::new()
         } else {
             vec![self.state.parse().map_err(|e: rebound_queue::job::UnknownState| AppError::Invalid {
                 field: "state".into(),
-                reason: e.to_string(),
+                reason: requoted(e.to_string(), &self.state),
             })?]
         };
+        if !self.queue.is_empty() {
+            crate::error::check_queue(&self.queue)?;
+        }
+        if !self.job_type.is_empty() {
+            rebound_queue::job::validate_type(&self.job_type)
+                .map_err(|v| AppError::Invalid { field: "job_type".into(), reason: requoted(v.reason, &self.job_type) })?;
+        }
+        if let Some(e) = too_long("error_type", &self.error_type, MAX_ERROR_TYPE_CHARS) {
+            return Err(e);
+        }
+        if let Some(e) = too_long("text", &self.text, MAX_TEXT_CHARS) {
+            return Err(e);
+        }
         let window_secs = match self.since.as_str() {
             "" => None,
             "1h" => Some(3_600),
             "24h" => Some(86_400),
             "7d" => Some(7 * 86_400),
             other => {
-                return Err(AppError::Invalid { field: "since".into(), reason: format!("{other:?} is not 1h, 24h or 7d") });
+                return Err(AppError::Invalid { field: "since".into(), reason: format!("{} is not 1h, 24h or 7d", quoted(other)) });
             }
         };
         Ok(rebound_queue::store::JobFilter {

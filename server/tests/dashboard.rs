@@ -660,3 +660,35 @@ async fn a_nested_workflow_is_a_row_of_its_parent_s_page_linked_both_ways() {
     let listed = d.get("/workflows", Some(&viewer)).await.text;
     assert!(listed.contains("upload-9") && !listed.contains("thumbnails"), "only outermost workflows are listed: {listed}");
 }
+
+/// A cron job's type links to the jobs list filtered by that type: the link's key is the one
+/// the filter reads (`job_type`), so it lists that type's jobs and no others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cron_job_links_to_the_jobs_of_its_type() {
+    use rebound_queue::cron_schedule::CronSchedule;
+    use rebound_queue::store::{Actor, CronSpec, CronTemplate, OverlapPolicy};
+    let d = Dashboard::new().await;
+    d.user("victor", "viewer password", Role::Viewer).await;
+    let spec = CronSpec {
+        name: "nightly-report".into(),
+        schedule: CronSchedule::new("0 3 * * *", "UTC").expect("schedule"),
+        template: CronTemplate::from_job(&NewJob::new("report.build", json!([])), json!({})),
+        overlap_policy: OverlapPolicy::Skip,
+        enabled: true,
+        description: None,
+    };
+    d.db.store.register_cron(&spec, &Actor::new("t")).await.expect("cron");
+    let report = d.db.store.enqueue(NewJob::new("report.build", json!([]))).await.expect("enqueue").job;
+    let other = d.db.store.enqueue(NewJob::new("email.send", json!([]))).await.expect("enqueue").job;
+    let b = d.sign_in("victor", "viewer password").await;
+
+    let page = d.get("/cron", Some(&b)).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+    let href = "/jobs?job_type=report.build";
+    assert!(page.text.contains(&format!("href=\"{href}\"")), "{}", page.text);
+    assert!(!page.text.contains("/jobs?type="), "{}", page.text);
+    let jobs = d.get(href, Some(&b)).await;
+    assert_eq!(jobs.status, StatusCode::OK, "{}", jobs.text);
+    assert!(jobs.text.contains(&report.id.to_string()), "the type's job is listed: {}", jobs.text);
+    assert!(!jobs.text.contains(&other.id.to_string()), "another type's is not: {}", jobs.text);
+}

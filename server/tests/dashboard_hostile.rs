@@ -457,6 +457,7 @@ async fn internal_errors_show_a_request_id_not_the_database_text() {
     }
     let page = d.get("/audit", &[Dashboard::cookie(&b)]).await;
     assert!(page.text.contains("request id req_") && !page.text.contains("does not exist"), "{}", page.text);
+    assert_eq!(page.status, StatusCode::INTERNAL_SERVER_ERROR, "the page that shows the failure is not a 200");
 }
 
 /// Item 8: security headers on every response; the page's CSP carries the nonce its inline
@@ -524,7 +525,9 @@ async fn only_errors_the_server_produced_for_this_browser_are_shown() {
     assert!(flash.starts_with("rebound_flash="), "{flash}");
     let path = location.trim_start_matches("http://localhost");
     let shown = d.get(path, &[session.clone(), flash.clone()]).await;
-    assert_eq!(shown.status, StatusCode::OK);
+    // The page a refused action lands on answers with the refusal's status, as the post would
+    // have with JavaScript.
+    assert_eq!(shown.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", shown.text);
     assert!(shown.text.contains("is not a valid queue name"), "the genuine error shows");
     assert!(shown.header("set-cookie").is_some_and(|c| c.starts_with("rebound_flash=;") && c.contains("Max-Age=0")));
     // Someone else (no cookie) following the same link sees the page without it.
@@ -532,4 +535,149 @@ async fn only_errors_the_server_produced_for_this_browser_are_shown() {
     // The cookie does not vouch for a different error.
     let other = path.replace("__err=", "__err=AAAA");
     assert_eq!(d.get(&other, &[session, flash]).await.status, StatusCode::SEE_OTHER);
+}
+
+/// Letters that do not repeat within 26, so any 41 of them in a row are found only where the
+/// whole value was echoed.
+fn varied(n: usize) -> String {
+    (0..n).map(|i| char::from(b'a' + (i % 26) as u8)).collect()
+}
+
+/// Pages answer input they refuse with the refusal's status, not a 200 that says so: a filter,
+/// id or cursor no request can mean is a 422, a well-formed id of nothing a 404. The page
+/// still says why, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_answer_bad_input_with_its_status() {
+    let d = Dashboard::new().await;
+    d.user("victor", "viewer password", Role::Viewer).await;
+    let b = d.sign_in("victor", "viewer password").await;
+    let session = [Dashboard::cookie(&b)];
+    let unknown = "01a203c3-1a5d-733f-b465-1a65fa697edd";
+
+    let table: Vec<(String, u16, &str)> = vec![
+        ("/jobs?state=bogus".into(), 422, "state: unknown job state"),
+        ("/jobs?since=forever".into(), 422, "is not 1h, 24h or 7d"),
+        ("/jobs?after=x".into(), 422, "after: "),
+        ("/jobs?queue=Two%20Words".into(), 422, "is not a valid queue name"),
+        ("/jobs?job_type=Not%20A%20Type".into(), 422, "is not a valid job type"),
+        ("/dead-letters?after=x".into(), 422, "after: "),
+        ("/dead-letters?queue=Two%20Words".into(), 422, "is not a valid queue name"),
+        ("/jobs/not-a-uuid".into(), 422, "is not a job id"),
+        (format!("/jobs/{unknown}"), 404, "not found"),
+        ("/workflows/x".into(), 422, "is not a workflow id"),
+        (format!("/workflows/{unknown}"), 404, "not found"),
+        ("/workflows?state=zzz".into(), 422, "state: must be one of"),
+        ("/workflows?before=x".into(), 422, "before: "),
+        ("/audit?before=yesterday".into(), 422, "before: "),
+        ("/policies/edit?type=Bad%20Type".into(), 422, "is not a valid job type"),
+    ];
+    for (path, expected, says) in &table {
+        let r = d.get(path, &session).await;
+        assert_eq!(r.status.as_u16(), *expected, "{path}: {}", r.text);
+        assert!(r.text.contains(r#"class="alert error""#) && r.text.contains(says), "{path} says {says:?}: {}", r.text);
+    }
+    // The same pages with input they take are a 200 without an error.
+    for path in ["/jobs?state=retryable&since=24h", "/jobs?queue=emails&job_type=email.send", "/dead-letters?queue=default", "/workflows?state=running", "/audit?before=5", "/policies/edit?type=payment.charge"] {
+        let r = d.get(path, &session).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text);
+        assert!(!r.text.contains(r#"class="alert error""#), "{path}: {}", r.text);
+    }
+}
+
+/// A search's `text` is at most 200 characters and its `error_type` at most 255, on the
+/// pages and through their server functions, refused naming the field before the search
+/// reaches the database; the longest allowed still searches. An audit filter field is
+/// bounded the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_longer_than_a_search_can_be_is_refused_naming_the_field() {
+    let d = Dashboard::new().await;
+    d.user("victor", "viewer password", Role::Viewer).await;
+    let longest = varied(200);
+    let job = d.db.store.enqueue(NewJob::new("search.me", json!([longest]))).await.expect("enqueue").job;
+    let b = d.sign_in("victor", "viewer password").await;
+    let session = [Dashboard::cookie(&b)];
+    let too_long = format!("{longest}z");
+
+    let found = d.get(&format!("/jobs?text={longest}"), &session).await;
+    assert_eq!(found.status, StatusCode::OK, "{}", found.text);
+    assert!(found.text.contains(&job.id.to_string()) && !found.text.contains(r#"class="alert error""#), "200 characters search: {}", found.text);
+    for page in ["/jobs", "/dead-letters"] {
+        let r = d.get(&format!("{page}?text={too_long}"), &session).await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{page}: {}", r.text);
+        assert!(r.text.contains("text: must be at most 200 characters"), "{page}: {}", r.text);
+        assert!(!r.text.contains(&job.id.to_string()), "{page}: nothing listed");
+    }
+    for function in ["/api/list_jobs", "/api/dead_letter_groups"] {
+        let r = d.post(function, Some(&b), form(&[("query[text]", &too_long)]), false, &[]).await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{function}: {}", r.text);
+        assert!(r.text.contains(r#""field":"text""#), "{function}: {}", r.text);
+        let r = d.post(function, Some(&b), form(&[("query[text]", &longest)]), false, &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "{function}: {}", r.text);
+    }
+
+    let error_type = varied(255);
+    let r = d.get(&format!("/dead-letters?error_type={error_type}"), &session).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = d.get(&format!("/dead-letters?error_type={error_type}z"), &session).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert!(r.text.contains("error_type: must be at most 255 characters"), "{}", r.text);
+
+    let r = d.get(&format!("/audit?action={}", varied(256)), &session).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert!(r.text.contains("action: must be at most 255 characters"), "{}", r.text);
+}
+
+/// A refusal names the field and quotes at most the first 40 characters of what was sent,
+/// however long: a page does not reflect a URL's value back at length. (Values the page
+/// keeps in a form field, such as a filter's queue or text, are the form's, not the error's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_quotes_only_the_start_of_the_value() {
+    let d = Dashboard::new().await;
+    d.user("victor", "viewer password", Role::Viewer).await;
+    let b = d.sign_in("victor", "viewer password").await;
+    let session = [Dashboard::cookie(&b)];
+    let long = varied(1000);
+    let cut = format!("{}…", &long[..40]);
+
+    for (path, field) in [
+        (format!("/jobs?since={long}"), "since: "),
+        (format!("/jobs?state={long}"), "state: "),
+        (format!("/jobs/{long}"), "id: "),
+        (format!("/workflows/{long}"), "id: "),
+        (format!("/audit?before={long}"), "before: "),
+        (format!("/policies/edit?type={long}"), "type: "),
+    ] {
+        let r = d.get(&path, &session).await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{field}: {}", r.text);
+        assert!(r.text.contains(field) && r.text.contains(&cut), "{field} quotes the start: {}", r.text);
+        assert!(!r.text.contains(&long[..41]), "{field} quotes no more than 40 characters: {}", r.text);
+    }
+    // Through a server function too, for a reason the store's validator words.
+    let r = d.post("/api/list_jobs", Some(&b), form(&[("query[queue]", &long)]), false, &[]).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert!(r.text.contains(r#""field":"queue""#) && r.text.contains(&cut) && !r.text.contains(&long[..41]), "{}", r.text);
+}
+
+/// The audit log's action filter is a literal prefix: `_` and `%` are not wildcards that
+/// match every action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_action_filter_is_not_a_pattern() {
+    let d = Dashboard::new().await;
+    d.user("victor", "viewer password", Role::Viewer).await;
+    for action in ["queue.pause", "dead_letter.redrive", "deadxletter.redrive"] {
+        d.db.store.audit(&rebound_queue::store::Actor::new("olivia"), action, Some("t"), json!({})).await.expect("audit");
+    }
+    let b = d.sign_in("victor", "viewer password").await;
+    let session = [Dashboard::cookie(&b)];
+
+    let all = d.get("/audit", &session).await;
+    assert!(["queue.pause", "dead_letter.redrive", "deadxletter.redrive"].iter().all(|a| all.text.contains(a)), "{}", all.text);
+    for wildcard in ["_", "%25", "%25zz", "_ueue.pause"] {
+        let r = d.get(&format!("/audit?action={wildcard}"), &session).await;
+        assert_eq!(r.status, StatusCode::OK, "{wildcard}: {}", r.text);
+        assert!(r.text.contains("No entries."), "{wildcard} matches nothing: {}", r.text);
+        assert!(!r.text.contains("queue.pause") && !r.text.contains("deadxletter.redrive"), "{wildcard}: {}", r.text);
+    }
+    let r = d.get("/audit?action=dead_letter.", &session).await;
+    assert!(r.text.contains("dead_letter.redrive") && !r.text.contains("deadxletter.redrive"), "`_` is an underscore: {}", r.text);
 }

@@ -14,6 +14,10 @@ use crate::time_text::When;
 #[cfg(feature = "ssr")]
 const PAGE: i64 = 50;
 
+/// The longest `actor`, `action` or `target` the filter takes, in characters: longer than any
+/// name the log holds (job types, cron names and queue names stop at 255 or less).
+pub const MAX_FILTER_CHARS: usize = 255;
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditQuery {
     #[serde(default)]
@@ -53,13 +57,20 @@ pub async fn audit_log(query: AuditQuery) -> Result<AuditPageData, AppError> {
     let store = crate::state::store()?;
     let now = store.now().await?;
     let non_empty = |s: &str| (!s.trim().is_empty()).then(|| s.trim().to_string());
+    for (field, value) in [("actor", &query.actor), ("action", &query.action), ("target", &query.target)] {
+        let n = value.trim().chars().count();
+        if n > MAX_FILTER_CHARS {
+            return Err(AppError::Invalid { field: field.into(), reason: format!("must be at most {MAX_FILTER_CHARS} characters (this one has {n})") });
+        }
+    }
     let before = match non_empty(&query.before) {
-        Some(b) => Some(b.parse::<i64>().map_err(|_| AppError::Invalid { field: "before".into(), reason: "must be an entry id".into() })?),
+        Some(b) => Some(b.parse::<i64>().map_err(|_| AppError::Invalid { field: "before".into(), reason: format!("{} is not an entry id", crate::error::quoted(&b)) })?),
         None => None,
     };
     let entries = store
         .audit_log(&AuditFilter {
             actor: non_empty(&query.actor),
+            // A prefix, taken literally: `_` and `%` are characters of an action, not wildcards.
             action: non_empty(&query.action),
             target: non_empty(&query.target),
             before,

@@ -74,7 +74,7 @@ pub async fn act_on_cron(csrf: String, name: String, action: String) -> Result<S
             let (_, job) = store.trigger_cron(&name, &actor).await?;
             Ok(format!("Cron job {name} enqueued job {} now.", job.id))
         }
-        other => Err(AppError::Invalid { field: "action".into(), reason: format!("unknown action {other:?}; use pause, resume or trigger") }),
+        other => Err(AppError::Invalid { field: "action".into(), reason: format!("unknown action {}; use pause, resume or trigger", crate::error::quoted(other)) }),
     }
 }
 
@@ -123,7 +123,7 @@ pub fn CronPage() -> impl IntoView {
                                                 </td>
                                                 <td><code>{c.expression.clone()}</code><br/><small class="muted">{c.timezone.clone()}</small></td>
                                                 <td>
-                                                    <a href=format!("/jobs?type={}", urlencode(&c.job_type))>{c.job_type.clone()}</a>
+                                                    <a href=format!("/jobs?job_type={}", urlencode(&c.job_type))>{c.job_type.clone()}</a>
                                                     <br/><small class="muted">"on "{c.queue.clone()}</small>
                                                 </td>
                                                 <td>{c.overlap_policy.clone()}</td>

@@ -91,7 +91,7 @@ pub async fn redrive_dead_letters(
     let budget = match budget.as_str() {
         "" | "fresh" => RedriveBudget::Fresh,
         "one_more" => RedriveBudget::OneMore,
-        other => return Err(AppError::Invalid { field: "budget".into(), reason: format!("{other:?} is not fresh or one_more") }),
+        other => return Err(AppError::Invalid { field: "budget".into(), reason: format!("{} is not fresh or one_more", crate::error::quoted(other)) }),
     };
     // A week is far more than any real spread, and keeps every planned run in range.
     const MAX_STAGGER_SECS: u64 = 7 * 24 * 3600;
@@ -177,6 +177,8 @@ fn GroupsPanel(groups: ErrorGroups, query: JobQuery) -> impl IntoView {
                         .into_iter()
                         .map(|g| {
                             let narrowed = JobQuery { error_type: g.error_type.clone().unwrap_or_default(), ..query.clone() };
+                            // A type longer than a filter takes (workers name their own) gets no link.
+                            let linkable = g.error_type.as_ref().is_some_and(|t| t.chars().count() <= crate::filters::MAX_ERROR_TYPE_CHARS);
                             let href = format!("/dead-letters?{}", narrowed.to_query_string());
                             view! {
                                 <tr>
@@ -184,7 +186,7 @@ fn GroupsPanel(groups: ErrorGroups, query: JobQuery) -> impl IntoView {
                                     <td class="error-message">{g.example.clone().unwrap_or_default()}</td>
                                     <td class="num">{g.count}</td>
                                     <td>{g.latest.map(|w| w.relative).unwrap_or_default()}</td>
-                                    <td>{g.error_type.is_some().then(|| view! { <a href=href>"Show these"</a> })}</td>
+                                    <td>{linkable.then(|| view! { <a href=href>"Show these"</a> })}</td>
                                 </tr>
                             }
                         })

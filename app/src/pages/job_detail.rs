@@ -133,7 +133,7 @@ pub async fn act_on_job(csrf: String, id: String, action: String, #[server(defau
             let budget = if budget == "one_more" { RedriveBudget::OneMore } else { RedriveBudget::Fresh };
             store.redrive(&sel, &RedriveOptions { budget, stagger: None, actor, reason: None }).await?
         }
-        other => return Err(AppError::Invalid { field: "action".into(), reason: format!("unknown action {other:?}") }),
+        other => return Err(AppError::Invalid { field: "action".into(), reason: format!("unknown action {}", crate::error::quoted(other)) }),
     };
     if touched == 0 {
         let state = store.job(id).await?.state;

@@ -73,7 +73,14 @@ pub struct JobsPageData {
 
 #[cfg(feature = "ssr")]
 pub(crate) fn parse_id(id: &str) -> Result<uuid::Uuid, AppError> {
-    id.trim().parse().map_err(|_| AppError::Invalid { field: "id".into(), reason: format!("{id:?} is not a job id") })
+    parse_uuid("id", "a job id", id)
+}
+
+/// A UUID from a form or the URL for `field` (`what` it should be, for the message, which
+/// quotes only the start of a wrong one).
+#[cfg(feature = "ssr")]
+pub(crate) fn parse_uuid(field: &str, what: &str, id: &str) -> Result<uuid::Uuid, AppError> {
+    id.trim().parse().map_err(|_| AppError::Invalid { field: field.into(), reason: format!("{} is not {what}", crate::error::quoted(id)) })
 }
 
 #[server(endpoint = "list_jobs")]
@@ -85,7 +92,7 @@ pub async fn list_jobs(#[server(default)] query: JobQuery, #[server(default)] af
     if dead_letters_only {
         filter.dead_letter = Some(true);
     }
-    let after = if after.is_empty() { None } else { Some(parse_id(&after)?) };
+    let after = if after.is_empty() { None } else { Some(parse_uuid("after", "a page cursor (a job id)", &after)?) };
     let (page, counted) = store.list_jobs_counted(&filter, after, PAGE_SIZE, COUNT_CAP).await?;
     Ok(JobsPageData {
         rows: page.items.iter().map(|j| JobRow::from_job(j, now)).collect(),
@@ -120,7 +127,7 @@ pub(crate) async fn selection(
             }
             Ok(JobSelection::Filter(f))
         }
-        other => Err(AppError::Invalid { field: "scope".into(), reason: format!("{other:?} is not \"selected\" or \"filter\"") }),
+        other => Err(AppError::Invalid { field: "scope".into(), reason: format!("{} is not \"selected\" or \"filter\"", crate::error::quoted(other)) }),
     }
 }
 
@@ -144,7 +151,7 @@ pub async fn bulk_jobs(
         "cancel" => (store.cancel_jobs(&sel, &actor).await?, "Cancelled"),
         "retry_now" => (store.retry_jobs_now(&sel, &actor).await?, "Made available now"),
         "discard" => (store.discard_jobs(&sel, &actor).await?, "Discarded"),
-        other => return Err(AppError::Invalid { field: "action".into(), reason: format!("unknown bulk action {other:?}") }),
+        other => return Err(AppError::Invalid { field: "action".into(), reason: format!("unknown bulk action {}", crate::error::quoted(other)) }),
     };
     Ok(format!("{verb} {n} job{}.", if n == 1 { "" } else { "s" }))
 }

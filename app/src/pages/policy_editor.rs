@@ -103,7 +103,7 @@ mod convert {
     use serde_json::{Map, Value, json};
 
     use super::PolicyForm;
-    use crate::error::AppError;
+    use crate::error::{AppError, quoted};
 
     fn invalid(field: &str, reason: impl Into<String>) -> AppError {
         AppError::Invalid { field: field.into(), reason: reason.into() }
@@ -119,7 +119,7 @@ mod convert {
             let mut m = Map::new();
             let t = |s: &str| s.trim().to_string();
             if !self.max_attempts.trim().is_empty() {
-                let n: u64 = t(&self.max_attempts).parse().map_err(|_| invalid("max_attempts", format!("must be a whole number ≥ 1, got {:?}", self.max_attempts.trim())))?;
+                let n: u64 = t(&self.max_attempts).parse().map_err(|_| invalid("max_attempts", format!("must be a whole number ≥ 1, got {}", quoted(self.max_attempts.trim()))))?;
                 m.insert("max_attempts".into(), json!(n));
             }
             for key in ["backoff_strategy", "initial_interval", "max_interval", "on_exhaustion"] {
@@ -129,7 +129,7 @@ mod convert {
                 }
             }
             if !self.backoff_coefficient.trim().is_empty() {
-                let c: f64 = t(&self.backoff_coefficient).parse().map_err(|_| invalid("backoff_coefficient", format!("must be a number ≥ 1.0, got {:?}", self.backoff_coefficient.trim())))?;
+                let c: f64 = t(&self.backoff_coefficient).parse().map_err(|_| invalid("backoff_coefficient", format!("must be a number ≥ 1.0, got {}", quoted(self.backoff_coefficient.trim()))))?;
                 m.insert("backoff_coefficient".into(), json!(c));
             }
             match self.jitter.trim() {
@@ -144,10 +144,10 @@ mod convert {
                     m.insert("jitter".into(), json!("full"));
                 }
                 "proportional" => {
-                    let f: f64 = t(&self.jitter_fraction).parse().map_err(|_| invalid("jitter", format!("the proportional fraction must be a number in (0, 1], got {:?}", self.jitter_fraction.trim())))?;
+                    let f: f64 = t(&self.jitter_fraction).parse().map_err(|_| invalid("jitter", format!("the proportional fraction must be a number in (0, 1], got {}", quoted(self.jitter_fraction.trim()))))?;
                     m.insert("jitter".into(), json!({ "proportional": f }));
                 }
-                other => return Err(invalid("jitter", format!("unknown jitter mode {other:?}"))),
+                other => return Err(invalid("jitter", format!("unknown jitter mode {}", quoted(other)))),
             }
             if !self.non_retryable_errors.trim().is_empty() {
                 m.insert("non_retryable_errors".into(), json!(list(&self.non_retryable_errors)));
@@ -221,7 +221,7 @@ pub async fn load_policy_editor(job_type: String) -> Result<EditorData, AppError
     let store = crate::state::store()?;
     let job_type = job_type.trim().to_string();
     if job_type != DEFAULT_POLICY_KEY {
-        rebound_queue::job::validate_type(&job_type).map_err(|e| AppError::Invalid { field: "type".into(), reason: e.reason })?;
+        rebound_queue::job::validate_type(&job_type).map_err(|e| AppError::Invalid { field: "type".into(), reason: crate::error::requoted(e.reason, &job_type) })?;
     }
     let now = store.now().await?;
     let stored = store.policy(&job_type).await?;

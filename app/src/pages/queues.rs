@@ -105,7 +105,7 @@ pub async fn set_queue_paused(csrf: String, queue: String, paused: String) -> Re
     let pause = match paused.as_str() {
         "true" => true,
         "false" => false,
-        other => return Err(AppError::Invalid { field: "paused".into(), reason: format!("{other:?} is not \"true\" or \"false\"") }),
+        other => return Err(AppError::Invalid { field: "paused".into(), reason: format!("{} is not \"true\" or \"false\"", crate::error::quoted(other)) }),
     };
     let store = crate::state::store()?;
     store.set_queue_paused(&queue, pause, &actor).await?;
@@ -129,7 +129,7 @@ pub async fn set_queue_rate_limit(csrf: String, queue: String, limit: RateLimitF
         if raw.is_empty() {
             return Ok(None);
         }
-        raw.parse::<u32>().map(Some).map_err(|_| invalid(field, format!("must be a whole number, got {raw:?}")))
+        raw.parse::<u32>().map(Some).map_err(|_| invalid(field, format!("must be a whole number, got {}", crate::error::quoted(raw))))
     };
     let window = |limit_field: &str, period_field: &str, limit: &str, period: &str| -> Result<Option<Window>, AppError> {
         let Some(limit) = number(limit_field, limit)? else { return Ok(None) };
@@ -137,7 +137,7 @@ pub async fn set_queue_rate_limit(csrf: String, queue: String, limit: RateLimitF
         if period.is_empty() {
             return Err(invalid(period_field, "is required with a limit (an ISO-8601 duration such as PT1M)".into()));
         }
-        let period = rebound_queue::policy::iso8601::parse(period).map_err(|r| invalid(period_field, r))?;
+        let period = rebound_queue::policy::iso8601::parse(period).map_err(|r| invalid(period_field, crate::error::requoted(r, period)))?;
         Ok(Some(Window { limit, period }))
     };
     let parsed = QueueRateLimit {
@@ -191,7 +191,7 @@ pub async fn set_maintenance(csrf: String, enabled: String, reason: Option<Strin
             store.disable_maintenance(&actor).await?;
             Ok("Maintenance mode is off: the queues run again.".into())
         }
-        other => Err(AppError::Invalid { field: "enabled".into(), reason: format!("{other:?} is not \"true\" or \"false\"") }),
+        other => Err(AppError::Invalid { field: "enabled".into(), reason: format!("{} is not \"true\" or \"false\"", crate::error::quoted(other)) }),
     }
 }
 

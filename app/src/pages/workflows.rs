@@ -86,7 +86,7 @@ pub async fn list_workflows(#[server(default)] state: String, #[server(default)]
     } else {
         return Err(AppError::Invalid { field: "state".into(), reason: format!("must be one of {}", WORKFLOW_STATES.join(", ")) });
     };
-    let before = if before.is_empty() { None } else { Some(super::jobs::parse_id(&before)?) };
+    let before = if before.is_empty() { None } else { Some(super::jobs::parse_uuid("before", "a page cursor (a workflow id)", &before)?) };
     let now = store.now().await?;
     let mut found = store.list_workflows(state.as_deref(), before, PAGE + 1).await?;
     let more = found.len() as i64 > PAGE;
@@ -165,7 +165,7 @@ pub fn WorkflowsPage() -> impl IntoView {
 pub async fn load_workflow(id: String) -> Result<WorkflowView, AppError> {
     crate::auth::signed_in()?;
     let store = crate::state::store()?;
-    let id = super::jobs::parse_id(&id)?;
+    let id = super::jobs::parse_uuid("id", "a workflow id", &id)?;
     let wf = store.workflow(id).await?.ok_or_else(|| AppError::NotFound(format!("workflow {id}")))?;
     let now = store.now().await?;
     let chain = wf.kind == rebound_queue::store::WorkflowType::Chain;
@@ -250,7 +250,7 @@ pub async fn cancel_workflow(csrf: String, id: String) -> Result<String, AppErro
     use rebound_queue::store::WorkflowCancel;
     let actor = crate::auth::authorize_mutation(&csrf)?;
     let store = crate::state::store()?;
-    let id = super::jobs::parse_id(&id)?;
+    let id = super::jobs::parse_uuid("id", "a workflow id", &id)?;
     match store.cancel_workflow(id, Some(&actor)).await? {
         WorkflowCancel::Cancelled(_) => Ok(format!("Workflow {id} is cancelled: its jobs that had not started will not run; running ones finish.")),
         WorkflowCancel::AlreadyFinished(wf) => Err(AppError::Conflict(format!("workflow {id} is already {}", wf.state))),

@@ -5,6 +5,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgConnection, Row};
 
+use super::listing::like_literal;
 use super::{Store, StoreError, ts};
 
 /// Who is acting: an operator's name, an API token's name, or a system component.
@@ -65,7 +66,8 @@ impl Store {
         record(&mut conn, actor, action, target, details).await
     }
 
-    /// Audit entries, newest first, filtered; `action` matches as a prefix (`job.` finds all job actions).
+    /// Audit entries, newest first, filtered; `action` matches as a prefix (`job.` finds all job
+    /// actions), taken literally: a `_` or `%` in it is that character, not a wildcard.
     pub async fn audit_log(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
         let limit = if filter.limit <= 0 { 50 } else { filter.limit.min(500) };
         // Planned for each request's own filters (`persistent(false)`): a cached statement's
@@ -77,6 +79,10 @@ impl Store {
         // order. Left to itself the planner walked the log newest first for a rare action: its
         // statistics sample had never seen one written five times in a million, so it reckoned
         // it as common as the rest (235 ms).
+        //
+        // The prefix is escaped (`like_literal`): unescaped, `_` or `%` matched every action,
+        // and `%zz` had no fixed prefix to skip by, so it read the whole action index.
+        let action = filter.action.as_deref().map(like_literal);
         let sql = if filter.action.is_some() {
             "WITH RECURSIVE matching(action) AS (
                  (SELECT action FROM audit_log WHERE action LIKE $2 || '%' ORDER BY action USING ~<~ LIMIT 1)
@@ -105,7 +111,7 @@ impl Store {
         let rows = sqlx::query(sql)
             .persistent(false)
             .bind(&filter.actor)
-            .bind(&filter.action)
+            .bind(&action)
             .bind(&filter.target)
             .bind(filter.before)
             .bind(limit)

@@ -122,11 +122,19 @@ impl JobFilter {
             }
         }
         if let Some(text) = self.text.as_deref().filter(|t| !t.is_empty()) {
-            let pattern = format!("%{}%", text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+            let pattern = format!("%{}%", like_literal(text));
             qb.push(" AND (j.args::text ILIKE ").push_bind(pattern.clone());
             qb.push(" OR (j.last_error->>'message') ILIKE ").push_bind(pattern).push(")");
         }
     }
+}
+
+/// `s` as a `LIKE` / `ILIKE` pattern that matches exactly `s`: its `\`, `%` and `_` escaped
+/// with `\` (the default escape character), so input is never a wildcard. Put `%` around it
+/// for a substring, after it for a prefix. Shared by every pattern built from input (the
+/// job search here, the audit log's action prefix).
+pub(crate) fn like_literal(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
 }
 
 /// How many of the newest jobs matching a filter's indexed conditions one search request
