@@ -32,6 +32,13 @@ pub enum AppError {
     /// Something failed inside the server; the full error is in its log under this request id.
     #[error("something went wrong on the server; its log has the details under request id {0}")]
     Internal(String),
+    /// The database could not be reached, and nothing was done: try again shortly.
+    #[error("the database cannot be reached right now, so nothing was done; try again shortly (request id {0})")]
+    Unavailable(String),
+    /// The connection to the database was lost while an action was being carried out: it may
+    /// have taken effect, so doing it again blindly could do it twice.
+    #[error("the connection to the database was lost while this was being done: it may or may not have taken effect; reload the page to see before doing it again (request id {0})")]
+    OutcomeUnknown(String),
     #[error("{0}")]
     ServerFn(ServerFnErrorErr),
 }
@@ -54,6 +61,7 @@ impl AppError {
             AppError::Invalid { .. } => 422,
             AppError::Conflict(_) => 409,
             AppError::Internal(_) => 500,
+            AppError::Unavailable(_) | AppError::OutcomeUnknown(_) => 503,
             AppError::ServerFn(e) => match e {
                 // The request did not carry what the function takes: the caller's mistake.
                 ServerFnErrorErr::Args(_) | ServerFnErrorErr::MissingArg(_) | ServerFnErrorErr::Deserialization(_) => 400,
@@ -135,6 +143,11 @@ impl From<rebound_queue::StoreError> for AppError {
             StoreError::InvalidJob(v) => AppError::Invalid { field: v.field, reason: v.reason },
             StoreError::InvalidPolicy(p) => AppError::Invalid { field: p.field, reason: p.reason },
             StoreError::Invalid { field, reason } => AppError::Invalid { field, reason },
+            other if other.is_transient() => {
+                let id = request_id();
+                tracing::warn!(request_id = %id, error = %other, "dashboard request failed: the database is unavailable");
+                if other.may_have_landed() { AppError::OutcomeUnknown(id) } else { AppError::Unavailable(id) }
+            }
             other => AppError::internal(other),
         }
     }

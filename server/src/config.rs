@@ -70,6 +70,12 @@ pub struct ServeArgs {
     #[arg(long, env = "REBOUND_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Most bytes of request bodies handled at once (server-wide): bodies are parsed whole, into
+    /// many times their size, so past this a request waits for room (answered 503 if none comes
+    /// within half the request timeout).
+    #[arg(long, env = "REBOUND_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = 64 * 1024 * 1024)]
+    pub max_body_bytes_in_flight: usize,
+
     /// Requests taking longer are answered 408; their handlers still run to their end.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub request_timeout: Duration,
@@ -171,6 +177,8 @@ pub struct ServerConfig {
     pub test_mode: bool,
     pub visibility_timeout: Duration,
     pub max_body_bytes: usize,
+    /// See [`ServeArgs::max_body_bytes_in_flight`].
+    pub max_body_bytes_in_flight: usize,
     pub request_timeout: Duration,
     /// See [`ServeArgs::session_idle_timeout`].
     pub session_idle_timeout: Duration,
@@ -191,6 +199,7 @@ impl Default for ServerConfig {
             test_mode: false,
             visibility_timeout: Duration::from_secs(300),
             max_body_bytes: 4 * 1024 * 1024,
+            max_body_bytes_in_flight: 64 * 1024 * 1024,
             request_timeout: Duration::from_secs(30),
             session_idle_timeout: Duration::from_secs(30 * 60),
             secure_cookies: false,
@@ -208,6 +217,7 @@ impl From<&ServeArgs> for ServerConfig {
             test_mode: a.test_mode,
             visibility_timeout: a.visibility_timeout,
             max_body_bytes: a.max_body_bytes,
+            max_body_bytes_in_flight: a.max_body_bytes_in_flight,
             request_timeout: a.request_timeout,
             session_idle_timeout: a.session_idle_timeout,
             secure_cookies: a.secure_cookies,

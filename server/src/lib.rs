@@ -63,6 +63,10 @@ pub struct AppState {
     pub event_streams: Arc<Semaphore>,
     /// Every request's handler, detached from its caller (see [`request_task`]).
     pub request_tasks: request_task::RequestTasks,
+    /// The bytes of OJS request bodies that may be handled at once (see
+    /// [`ojs::body_budget`]), in units of a KiB, and how many units it has.
+    pub body_budget: Arc<Semaphore>,
+    pub body_budget_units: usize,
 }
 
 /// How many argon2 password checks run at once.
@@ -73,6 +77,7 @@ impl AppState {
     pub fn new(store: Store, config: ServerConfig) -> Self {
         // Beyond MAX_PERMITS the semaphore would panic; that many is no limit anyway.
         let event_streams = Arc::new(Semaphore::new(config.max_event_streams.min(Semaphore::MAX_PERMITS)));
+        let body_budget = ojs::body_budget::budget(config.max_body_bytes_in_flight);
         AppState {
             store,
             config: Arc::new(config),
@@ -83,6 +88,8 @@ impl AppState {
             shutdown: CancellationToken::new(),
             event_streams,
             request_tasks: request_task::RequestTasks::default(),
+            body_budget_units: body_budget.available_permits(),
+            body_budget,
         }
     }
 }

@@ -681,3 +681,19 @@ async fn the_audit_action_filter_is_not_a_pattern() {
     let r = d.get("/audit?action=dead_letter.", &session).await;
     assert!(r.text.contains("dead_letter.redrive") && !r.text.contains("deadxletter.redrive"), "`_` is an underscore: {}", r.text);
 }
+
+#[test]
+fn a_database_blip_says_whether_the_action_may_have_happened() {
+    use app::error::AppError;
+    use rebound_queue::StoreError;
+    // Nothing was sent (no connection to be had): nothing happened, try again.
+    let not_sent = AppError::from(StoreError::from(sqlx::Error::PoolTimedOut));
+    assert!(matches!(not_sent, AppError::Unavailable(_)), "{not_sent:?}");
+    // The connection broke while the statement was out: it may have committed.
+    let lost = AppError::from(StoreError::from(sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::UnexpectedEof))));
+    assert!(matches!(lost, AppError::OutcomeUnknown(_)), "{lost:?}");
+    assert!(lost.to_string().contains("may or may not have taken effect"), "{lost}");
+    assert_eq!((not_sent.status(), lost.status()), (503, 503));
+    // A refusal the database answered is neither.
+    assert!(matches!(AppError::from(StoreError::Missing { what: "x".into() }), AppError::NotFound(_)));
+}

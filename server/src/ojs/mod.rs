@@ -5,6 +5,7 @@
 
 mod admin;
 pub mod body;
+pub mod body_budget;
 pub mod cron;
 mod dead_letter;
 pub mod envelope;
@@ -98,8 +99,12 @@ pub fn router(state: AppState) -> Router {
     if state.config.test_mode {
         protected = protected.route("/v1/admin/reset", post(test_mode::reset));
     }
-    // Checked after authentication (the outer layer), so strangers learn nothing from it.
-    let protected = protected.route_layer(from_fn(query::refuse_nul)).route_layer(from_fn_with_state(state.clone(), auth::require_token));
+    // Checked after authentication (the outer layer), so strangers learn nothing from it, nor
+    // take the budget of bodies in flight.
+    let protected = protected
+        .route_layer(from_fn_with_state(state.clone(), body_budget::admit))
+        .route_layer(from_fn(query::refuse_nul))
+        .route_layer(from_fn_with_state(state.clone(), auth::require_token));
 
     Router::new()
         .route("/manifest", get(manifest::manifest))

@@ -496,3 +496,38 @@ async fn a_stored_unbounded_policy_schedules_within_a_year() {
     assert_eq!(r.body["next_retry_at"], r.body["next_attempt_at"], "{}", r.text);
     assert_eq!(got.body["job"]["next_retry_at"], r.body["next_attempt_at"], "{}", got.text);
 }
+
+#[tokio::test]
+async fn bodies_in_flight_share_a_budget_and_past_it_a_request_waits_then_gets_503() {
+    use rebound_server::config::{ApiAuth, ServerConfig};
+    use std::time::Duration;
+    let s = TestServer::with_config(ServerConfig {
+        api_auth: ApiAuth::None,
+        max_body_bytes_in_flight: 16 * 1024,
+        // A request waits for room up to half of it, 1 s.
+        request_timeout: Duration::from_secs(2),
+        ..ServerConfig::default()
+    })
+    .await;
+    assert_eq!(s.state.body_budget_units, 16);
+    // Other requests' bodies hold the whole budget.
+    let held = s.state.body_budget.clone().acquire_many_owned(16).await.expect("the budget");
+    let job = json!({"type": "budget.test", "args": [1], "queue": "budget"});
+    let r = s.post("/ojs/v1/jobs", job.clone()).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text);
+    assert_eq!((r.body["error"]["code"].as_str(), r.body["error"]["retryable"].as_bool()), (Some("server_busy"), Some(true)), "{}", r.text);
+    // Nothing was done, and a request without a body does not wait.
+    assert_eq!(s.get("/ojs/v1/queues/budget/stats").await.status, StatusCode::OK);
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE type = 'budget.test'").fetch_one(s.db.store.pool()).await.expect("count");
+    assert_eq!(n, 0);
+    // Once the budget frees up, a waiting request goes ahead.
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(held);
+    });
+    let r = s.post("/ojs/v1/jobs", job).await;
+    release.await.expect("released");
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    // The budget is all back.
+    assert_eq!(s.state.body_budget.available_permits(), 16);
+}
