@@ -24,6 +24,10 @@ pub struct JobQuery {
     /// `1h`, `24h`, `7d` or empty: only jobs created within that window.
     #[serde(default)]
     pub since: String,
+    /// The same windows for when a job was dead-lettered (the dead-letter page's "Died"):
+    /// after a fix, the jobs that failed since.
+    #[serde(default)]
+    pub died: String,
 }
 
 /// The time windows offered for `since`.
@@ -46,6 +50,7 @@ impl JobQuery {
                     error_type: get("error_type"),
                     text: get("text"),
                     since: get("since"),
+                    died: get("died"),
                 }
             })
         })
@@ -60,6 +65,7 @@ impl JobQuery {
             ("error_type", &self.error_type),
             ("text", &self.text),
             ("since", &self.since),
+            ("died", &self.died),
         ]
         .into_iter()
         .filter(|(_, v)| !v.is_empty())
@@ -128,14 +134,15 @@ impl JobQuery {
         if let Some(e) = too_long("text", &self.text, MAX_TEXT_CHARS) {
             return Err(e);
         }
-        let window_secs = match self.since.as_str() {
-            "" => None,
-            "1h" => Some(3_600),
-            "24h" => Some(86_400),
-            "7d" => Some(7 * 86_400),
-            other => {
-                return Err(AppError::Invalid { field: "since".into(), reason: format!("{} is not 1h, 24h or 7d", quoted(other)) });
-            }
+        let window_start = |field: &str, value: &str| {
+            let secs = match value {
+                "" => return Ok(None),
+                "1h" => 3_600,
+                "24h" => 86_400,
+                "7d" => 7 * 86_400,
+                other => return Err(AppError::Invalid { field: field.into(), reason: format!("{} is not 1h, 24h or 7d", quoted(other)) }),
+            };
+            Ok(now.checked_sub(jiff::SignedDuration::from_secs(secs)).ok())
         };
         Ok(rebound_queue::store::JobFilter {
             states,
@@ -144,14 +151,17 @@ impl JobQuery {
             error_type: non_empty(&self.error_type),
             text: non_empty(&self.text),
             dead_letter: None,
-            created_after: window_secs.and_then(|s| now.checked_sub(jiff::SignedDuration::from_secs(s)).ok()),
+            created_after: window_start("since", &self.since)?,
             created_before: None,
+            dead_after: window_start("died", &self.died)?,
+            dead_before: None,
         })
     }
 }
 
 /// The filter form: a plain GET form, so filtering works without JavaScript and the result is
-/// a URL. `show_state` is off on the dead-letter page, where every job is discarded.
+/// a URL. `show_state` is off on the dead-letter page, where every job is discarded; that
+/// page offers "Died" (when the job was dead-lettered) instead.
 #[component]
 pub fn FilterForm(action: &'static str, query: Memo<JobQuery>, show_state: bool) -> impl IntoView {
     let q = move || query.get();
@@ -185,6 +195,20 @@ pub fn FilterForm(action: &'static str, query: Memo<JobQuery>, show_state: bool)
                         .collect_view()}
                 </select>
             </label>
+            {(!show_state)
+                .then(|| {
+                    view! {
+                        <label>
+                            "Died"
+                            <select name="died">
+                                {SINCE_CHOICES
+                                    .into_iter()
+                                    .map(|(v, label)| view! { <option value=v selected=move || q().died == v>{label}</option> })
+                                    .collect_view()}
+                            </select>
+                        </label>
+                    }
+                })}
             <button type="submit">"Filter"</button>
             <a class="button-link" href=action>"Clear"</a>
         </form>
@@ -201,5 +225,6 @@ pub fn FilterHiddenFields(query: JobQuery) -> impl IntoView {
         <input type="hidden" name="filter[error_type]" value=query.error_type/>
         <input type="hidden" name="filter[text]" value=query.text/>
         <input type="hidden" name="filter[since]" value=query.since/>
+        <input type="hidden" name="filter[died]" value=query.died/>
     }
 }

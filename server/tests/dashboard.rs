@@ -692,3 +692,26 @@ async fn a_cron_job_links_to_the_jobs_of_its_type() {
     assert!(jobs.text.contains(&report.id.to_string()), "the type's job is listed: {}", jobs.text);
     assert!(!jobs.text.contains(&other.id.to_string()), "another type's is not: {}", jobs.text);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_filter_by_when_they_died() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Viewer).await;
+    let old = d.dead_letter("died.old").await;
+    let recent = d.dead_letter("died.recent").await;
+    sqlx::query("UPDATE jobs SET dead_lettered_at = now() - interval '2 days' WHERE id = $1").bind(old.id).execute(d.db.store.pool()).await.expect("age");
+    let b = d.sign_in("olivia", "correct horse").await;
+    let all = d.get("/dead-letters", Some(&b)).await;
+    assert_eq!(all.status, StatusCode::OK);
+    assert!(all.text.contains(r#"name="died""#), "the dead-letter page offers the filter");
+    assert!(all.text.contains(&old.id.to_string()) && all.text.contains(&recent.id.to_string()));
+    let day = d.get("/dead-letters?died=24h", Some(&b)).await;
+    assert_eq!(day.status, StatusCode::OK);
+    assert!(day.text.contains(&recent.id.to_string()), "died within the day");
+    assert!(!day.text.contains(&old.id.to_string()), "died two days ago");
+    assert!(day.text.contains(r#"name="filter[died]" value="24h""#), "bulk actions act on the same view");
+    assert!(!d.get("/jobs", Some(&b)).await.text.contains(r#"name="died""#), "the jobs list has no deaths to filter by");
+    let bad = d.get("/dead-letters?died=forever", Some(&b)).await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(bad.text.contains("died"), "names the field");
+}

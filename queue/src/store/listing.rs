@@ -24,6 +24,12 @@ pub struct JobFilter {
     pub dead_letter: Option<bool>,
     pub created_after: Option<Timestamp>,
     pub created_before: Option<Timestamp>,
+    /// Only jobs dead-lettered at or after this time (so only dead letters). Checked row by
+    /// row, like text: a listing stays in id order, so a filter by when jobs died searches
+    /// windows of the newest dead letters (see [`SEARCH_WINDOW`]).
+    pub dead_after: Option<Timestamp>,
+    /// Only jobs dead-lettered before this time.
+    pub dead_before: Option<Timestamp>,
 }
 
 impl JobFilter {
@@ -54,7 +60,7 @@ impl JobFilter {
     /// then searches a bounded window of the newest jobs matching the rest, see
     /// [`SEARCH_WINDOW`], instead of possibly reading every job to fill a page.
     pub fn is_search(&self) -> bool {
-        self.text.as_deref().is_some_and(|t| !t.is_empty()) || self.error_type.is_some()
+        self.text.as_deref().is_some_and(|t| !t.is_empty()) || self.error_type.is_some() || self.dead_after.is_some() || self.dead_before.is_some()
     }
 
     /// Whether every condition is a key of the maintained counters (state, queue, type,
@@ -111,6 +117,14 @@ impl JobFilter {
 
     /// The conditions checked row by row.
     fn push_residual(&self, qb: &mut QueryBuilder<Postgres>) {
+        // A job that is not a dead letter has no `dead_lettered_at`, so these select dead
+        // letters only.
+        if let Some(t) = self.dead_after {
+            qb.push(" AND j.dead_lettered_at >= ").push_bind(t.to_string()).push("::timestamptz");
+        }
+        if let Some(t) = self.dead_before {
+            qb.push(" AND j.dead_lettered_at < ").push_bind(t.to_string()).push("::timestamptz");
+        }
         if let Some(e) = &self.error_type {
             match e.strip_suffix(".*") {
                 Some(prefix) => {

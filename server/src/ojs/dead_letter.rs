@@ -22,18 +22,24 @@ use crate::auth::Caller;
 /// Counting stops here; `total` is then "at least this many".
 const COUNT_CAP: i64 = 100_000;
 
-/// `GET /ojs/v1/dead-letter?queue=&type=&error_type=&q=&limit=&cursor=|offset=`. Searchable
-/// (ojs-dead-letter §9.1) by queue, job type, the last error's type (exact, or a prefix with
-/// `.*`) and a substring of the args or the error message (`q`); not by when the job died (a
-/// listing by that time needs an order of its own; see the README). Pages are keyset-based
+/// `GET /ojs/v1/dead-letter?queue=&type=&error_type=&q=&dead_since=&dead_before=&limit=&cursor=|offset=`.
+/// Searchable (ojs-dead-letter §9.1) by queue, job type, the last error's type (exact, or a
+/// prefix with `.*`), a substring of the args or the error message (`q`), and when the job was
+/// dead-lettered (`dead_since`, `dead_before`: RFC 3339 times;
+/// the listing stays newest-created first, so these search like `q`). Pages are keyset-based
 /// (page 1000 costs what page 1 does): follow `next_cursor`, or page by `offset` (see
 /// [`super::offset_pages`]), as some SDKs do. `error_type` and `q` are searches, as on the
 /// dashboard: each page reads a bounded window of the newest dead letters matching the rest
 /// (`rebound_queue::store::SEARCH_WINDOW`), so a search pages by cursor only, and its `total`
 /// counts within the window when `pagination.total_searched` says how many were read.
 pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
-    q.only(&["queue", "type", "error_type", "q", "limit", "cursor", "offset"])?;
+    q.only(&["queue", "type", "error_type", "q", "dead_since", "dead_before", "limit", "cursor", "offset"])?;
     let mut filter = JobFilter::dead_letters();
+    for (key, slot) in [("dead_since", &mut filter.dead_after), ("dead_before", &mut filter.dead_before)] {
+        if let Some(s) = q.one(key)? {
+            *slot = Some(parse_time(s, Timestamp::now()).map_err(|r| ApiError::invalid_field(key, r))?);
+        }
+    }
     if let Some(e) = q.one("error_type")? {
         filter.error_type = Some(error_type_filter(e).map_err(|r| ApiError::invalid_field("error_type", r))?);
     }
@@ -62,7 +68,7 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
         }
         // Skipping to an offset of a search would check every dead letter row by row.
         if filter.is_search() {
-            return Err(ApiError::invalid_field("offset", "a search (error_type, q) pages by cursor: follow next_cursor"));
+            return Err(ApiError::invalid_field("offset", "a search (error_type, q, dead_since, dead_before) pages by cursor: follow next_cursor"));
         }
         cursor = match state.offset_pages.start_of(&listing, offset) {
             Some(id) => Some(id),
@@ -155,7 +161,8 @@ pub async fn delete(State(state): State<AppState>, caller: Caller, Path(id): Pat
 }
 
 /// The dead letters a bulk request's fields select: `queue`, `type`, `error_type` (exact or
-/// `Prefix.*`), `since` / `older_than` (by when the job was created).
+/// `Prefix.*`), `since` / `older_than` (by when the job was created), `dead_since` /
+/// `dead_before` (by when it was dead-lettered: after a fix, the jobs that failed since).
 pub fn purge_filter(f: &Fields<'_>) -> Result<JobFilter, ApiError> {
     let mut filter = JobFilter::dead_letters();
     if let Some(queue) = f.str("queue")? {
@@ -169,7 +176,12 @@ pub fn purge_filter(f: &Fields<'_>) -> Result<JobFilter, ApiError> {
     if let Some(e) = f.str("error_type")? {
         filter.error_type = Some(error_type_filter(e).map_err(|r| f.error("error_type", r))?);
     }
-    for (key, slot) in [("since", &mut filter.created_after), ("older_than", &mut filter.created_before)] {
+    for (key, slot) in [
+        ("since", &mut filter.created_after),
+        ("older_than", &mut filter.created_before),
+        ("dead_since", &mut filter.dead_after),
+        ("dead_before", &mut filter.dead_before),
+    ] {
         if let Some(s) = f.str(key)? {
             *slot = Some(parse_time(s, Timestamp::now()).map_err(|r| f.error(key, r))?);
         }
@@ -194,7 +206,7 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
     Ok(Json(json!({ "job": job_json_with_errors(&job, &attempts) })))
 }
 
-/// `POST /ojs/v1/dead-letter/retry` with `{"filter": {queue, type, since, error_type}, "confirm": true}`.
+/// `POST /ojs/v1/dead-letter/retry` with `{"filter": {queue, type, since, older_than, dead_since, dead_before, error_type}, "confirm": true}`.
 pub async fn retry_matching(State(state): State<AppState>, caller: Caller, body: JsonObject) -> Result<Json<Value>, ApiError> {
     let f = body.fields();
     f.only(&["filter", "confirm"])?;
@@ -202,7 +214,7 @@ pub async fn retry_matching(State(state): State<AppState>, caller: Caller, body:
         return Err(f.error("confirm", "must be true: this re-drives every dead letter the filter matches"));
     }
     let g = f.object("filter")?.ok_or_else(|| f.error("filter", "is required (an empty object matches every dead letter)"))?;
-    g.only(&["queue", "type", "since", "older_than", "error_type"])?;
+    g.only(&["queue", "type", "since", "older_than", "dead_since", "dead_before", "error_type"])?;
     let filter = purge_filter(&g)?;
     let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: caller.actor(), reason: Some("OJS dead-letter bulk retry".into()) };
     let retried = state.store.redrive(&JobSelection::Filter(filter), &opts).await?;
@@ -212,7 +224,7 @@ pub async fn retry_matching(State(state): State<AppState>, caller: Caller, body:
 /// `DELETE /ojs/v1/dead-letter` with `{"queue"?, "type"?, "error_type"?, "older_than"?, "confirm": true}`.
 pub async fn purge(State(state): State<AppState>, caller: Caller, body: JsonObject) -> Result<Json<Value>, ApiError> {
     let f = body.fields();
-    f.only(&["queue", "type", "error_type", "since", "older_than", "confirm"])?;
+    f.only(&["queue", "type", "error_type", "since", "older_than", "dead_since", "dead_before", "confirm"])?;
     if f.bool("confirm")? != Some(true) {
         return Err(f.error("confirm", "must be true: this deletes every dead letter the filter matches, for good"));
     }

@@ -441,3 +441,33 @@ async fn an_unavailable_backend_answers_503_with_retry_after() {
     assert_eq!(r.body["status"], "degraded");
     assert_eq!(r.header("retry-after"), Some("2"));
 }
+
+#[tokio::test]
+async fn dead_letters_are_found_and_redriven_by_when_they_died() {
+    let s = TestServer::new().await;
+    let old = s.dead_letter("died", "Db.Down").await;
+    let recent = s.dead_letter("died", "Db.Down").await;
+    // The first died two days ago (created at the same time as the second, as an old job
+    // that kept failing might not be: these filter by death, not by creation).
+    sqlx::query("UPDATE jobs SET dead_lettered_at = now() - interval '2 days' WHERE id = $1::uuid")
+        .bind(&old)
+        .execute(s.db.store.pool())
+        .await
+        .expect("age the first death");
+    let since = jiff::Timestamp::now().checked_sub(jiff::SignedDuration::from_hours(1)).expect("an hour ago").to_string();
+    let ids = |r: &crate::common::Reply| -> Vec<String> { r.body["jobs"].as_array().expect("jobs").iter().map(|j| j["id"].as_str().unwrap_or("").to_owned()).collect() };
+    let r = s.get(&format!("/ojs/v1/dead-letter?queue=died&dead_since={since}")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(ids(&r), vec![recent.clone()], "{}", r.text);
+    let r = s.get(&format!("/ojs/v1/dead-letter?queue=died&dead_before={since}")).await;
+    assert_eq!(ids(&r), vec![old.clone()], "{}", r.text);
+    let r = s.get("/ojs/v1/dead-letter?dead_since=yesterday").await;
+    assert_eq!((r.status, r.body["error"]["details"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("dead_since")), "{}", r.text);
+    // After a fix: re-drive what failed since then, and only that.
+    let r = s.post("/ojs/v1/dead-letter/retry", json!({"filter": {"queue": "died", "dead_since": since}, "confirm": true})).await;
+    assert_eq!((r.status, r.body["retried"].as_i64()), (StatusCode::OK, Some(1)), "{}", r.text);
+    let recent_state = s.get(&format!("/ojs/v1/jobs/{recent}")).await.body["job"]["state"].clone();
+    let old_state = s.get(&format!("/ojs/v1/jobs/{old}")).await.body["job"]["state"].clone();
+    assert_eq!(recent_state, "available");
+    assert_eq!(old_state, "discarded", "died before the fix: left alone");
+}
