@@ -252,6 +252,7 @@ pub async fn measure(pool: &PgPool, dash: &Dashboard, n: usize) -> anyhow::Resul
         ("dead letters", same("/dead-letters")),
         ("dead letters, queue + error type", same("/dead-letters?queue=billing&error_type=smtp.rejected")),
         ("dead letters, text", same("/dead-letters?text=customer%209999")),
+        ("dead letters, died in the last 24 hours", same("/dead-letters?died=24h")),
     ];
     let mut ok = true;
     println!("{:<40} {:>9} {:>9}", "page (server-side render)", "p50", "p95");

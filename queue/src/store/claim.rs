@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use sqlx::Row;
 use uuid::Uuid;
 
 use super::{Store, StoreError, jobs_from_rows, millis};
@@ -79,6 +80,12 @@ WITH q AS MATERIALIZED (
 )
 SELECT * FROM claimed";
 
+/// [`CLAIM`] that also names its transaction (`claim_xid`), for [`Store::claim_in_one`]: read
+/// from the claim's own answer, it costs no round trip of its own (the update has an id
+/// already), and a claim whose answer never came cannot have committed.
+static CLAIM_NAMING_TX: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| CLAIM.replace("SELECT * FROM claimed", "SELECT *, pg_current_xact_id()::text AS claim_xid FROM claimed"));
+
 impl Store {
     /// Claims up to `limit` available jobs, moving them to `active` with `attempt + 1` and a
     /// lock that expires after the visibility timeout. Two claimers never get the same job.
@@ -120,46 +127,41 @@ impl Store {
     /// API's fetch, whose client knows only the jobs in the answer. (The worker binary finds
     /// them by what it holds, see [`Store::release_orphans`].)
     ///
-    /// The queues are claimed in one transaction, all or nothing, whose id is read first. If
-    /// anything after that fails, the connection lost with a `COMMIT` on the wire say, the
-    /// transaction may have committed unanswered: its jobs would sit active under the caller's
-    /// name, which never saw them, until the rescuer charged each an attempt that never ran.
+    /// The queues are claimed in one transaction, all or nothing, whose id each claim's answer
+    /// carries. If the `COMMIT` then goes unanswered (the connection lost with it on the wire),
+    /// the transaction may have committed: its jobs would sit active under the caller's name,
+    /// which never saw them, until the rescuer charged each an attempt that never ran. (A claim
+    /// whose own answer was lost never got its `COMMIT`: rolled back, nothing to find.)
     /// So a task of its own waits until the database can say how the transaction ended and,
     /// if it committed, hands back the jobs it claimed that are still as it left them,
     /// uncounted, with a `released` attempt row ([`UNANSWERED_CLAIM_REASON`]). The error is
     /// returned at once.
     pub async fn claim_in_one(&self, req: &ClaimRequest) -> Result<Vec<Job>, StoreError> {
         let mut tx = self.begin().await?;
-        let xid: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text").fetch_one(&mut *tx).await?;
         let vis = millis(req.visibility_timeout).clamp(1, bounds::MAX_TIMEOUT_MS);
         let mut claimed: Vec<Job> = Vec::new();
-        let mut outcome = Ok(());
+        let mut xid: Option<String> = None;
         for queue in &req.queues {
             let want = req.limit as usize - claimed.len();
             if want == 0 {
                 break;
             }
-            let rows = match sqlx::query(CLAIM).bind(queue).bind(want as i64).bind(&req.worker_id).bind(vis).fetch_all(&mut *tx).await {
-                Ok(rows) => rows,
-                Err(e) => {
-                    outcome = Err(StoreError::from(e));
-                    break;
-                }
-            };
+            // An error drops the transaction, whose connection is then closed: rolled back.
+            let rows = sqlx::query(CLAIM_NAMING_TX.as_str()).bind(queue).bind(want as i64).bind(&req.worker_id).bind(vis).fetch_all(&mut *tx).await?;
+            if let Some(row) = rows.first() {
+                xid = Some(row.try_get("claim_xid")?);
+            }
             let mut jobs = jobs_from_rows(&rows)?;
             jobs.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.scheduled_at.cmp(&b.scheduled_at)).then(a.id.cmp(&b.id)));
             claimed.extend(jobs);
         }
-        let outcome = match outcome {
-            Ok(()) => tx.commit().await,
-            // Dropped, the transaction's connection is closed and Postgres rolls it back; the
-            // lookup below then finds it aborted.
-            Err(e) => Err(e),
-        };
-        match outcome {
+        match tx.commit().await {
             Ok(()) => Ok(claimed),
             Err(e) => {
-                tokio::spawn(hand_back_if_committed(self.clone(), xid, req.worker_id.clone()));
+                // Nothing claimed, nothing to find.
+                if let Some(xid) = xid {
+                    tokio::spawn(hand_back_if_committed(self.clone(), xid, req.worker_id.clone()));
+                }
                 Err(e)
             }
         }

@@ -202,3 +202,29 @@ async fn a_write_whose_answer_is_lost_is_not_retryable_and_a_read_is() {
     let (status, _) = send(app, "GET", &format!("/ojs/v1/jobs/{id}"), None).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_fetch_over_several_queues_cut_off_before_its_commit_claims_nothing() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let app = app_through(&db, &proxy, Duration::from_secs(30)).await;
+    let mut ids = Vec::new();
+    for queue in ["multi-a", "multi-b"] {
+        ids.push(db.store.enqueue(NewJob::new("t.multi", json!([])).queue(queue)).await.expect("enqueue").job.id);
+    }
+    // Both queues' claims run; the connection drops as the commit is sent.
+    let hit = proxy.inject(Fault::once("COMMIT", FaultPoint::BeforeSend));
+    let (status, body) = send(app.clone(), "POST", "/ojs/v1/workers/fetch", Some(json!({"queues": ["multi-a", "multi-b"], "count": 2, "worker_id": "w-multi"}))).await;
+    assert_eq!(hit.count(), 1);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["retryable"], true, "all or nothing, so it can be sent again: {body}");
+    // What the claims did went with their transaction: no job is left active under a name
+    // that never heard of it, none is counted, none has history.
+    for id in ids {
+        let job = db.store.job(id).await.expect("job");
+        assert_eq!((job.state, job.attempt), (JobState::Available, 0));
+        assert!(db.store.attempts(id).await.expect("attempts").is_empty());
+    }
+    let (status, body) = send(app, "POST", "/ojs/v1/workers/fetch", Some(json!({"queues": ["multi-a", "multi-b"], "count": 2, "worker_id": "w-multi"}))).await;
+    assert_eq!((status, body["jobs"].as_array().map(Vec::len)), (StatusCode::OK, Some(2)), "{body}");
+}
