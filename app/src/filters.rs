@@ -186,32 +186,27 @@ pub fn FilterForm(action: &'static str, query: Memo<JobQuery>, show_state: bool)
             <label>"Type" <input name="job_type" placeholder="any" value=move || q().job_type/></label>
             <label>"Error type" <input name="error_type" placeholder="e.g. http.5xx or http.*" value=move || q().error_type/></label>
             <label>"Text" <input name="text" type="search" placeholder="in args or error message" value=move || q().text/></label>
-            <label>
-                "Created"
-                <select name="since">
-                    {SINCE_CHOICES
-                        .into_iter()
-                        .map(|(v, label)| view! { <option value=v selected=move || q().since == v>{label}</option> })
-                        .collect_view()}
-                </select>
-            </label>
-            {(!show_state)
-                .then(|| {
-                    view! {
-                        <label>
-                            "Died"
-                            <select name="died">
-                                {SINCE_CHOICES
-                                    .into_iter()
-                                    .map(|(v, label)| view! { <option value=v selected=move || q().died == v>{label}</option> })
-                                    .collect_view()}
-                            </select>
-                        </label>
-                    }
-                })}
+            <WindowSelect label="Created" name="since" current=Signal::derive(move || q().since)/>
+            {(!show_state).then(|| view! { <WindowSelect label="Died" name="died" current=Signal::derive(move || q().died)/> })}
             <button type="submit">"Filter"</button>
             <a class="button-link" href=action>"Clear"</a>
         </form>
+    }
+}
+
+/// A choice among [`SINCE_CHOICES`] (when jobs were created, or died), `current` selected.
+#[component]
+fn WindowSelect(label: &'static str, name: &'static str, current: Signal<String>) -> impl IntoView {
+    view! {
+        <label>
+            {label}
+            <select name=name>
+                {SINCE_CHOICES
+                    .into_iter()
+                    .map(|(v, text)| view! { <option value=v selected=move || current.get() == v>{text}</option> })
+                    .collect_view()}
+            </select>
+        </label>
     }
 }
 

@@ -22,8 +22,7 @@ use rebound_queue::store::{Actor, ORPHAN_REASON, WorkerStatus};
 use rebound_queue::testing::PrivateCluster;
 use rebound_queue::{JobState, NewJob, Store};
 use serde_json::{Value, json};
-use sqlx::Connection;
-use support::{Recorder, TransactionWatch, WorkerProcess, eventually, fast_config};
+use support::{admin, Recorder, TransactionWatch, WorkerProcess, eventually, fast_config};
 use uuid::Uuid;
 
 /// What each kind of job should come to.
@@ -89,16 +88,6 @@ async fn finished(store: &Store) -> Option<i64> {
 async fn progress(store: &Store, from: i64, more: i64, total: i64) -> i64 {
     let target = (from + more).min(total);
     eventually(&format!("{target} jobs finished"), Duration::from_secs(120), || async { finished(store).await.filter(|n| *n >= target) }).await
-}
-
-async fn admin(cluster: &PrivateCluster) -> sqlx::PgConnection {
-    for _ in 0..100 {
-        if let Ok(c) = sqlx::PgConnection::connect(&cluster.url("postgres")).await {
-            return c;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the cluster does not answer");
 }
 
 /// Terminates the backends `which` selects (a WHERE clause over pg_stat_activity); how many.

@@ -25,7 +25,7 @@ use rebound_worker::maintenance::STOP_GRACE;
 use rebound_worker::{JobContext, MaintenanceSettings, Worker, WorkerBuilder, handler_fn};
 use serde_json::json;
 use sqlx::Connection;
-use support::{TransactionWatch, eventually};
+use support::{admin, TransactionWatch, eventually};
 use tokio::sync::{Barrier, Semaphore};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -328,16 +328,6 @@ async fn a_maintenance_pass_past_its_stop_grace_is_abandoned_and_rolled_back() {
 
 const GRACE: Duration = Duration::from_secs(1);
 const FLUSH: Duration = Duration::from_secs(1);
-
-async fn admin(cluster: &PrivateCluster) -> sqlx::PgConnection {
-    for _ in 0..100 {
-        if let Ok(c) = sqlx::PgConnection::connect(&cluster.url("postgres")).await {
-            return c;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the cluster does not answer");
-}
 
 /// A worker of two job types. At attempt 1, `down.finishes` runs until the test opens `gate`
 /// and `down.outlasts` never ends; at later attempts both complete at once.

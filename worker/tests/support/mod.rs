@@ -285,3 +285,15 @@ impl Drop for TransactionWatch {
         self.task.abort();
     }
 }
+
+/// A connection to `cluster`'s `postgres` database, waiting (up to 10 s) for it to answer.
+pub async fn admin(cluster: &rebound_queue::testing::PrivateCluster) -> sqlx::PgConnection {
+    use sqlx::Connection;
+    for _ in 0..100 {
+        if let Ok(c) = sqlx::PgConnection::connect(&cluster.url("postgres")).await {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the cluster does not answer");
+}
