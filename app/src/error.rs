@@ -37,7 +37,7 @@ pub enum AppError {
     Unavailable(String),
     /// The connection to the database was lost while an action was being carried out: it may
     /// have taken effect, so doing it again blindly could do it twice.
-    #[error("the connection to the database was lost while this was being done: it may or may not have taken effect; reload the page to see before doing it again (request id {0})")]
+    #[error("the connection to the database was lost while this was being done: if it was an action, it may or may not have taken effect; reload the page to see before doing it again (request id {0})")]
     OutcomeUnknown(String),
     #[error("{0}")]
     ServerFn(ServerFnErrorErr),

@@ -278,13 +278,28 @@ async fn a_time_swallowed_by_daylight_saving_is_a_skip_event_not_a_run() {
     assert!(cron_jobs_of(&db.store, "nightly").await.is_empty(), "nothing enqueued for a time that did not exist");
     let after = db.store.cron_job("nightly").await.unwrap().unwrap();
     assert_eq!((after.run_count, after.last_outcome.as_deref()), (0, Some("skipped")));
-    let next = after.next_run_at.expect("scheduled");
-    assert!(next > Timestamp::now() && after.next_tick_at == Some(next), "the tick is consumed; the next is a real run: {next}");
+    assert_eq!(after.next_tick_at, Some("2026-03-09T06:30:00Z".parse().unwrap()), "the tick is consumed; the next is the run after it");
     let skips = db.store.cron_events(&EventFilter { types: vec!["cron.skipped".into()], limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(skips.len(), 1, "{skips:?}");
     assert_eq!((skips[0].reason, skips[0].scheduled_time, skips[0].active_job_id, skips[0].job_id), (Some("dst_skip"), gap, None, None));
     assert_eq!((skips[0].expression.as_deref(), skips[0].timezone.as_deref()), (Some("30 2 * * *"), Some("America/New_York")));
-    assert_eq!(db.store.fire_due_crons(10).await.unwrap(), Default::default(), "decided once");
+    // That run is long past here: it fires once (a catch-up), and the schedule moves on.
+    let pass = db.store.fire_due_crons(10).await.unwrap();
+    assert_eq!((pass.fired, pass.skipped), (1, 0), "the skip is decided once");
+    assert!(db.store.cron_job("nightly").await.unwrap().unwrap().next_run_at.expect("next") > Timestamp::now());
+
+    // A pass that comes late, past the gap and past the run after it (the server was down):
+    // the skip does not fold that run away; it fires once, on the next pass.
+    let both = CronSpec { schedule: CronSchedule::new("30 2,3 * * *", "America/New_York").expect("schedule"), ..spec("twice", "* * * * *", OverlapPolicy::Allow) };
+    db.store.register_cron(&both, &Actor::new("t")).await.unwrap();
+    let gap = both.schedule.next_tick_after("2026-03-08T05:00:00Z".parse().unwrap()).expect("a tick in the gap");
+    assert!(both.schedule.skips_at(gap));
+    sqlx::query("UPDATE cron_jobs SET next_run_at = $2::timestamptz WHERE name = $1").bind("twice").bind(gap.to_string()).execute(db.store.pool()).await.unwrap();
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().skipped, 1);
+    let after_gap = db.store.cron_job("twice").await.unwrap().unwrap().next_tick_at.expect("next");
+    assert_eq!(after_gap, "2026-03-08T07:30:00Z".parse().unwrap(), "03:30 EDT, the run after the gap, though it is long past");
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().fired, 1, "and it fires, once");
+    assert_eq!(cron_jobs_of(&db.store, "twice").await.len(), 1);
 }
 
 #[tokio::test]

@@ -76,7 +76,8 @@ pub async fn require_token(State(state): State<AppState>, mut req: Request, next
             match state.store.verify_token(&hash_token(token)).await {
                 Ok(Some(t)) => Caller { name: t.name },
                 Ok(None) => return unauthenticated("the bearer token is unknown or revoked"),
-                Err(e) => return ApiError::from(e).into_response(),
+                // Only the token was looked up: the request itself has not run.
+                Err(e) => return ApiError::from(e).retry_safe().into_response(),
             }
         }
     };

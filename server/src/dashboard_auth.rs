@@ -76,6 +76,13 @@ fn session_tokens(headers: &HeaderMap) -> Vec<String> {
     [SECURE_SESSION_COOKIE, SESSION_COOKIE].into_iter().filter_map(|name| cookie_value(headers, name)).collect()
 }
 
+/// The session token a request signs in with: over HTTPS only the [`SECURE_SESSION_COOKIE`]
+/// one (a plain-named cookie there may have been planted by a sibling subdomain or over plain
+/// HTTP, which is what the `__Host-` prefix rules out), over plain HTTP only the plain one.
+fn signing_in_token(headers: &HeaderMap, secure: bool) -> Vec<String> {
+    cookie_value(headers, if secure { SECURE_SESSION_COOKIE } else { SESSION_COOKIE }).into_iter().collect()
+}
+
 /// The live session of the first of `tokens` that has one. A session unused for longer than
 /// `--session-idle-timeout` has none (and ends).
 async fn resolve_session(state: &AppState, tokens: &[String]) -> Result<Option<Session>, StoreError> {
@@ -371,7 +378,7 @@ async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
         let nul = AppError::Invalid { field: "query".into(), reason: "contains a NUL character".into() };
         return guard::refusal(StatusCode::BAD_REQUEST, &nul, true);
     }
-    let session = match resolve_session(&state, &session_tokens(req.headers())).await {
+    let session = match resolve_session(&state, &signing_in_token(req.headers(), secure(&state, req.headers()))).await {
         Ok(found) => found,
         Err(e) => {
             tracing::error!(error = %e, "resolving the dashboard session failed");
@@ -522,6 +529,17 @@ mod tests {
         assert_eq!(session_tokens(&h), ["new"]);
         h.insert(COOKIE, HeaderValue::from_static("other=x"));
         assert!(session_tokens(&h).is_empty());
+    }
+
+    #[test]
+    fn over_https_only_the_host_prefixed_cookie_signs_in() {
+        let mut h = HeaderMap::new();
+        h.insert(COOKIE, HeaderValue::from_static("rebound_session=planted"));
+        assert!(signing_in_token(&h, true).is_empty(), "a plain cookie could have been planted");
+        assert_eq!(signing_in_token(&h, false), ["planted"]);
+        h.insert(COOKIE, HeaderValue::from_static("rebound_session=plain; __Host-rebound_session=host"));
+        assert_eq!(signing_in_token(&h, true), ["host"]);
+        assert_eq!(signing_in_token(&h, false), ["plain"]);
     }
 
     #[test]

@@ -590,6 +590,9 @@ fn take_batch(buffer: &mut Vec<Finished>, batch_size: usize, in_flight: &HashSet
         }
     }
     *buffer = kept;
+    // In id order, the order an operator's bulk action locks rows in: the two then never wait
+    // on each other in a cycle (each statement of the batch takes its rows in array order).
+    batch.sort_by_key(|f| f.key().0);
     batch
 }
 

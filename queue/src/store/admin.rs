@@ -137,19 +137,30 @@ impl Store {
 
     async fn bulk_on_finished(&self, sel: &JobSelection, actor: &Actor, action: &str, eligible: Eligible, apply: &'static str) -> Result<BulkReport, StoreError> {
         let mut tx = self.begin().await?;
-        let mut qb = sel.select_ids("true", BULK_LIMIT);
+        let mut qb = sel.select_ids_unlocked("true", BULK_LIMIT);
         let matched: Vec<Uuid> = qb.build_query_scalar().fetch_all(&mut *tx).await?;
+        // Only the rows the action may change are locked (in id order, as everything that
+        // waits for rows takes them): the others, running or waiting jobs that are only
+        // reported as refused, are read as they are, not held away from their workers.
+        let eligible_states: Vec<&str> = eligible.states.iter().map(|s| s.as_str()).collect();
         let states: Vec<(Uuid, JobState, bool)> = sqlx::query_as(
             "SELECT id, state,
                     COALESCE(last_error->>'type' = 'rebound.upstream_failed', false)
                     OR EXISTS (SELECT 1 FROM workflows c WHERE c.parent_job = jobs.id) AS held
-             FROM jobs WHERE id = ANY($1)",
+             FROM jobs WHERE id = ANY($1) AND state::text = ANY($2) ORDER BY id FOR UPDATE OF jobs",
         )
         .bind(&matched)
+        .bind(&eligible_states)
         .fetch_all(&mut *tx)
         .await?;
+        let locked: std::collections::HashSet<Uuid> = states.iter().map(|(id, _, _)| *id).collect();
+        let others: Vec<Uuid> = matched.iter().copied().filter(|id| !locked.contains(id)).collect();
+        let mut states = states;
+        states.extend(
+            sqlx::query_as::<_, (Uuid, JobState, bool)>("SELECT id, state, false FROM jobs WHERE id = ANY($1)").bind(&others).fetch_all(&mut *tx).await?,
+        );
         let (ok, refused): (Vec<_>, Vec<_>) =
-            states.into_iter().partition(|(_, s, held)| eligible.states.contains(s) && (eligible.workflow_held || !held));
+            states.into_iter().partition(|(id, s, held)| locked.contains(id) && eligible.states.contains(s) && (eligible.workflow_held || !held));
         let ids: Vec<Uuid> = ok.iter().map(|(id, _, _)| *id).collect();
         let succeeded = if apply.starts_with("WITH gone") {
             // A deletion logs its dead letters by who deleted them (see delete_with_history).

@@ -20,11 +20,14 @@ pub enum JobSelection {
 impl JobSelection {
     /// `SELECT id FROM jobs j WHERE <selection> AND <extra>`, locked, bounded by `limit`.
     ///
-    /// A row another transaction is writing at that moment (a worker's result, a heartbeat, a
-    /// promotion) is waited for, then checked again, not skipped: an operator's action must
-    /// reach every job it matches, and skipped ones were left out without a word. Rows are
-    /// locked in id order, the order every batch write takes them in (an index scan over
-    /// `id = ANY(…)` visits the ids sorted), so waiting cannot deadlock with those.
+    /// A row another transaction is writing at that moment (a worker's result, a promotion) is
+    /// waited for, then checked again, not skipped: an operator's action must reach every job
+    /// it matches, and skipped ones were left out without a word. Rows are locked in id order,
+    /// the order the worker's result batches are written in (sorted by id) and an index scan
+    /// over `id = ANY(…)` visits them, so the two do not wait on each other in a cycle. Rarer
+    /// cycles (a workflow step's completion releasing the next step while a bulk action holds
+    /// it) are broken by Postgres's deadlock detector within a second: the worker's write is
+    /// retried, the operator is told nothing was done.
     pub(crate) fn select_ids(&self, extra: &str, limit: i64) -> QueryBuilder<Postgres> {
         let mut qb = self.select_ids_unlocked(extra, limit);
         qb.push(" FOR UPDATE");

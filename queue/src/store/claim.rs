@@ -117,7 +117,7 @@ impl Store {
                 }
                 Err(e) => return Err(e),
             };
-            jobs.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.scheduled_at.cmp(&b.scheduled_at)).then(a.id.cmp(&b.id)));
+            in_claim_order(&mut jobs);
             claimed.extend(jobs);
         }
         Ok(claimed)
@@ -138,6 +138,19 @@ impl Store {
     /// returned at once.
     pub async fn claim_in_one(&self, req: &ClaimRequest) -> Result<Vec<Job>, StoreError> {
         let mut tx = self.begin().await?;
+        if req.queues.len() > 1 {
+            // Each claim locks its queue's row if the queue is paused or limited, and here
+            // holds it to the commit: taken in name order first, so that two fetches listing
+            // the same queues in different orders cannot deadlock.
+            sqlx::query(
+                "SELECT name FROM queues WHERE name = ANY($1)
+                   AND (paused OR rate_max IS NOT NULL OR throttle_max IS NOT NULL OR concurrency_limit IS NOT NULL)
+                 ORDER BY name FOR UPDATE",
+            )
+            .bind(&req.queues)
+            .execute(&mut *tx)
+            .await?;
+        }
         let vis = millis(req.visibility_timeout).clamp(1, bounds::MAX_TIMEOUT_MS);
         let mut claimed: Vec<Job> = Vec::new();
         let mut xid: Option<String> = None;
@@ -152,7 +165,7 @@ impl Store {
                 xid = Some(row.try_get("claim_xid")?);
             }
             let mut jobs = jobs_from_rows(&rows)?;
-            jobs.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.scheduled_at.cmp(&b.scheduled_at)).then(a.id.cmp(&b.id)));
+            in_claim_order(&mut jobs);
             claimed.extend(jobs);
         }
         match tx.commit().await {
@@ -209,6 +222,12 @@ UNION ALL
 SELECT false, id FROM busy"
 );
 
+/// A queue's claimed jobs in the order its claim picked them (priority, then FIFO): the
+/// update returns them in whatever order it wrote them.
+fn in_claim_order(jobs: &mut [Job]) {
+    jobs.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.scheduled_at.cmp(&b.scheduled_at)).then(a.id.cmp(&b.id)));
+}
+
 /// Why a claim's jobs went back: its transaction committed with its answer lost
 /// ([`Store::claim_in_one`]).
 pub const UNANSWERED_CLAIM_REASON: &str = "the claim committed but its answer was lost: never delivered";
@@ -259,5 +278,15 @@ async fn settle_claim(store: &Store, xid: &str, worker_id: &str) -> Result<Optio
         }
         // Aborted, or so old its status is gone: nothing of it stands.
         _ => Ok(Some(0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fetch_claim_names_its_transaction() {
+        assert!(CLAIM_NAMING_TX.contains("pg_current_xact_id()::text AS claim_xid FROM claimed"), "the claim's last line changed: {}", &CLAIM[CLAIM.len() - 40..]);
     }
 }

@@ -515,7 +515,10 @@ impl Store {
         let Some(tick) = cron.next_tick_at else { return Ok(None) };
         let schedule = CronSchedule::stored(&cron.expression, &cron.timezone).map_err(|e| StoreError::invalid(e.field, e.reason))?;
         // Catch-up fires once: the next tick is the first one after now, not after the missed one.
-        let next = schedule.tick_after(tick, now);
+        // A daylight-saving skip fires nothing, so the run after it is not a catch-up to fold
+        // away: it is the tick after the skip, fired on the next pass if it is due already.
+        let dst_skip = schedule.skips_at(tick);
+        let next = if dst_skip { schedule.next_tick_after(tick) } else { schedule.tick_after(tick, now) };
         let mut tx = self.begin().await?;
         let taken = sqlx::query(
             "UPDATE cron_jobs SET next_run_at = $3::timestamptz, updated_at = now()
@@ -557,7 +560,6 @@ impl Store {
         .bind(running_only)
         .fetch_all(&mut *tx)
         .await?;
-        let dst_skip = schedule.skips_at(tick);
         let (outcome, job) = match cron.overlap_policy {
             _ if dst_skip => ("skipped", None),
             OverlapPolicy::Skip if !unfinished.is_empty() => ("skipped", None),

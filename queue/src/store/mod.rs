@@ -201,10 +201,18 @@ impl StoreError {
     /// a pool that found no connection, so nothing was sent, or an error the server answered,
     /// after which it had rolled back).
     pub fn may_have_landed(&self) -> bool {
+        use std::io::ErrorKind;
         match self {
             StoreError::Database(e) => match e {
-                sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
-                sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("08")),
+                // A connection that broke under a request; a refused or unreachable one (sqlx
+                // returns those from the pool as they are) never carried it.
+                sqlx::Error::Io(io) => {
+                    matches!(io.kind(), ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe | ErrorKind::TimedOut)
+                }
+                sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+                // A backend ended by the server (a restart, pg_terminate_backend) may have been
+                // ending a commit: one waiting for a synchronous standby has committed locally.
+                sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("08") || c == "57P01" || c == "57P02"),
                 _ => false,
             },
             _ => false,

@@ -49,8 +49,8 @@ pub struct JobListener {
 
 impl JobListener {
     /// Waits for the next notification, or `None` after `timeout` (callers poll then, so a
-    /// lost notification only delays work). Reconnects transparently after the connection is
-    /// lost, and says so.
+    /// lost notification only delays work). A lost connection is reported at once
+    /// ([`Notification::Reconnected`]); the next call connects and listens again.
     pub async fn next(&mut self, timeout: Duration) -> Result<Option<Notification>, StoreError> {
         match tokio::time::timeout(timeout, self.listener.try_recv()).await {
             Err(_) => Ok(None),

@@ -24,6 +24,10 @@ use crate::AppState;
 /// The budget's unit: one permit is this many bytes.
 const UNIT: usize = 1024;
 
+/// Bodies of known length up to this size take no share: a worker's acks and heartbeats must
+/// not queue behind a large enqueue, and what they can take is bounded by the connections.
+const SMALL: u64 = 64 * 1024;
+
 /// A budget of `bytes` (at least one unit).
 pub fn budget(bytes: usize) -> Arc<Semaphore> {
     Arc::new(Semaphore::new(bytes.div_ceil(UNIT).clamp(1, Semaphore::MAX_PERMITS)))
@@ -32,11 +36,11 @@ pub fn budget(bytes: usize) -> Arc<Semaphore> {
 /// The share of the budget a request takes: its body's length as far as it is known (a
 /// declared length, or what an in-memory body holds; bodies longer than the largest accepted
 /// one are refused anyway), or the largest accepted one when it is not known (a chunked or
-/// HTTP/2 body without a length); `None` when it has no body.
+/// HTTP/2 body without a length); `None` when it has no body or a small one.
 fn share(req: &Request, max_body_bytes: usize) -> Option<usize> {
     let hint = req.body().size_hint();
     let bytes = match hint.exact().or(hint.upper()) {
-        Some(0) => return None,
+        Some(n) if n <= SMALL => return None,
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX).min(max_body_bytes),
         None => max_body_bytes,
     };

@@ -48,7 +48,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/workers/fetch", post(workers::fetch))
         .route("/v1/workers/ack", post(workers::ack))
         .route("/v1/workers/nack", post(workers::nack))
-        .route("/v1/workers/heartbeat", post(workers::heartbeat))
+        .route("/v1/workers/heartbeat", post(workers::heartbeat).layer(from_fn(response::safe_to_resend)))
         .route("/v1/workers/progress", post(workers::progress))
         .route("/v1/jobs/{id}/progress", get(jobs::progress))
         .route("/v1/dead-letter", get(dead_letter::list).delete(dead_letter::purge))
@@ -93,7 +93,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/system/config", get(admin::system_config))
         .route("/v1/admin/system/maintenance", post(admin::system_maintenance))
         .route("/v1/admin/policies", get(policies::list))
-        .route("/v1/admin/policies/preview", post(policies::preview))
+        .route("/v1/admin/policies/preview", post(policies::preview).layer(from_fn(response::safe_to_resend)))
         .route("/v1/admin/policies/{type}", get(policies::get).put(policies::put).delete(policies::delete))
         .route("/v1/admin/policies/{type}/versions", get(policies::versions));
     if state.config.test_mode {

@@ -45,11 +45,16 @@ pub async fn ojs_response(req: Request, next: Next) -> Response {
     let path = req.extensions().get::<OriginalUri>().map_or_else(|| req.uri().path().to_owned(), |u| u.path().to_owned());
     let mut res = next.run(req).await;
     let status = res.status();
+    // Not to be sent again blindly, so no `Retry-After` invites it.
+    let mut outcome_unknown = false;
     let is_error = status.is_client_error() || status.is_server_error();
     if is_error && res.extensions().get::<OwnBody>().is_none() {
         let error = match res.extensions().get::<ApiError>() {
             // A read can always be sent again; a write that may have landed cannot.
-            Some(e) if e.may_have_landed && !matches!(method.as_str(), "GET" | "HEAD" | "OPTIONS") => ApiError::outcome_unknown(),
+            Some(e) if e.may_have_landed && !matches!(method.as_str(), "GET" | "HEAD" | "OPTIONS") => {
+                outcome_unknown = true;
+                ApiError::outcome_unknown()
+            }
             Some(e) => e.clone(),
             None => {
                 let (parts, body) = res.into_parts();
@@ -70,8 +75,18 @@ pub async fn ojs_response(req: Request, next: Next) -> Response {
     headers.insert(OJS_VERSION, HeaderValue::from_static("1.0"));
     // ojs-errors ERR-006: a 429 or 503 says when to come back. Handlers that know (the login
     // throttle, a rate limit) set their own; the rest are outages worth retrying soon.
-    if matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) && !headers.contains_key(RETRY_AFTER) {
+    if matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) && !headers.contains_key(RETRY_AFTER) && !outcome_unknown {
         headers.insert(RETRY_AFTER, HeaderValue::from_static(DEFAULT_RETRY_AFTER_SECS));
+    }
+    res
+}
+
+/// For a route whose request can be sent again whatever became of it (a heartbeat extends
+/// locks, a preview reads): its errors stay retryable though it is a POST.
+pub async fn safe_to_resend(req: Request, next: Next) -> Response {
+    let mut res = next.run(req).await;
+    if let Some(e) = res.extensions_mut().get_mut::<ApiError>() {
+        e.may_have_landed = false;
     }
     res
 }

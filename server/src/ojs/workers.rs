@@ -55,7 +55,7 @@ pub async fn fetch(State(state): State<AppState>, unheard_by: Option<Extension<U
     // A worker that said it is stopping, or that an operator quieted, gets no new jobs
     // (graceful shutdown); its heartbeats keep what it runs.
     if let Some(w) = named
-        && !state.store.worker_accepts_work(w).await?
+        && !state.store.worker_accepts_work(w).await.map_err(|e| ApiError::from(e).retry_safe())?
     {
         return Ok(Json(json!({ "jobs": [] })));
     }

@@ -229,8 +229,15 @@ async fn forwarded_proto_makes_the_cookie_secure_only_as_a_trusted_proxy_says() 
             assert_eq!(cookie.contains("; Secure"), secure, "{case}");
             let name = if secure { SECURE_SESSION_COOKIE } else { SESSION_COOKIE };
             let token = session_token(&r, name);
-            // The cookie signs in under its name.
-            assert_eq!(page(&s, "/jobs", &format!("{name}={token}")).await.status, StatusCode::OK, "{case}");
+            // The cookie signs in under its name, through the same proxy; over HTTPS a
+            // plain-named cookie does not (it could have been planted).
+            let cookie = format!("{name}={token}");
+            assert_eq!(s.raw("GET", "/jobs", &[("cookie", &cookie), ("x-forwarded-proto", proto)], Vec::new()).await.status, StatusCode::OK, "{case}");
+            if secure {
+                let planted = format!("{SESSION_COOKIE}={token}");
+                let r = s.raw("GET", "/jobs", &[("cookie", &planted), ("x-forwarded-proto", proto)], Vec::new()).await;
+                assert_eq!(r.status, StatusCode::SEE_OTHER, "{case}");
+            }
         }
         let r = sign_in(&s, &[]).await;
         assert!(!r.header("set-cookie").expect("a session cookie").contains("Secure"), "no header, no --secure-cookies: not Secure");
@@ -242,7 +249,7 @@ async fn forwarded_proto_makes_the_cookie_secure_only_as_a_trusted_proxy_says() 
     operator(&s).await;
     let olivia = s.db.store.operator("olivia").await.expect("db").expect("olivia");
     s.db.store.create_session(olivia.id, &hash_token("plain-token"), "csrf", Duration::from_secs(3600)).await.expect("a plain session");
-    assert_eq!(page(&s, "/jobs", &format!("{SESSION_COOKIE}=plain-token")).await.status, StatusCode::OK, "the plain cookie is still read");
+    assert_eq!(page(&s, "/jobs", &format!("{SESSION_COOKIE}=plain-token")).await.status, StatusCode::SEE_OTHER, "over HTTPS a plain cookie does not sign in");
     let r = sign_in(&s, &[("cookie", &format!("{SESSION_COOKIE}=plain-token"))]).await;
     let cookies: Vec<&str> = r.headers.get_all("set-cookie").iter().filter_map(|v| v.to_str().ok()).collect();
     assert!(cookies[0].starts_with(&format!("{SECURE_SESSION_COOKIE}=")) && cookies[0].contains("; Secure"), "{cookies:?}");

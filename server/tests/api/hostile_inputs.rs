@@ -503,16 +503,20 @@ async fn bodies_in_flight_share_a_budget_and_past_it_a_request_waits_then_gets_5
     use std::time::Duration;
     let s = TestServer::with_config(ServerConfig {
         api_auth: ApiAuth::None,
-        max_body_bytes_in_flight: 16 * 1024,
+        max_body_bytes_in_flight: 256 * 1024,
         // A request waits for room up to half of it, 1 s.
         request_timeout: Duration::from_secs(2),
         ..ServerConfig::default()
     })
     .await;
-    assert_eq!(s.state.body_budget_units, 16);
+    assert_eq!(s.state.body_budget_units, 256);
     // Other requests' bodies hold the whole budget.
-    let held = s.state.body_budget.clone().acquire_many_owned(16).await.expect("the budget");
-    let job = json!({"type": "budget.test", "args": [1], "queue": "budget"});
+    let held = s.state.body_budget.clone().acquire_many_owned(256).await.expect("the budget");
+    // Small bodies (an ack, a heartbeat) take no share and never wait.
+    let r = s.post("/ojs/v1/jobs", json!({"type": "budget.small", "args": [1], "queue": "budget"})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    // A large one (an enqueue carrying 100 KB of args) waits for its share.
+    let job = json!({"type": "budget.test", "args": ["x".repeat(100_000)], "queue": "budget"});
     let r = s.post("/ojs/v1/jobs", job.clone()).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text);
     assert_eq!((r.body["error"]["code"].as_str(), r.body["error"]["retryable"].as_bool()), (Some("server_busy"), Some(true)), "{}", r.text);
@@ -529,5 +533,5 @@ async fn bodies_in_flight_share_a_budget_and_past_it_a_request_waits_then_gets_5
     release.await.expect("released");
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     // The budget is all back.
-    assert_eq!(s.state.body_budget.available_permits(), 16);
+    assert_eq!(s.state.body_budget.available_permits(), 256);
 }
