@@ -24,6 +24,17 @@ pub struct LoginFailures {
     pub since_last: Duration,
 }
 
+// The recent failures of keys `$1` (quiet for less than `$2` ms): read to decide an attempt
+// (locked, by `start_login_attempt`) or to look first (by `login_wait`).
+macro_rules! recent_failures_sql {
+    () => {
+        "SELECT key, failures, (extract(epoch FROM now() - last_failed_at) * 1000)::bigint AS since_ms
+         FROM login_failures
+         WHERE key = ANY($1) AND last_failed_at > now() - $2 * interval '1 millisecond'
+         ORDER BY key"
+    };
+}
+
 impl Store {
     /// Starts a sign-in attempt for `keys`: reads their recent failures (locking the rows, so
     /// concurrent attempts take turns), asks `remaining_wait` how much longer the attempt must
@@ -38,13 +49,7 @@ impl Store {
         remaining_wait: impl FnOnce(&[LoginFailures]) -> Duration,
     ) -> Result<Duration, StoreError> {
         let mut tx = self.begin().await?;
-        let rows = sqlx::query(
-            "SELECT key, failures, (extract(epoch FROM now() - last_failed_at) * 1000)::bigint AS since_ms
-             FROM login_failures
-             WHERE key = ANY($1) AND last_failed_at > now() - $2 * interval '1 millisecond'
-             ORDER BY key
-             FOR UPDATE",
-        )
+        let rows = sqlx::query(concat!(recent_failures_sql!(), " FOR UPDATE"))
         .bind(keys)
         .bind(millis(forget_after))
         .fetch_all(&mut *tx)
@@ -81,12 +86,7 @@ impl Store {
         forget_after: Duration,
         remaining_wait: impl FnOnce(&[LoginFailures]) -> Duration,
     ) -> Result<Duration, StoreError> {
-        let rows = sqlx::query(
-            "SELECT key, failures, (extract(epoch FROM now() - last_failed_at) * 1000)::bigint AS since_ms
-             FROM login_failures
-             WHERE key = ANY($1) AND last_failed_at > now() - $2 * interval '1 millisecond'
-             ORDER BY key",
-        )
+        let rows = sqlx::query(recent_failures_sql!())
         .bind(keys)
         .bind(millis(forget_after))
         .fetch_all(&self.pool)
