@@ -83,6 +83,14 @@ fn signing_in_token(headers: &HeaderMap, secure: bool) -> Vec<String> {
     cookie_value(headers, if secure { SECURE_SESSION_COOKIE } else { SESSION_COOKIE }).into_iter().collect()
 }
 
+/// Ends the sessions of every one of `tokens` (a browser's session cookies).
+async fn end_sessions(state: &AppState, tokens: &[String]) -> Result<(), StoreError> {
+    for token in tokens {
+        state.store.delete_session(&hash_token(token)).await?;
+    }
+    Ok(())
+}
+
 /// The live session of the first of `tokens` that has one. A session unused for longer than
 /// `--session-idle-timeout` has none (and ends).
 async fn resolve_session(state: &AppState, tokens: &[String]) -> Result<Option<Session>, StoreError> {
@@ -281,11 +289,9 @@ pub async fn login(
     }
     // The browser's previous session ends: one sign-in, one session per browser, and a
     // session someone planted in the browser does not outlive the operator's own sign-in.
-    for previous in session_tokens(&headers) {
-        if let Err(e) = state.store.delete_session(&hash_token(&previous)).await {
-            tracing::error!(error = %e, "login: ending the previous session failed");
-            return unavailable("could not start a session; try again shortly", 5);
-        }
+    if let Err(e) = end_sessions(&state, &session_tokens(&headers)).await {
+        tracing::error!(error = %e, "login: ending the previous session failed");
+        return unavailable("could not start a session; try again shortly", 5);
     }
     let (Ok(token), Ok(csrf)) = (random_secret(), random_secret()) else {
         tracing::error!("login: the OS gave no randomness for the session token");
@@ -321,11 +327,9 @@ pub async fn logout(State(state): State<AppState>, headers: HeaderMap, Form(form
     let tokens = session_tokens(&headers);
     match resolve_session(&state, &tokens).await {
         Ok(Some(session)) if guard::constant_time_eq(session.csrf_token.as_bytes(), form.csrf.as_bytes()) => {
-            for token in &tokens {
-                if let Err(e) = state.store.delete_session(&hash_token(token)).await {
-                    tracing::error!(error = %e, "logout: deleting the session failed");
-                    return unavailable("could not end the session; try again", 5);
-                }
+            if let Err(e) = end_sessions(&state, &tokens).await {
+                tracing::error!(error = %e, "logout: deleting the session failed");
+                return unavailable("could not end the session; try again", 5);
             }
         }
         Ok(Some(_)) => return guard::refusal_page(StatusCode::FORBIDDEN, &AppError::Csrf.to_string()),
