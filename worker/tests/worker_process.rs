@@ -5,7 +5,7 @@ mod support;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use rebound_queue::store::Actor;
+use rebound_queue::store::{Actor, ReplayRuleSpec};
 use rebound_queue::testing::TestDb;
 use rebound_queue::{JobState, NewJob, PolicyPatch, Store};
 use serde_json::json;
@@ -131,6 +131,27 @@ command = ["sh", "-c", "echo 'upstream still broken' >&2; exit 75"]
         let started = after.started_at.expect("attempt start");
         assert!(started >= planned, "attempt {} started at {started}, before its planned {planned}", after.attempt);
     }
+
+    // An operator's replay rule gives it one more round: the worker leader's replayer re-drives
+    // it once it has been dead for the rule's delay (its death is moved back here).
+    let rule = ReplayRuleSpec {
+        name: "upstream-fixed".into(),
+        queue: None,
+        job_type: Some("always.fails".into()),
+        error_type: Some("exec.*".into()),
+        delay: Duration::from_secs(3600),
+        max_replays: 1,
+        enabled: true,
+    };
+    db.store.put_replay_rule(&rule, &Actor::new("test")).await.unwrap();
+    sqlx::query("UPDATE jobs SET dead_lettered_at = now() - interval '2 hours' WHERE id = $1").bind(job.id).execute(db.store.pool()).await.unwrap();
+    let store = &db.store;
+    let again = eventually("the job replayed, run again and dead again", LONG, || async move {
+        store.job(job.id).await.ok().filter(|j| j.dead_letter && j.meta["ojs.replay_count"] == 1)
+    })
+    .await;
+    assert_eq!((again.attempt, again.meta["ojs.replay_rule"].as_str()), (4, Some("upstream-fixed")), "a fresh budget, used up");
+    assert_eq!(db.store.attempts(job.id).await.unwrap().len(), 8, "both rounds' history");
     drop(worker);
 }
 

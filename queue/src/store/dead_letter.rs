@@ -96,7 +96,7 @@ impl Store {
             crate::bounds::check_interval(stagger).map_err(|reason| StoreError::invalid("stagger", reason))?;
         }
         let mut tx = self.begin().await?;
-        let n = redrive_in(&mut tx, sel, opts, None).await?;
+        let n = redrive_in(&mut tx, sel, opts, None, None).await?;
         tx.commit().await?;
         Ok(n)
     }
@@ -127,7 +127,7 @@ impl Store {
             tx.rollback().await?;
             return Ok(false);
         }
-        let n = redrive_in(&mut tx, &JobSelection::Ids(vec![id]), opts, Some(changes)).await?;
+        let n = redrive_in(&mut tx, &JobSelection::Ids(vec![id]), opts, Some(changes), None).await?;
         tx.commit().await?;
         Ok(n == 1)
     }
@@ -152,10 +152,29 @@ impl Store {
     }
 }
 
-/// The re-drive itself, inside the caller's transaction.
-async fn redrive_in(conn: &mut PgConnection, sel: &JobSelection, opts: &RedriveOptions, changes: Option<&RedriveOverride>) -> Result<u64, StoreError> {
+/// How many times a job (aliased `j`) has been replayed by a rule, from its meta. The meta is
+/// also the client's: anything but a number there counts as none, so a stray value cannot fail
+/// the replayer's statements.
+macro_rules! replay_count {
+    () => {
+        "(CASE WHEN jsonb_typeof(j.meta->'ojs.replay_count') = 'number'
+               THEN LEAST(GREATEST((j.meta->>'ojs.replay_count')::numeric, 0), 1000000)::int ELSE 0 END)"
+    };
+}
+pub(crate) use replay_count;
+
+/// The re-drive itself, inside the caller's transaction. With `replay_rule`, it is that rule's
+/// automatic replay (ojs-dead-letter §7): the job's meta counts it, the event is
+/// `dead_letter.replayed` and the audit action `dead_letter.replay`.
+pub(crate) async fn redrive_in(
+    conn: &mut PgConnection,
+    sel: &JobSelection,
+    opts: &RedriveOptions,
+    changes: Option<&RedriveOverride>,
+    replay_rule: Option<&str>,
+) -> Result<u64, StoreError> {
     let ids: Vec<Uuid> = sel.select_ids("j.dead_letter", BULK_LIMIT).build_query_scalar().fetch_all(&mut *conn).await?;
-    let queues: Vec<String> = sqlx::query_scalar(
+    let queues: Vec<String> = sqlx::query_scalar(concat!(
         "WITH picked AS (
              SELECT id, (row_number() OVER (ORDER BY id) - 1)::float8 / GREATEST(count(*) OVER (), 1) AS frac
              FROM unnest($1::uuid[]) AS id
@@ -170,6 +189,11 @@ async fn redrive_in(conn: &mut PgConnection, sel: &JobSelection, opts: &RedriveO
                  retry = CASE WHEN $2 THEN j.retry
                               ELSE COALESCE(j.retry, '{}'::jsonb) || jsonb_build_object('max_attempts', j.attempt + 1) END,
                  dead_letter = false, dead_lettered_at = NULL, error_signature = NULL, discarded_at = NULL, completed_at = NULL,
+                 meta = CASE WHEN $5::text IS NULL THEN j.meta
+                             ELSE j.meta || jsonb_build_object(
+                                 'ojs.replay_count', ", replay_count!(), " + 1,
+                                 'ojs.last_replayed_at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+                                 'ojs.replay_rule', $5::text) END,
                  updated_at = now()
              FROM picked p
              WHERE j.id = p.id
@@ -177,14 +201,16 @@ async fn redrive_in(conn: &mut PgConnection, sel: &JobSelection, opts: &RedriveO
          ), logged AS (
              -- OJS `dead_letter.retried` events (see migrations/…_dead_letter_events.sql).
              INSERT INTO dead_letter_log (action, queue, job_ids, job_types, actor)
-             SELECT 'retried', queue, array_agg(id), array_agg(type), $4 FROM moved GROUP BY queue
+             SELECT CASE WHEN $5::text IS NULL THEN 'retried' ELSE 'replayed' END, queue, array_agg(id), array_agg(type), $4
+             FROM moved GROUP BY queue
          )
          SELECT DISTINCT queue FROM moved WHERE state = 'available'",
-    )
+    ))
     .bind(&ids)
     .bind(opts.budget == RedriveBudget::Fresh)
     .bind(opts.stagger.map(millis))
     .bind(&opts.actor.name)
+    .bind(replay_rule)
     .fetch_all(&mut *conn)
     .await?;
     notify_queues(&mut *conn, &queues).await?;
@@ -204,7 +230,8 @@ async fn redrive_in(conn: &mut PgConnection, sel: &JobSelection, opts: &RedriveO
     };
     // A re-drive that matched nothing did nothing: the caller reports it, the log stays clean.
     if !ids.is_empty() {
-        record(conn, &opts.actor, "dead_letter.redrive", target.as_deref(), details).await?;
+        let action = if replay_rule.is_some() { "dead_letter.replay" } else { "dead_letter.redrive" };
+        record(conn, &opts.actor, action, target.as_deref(), details).await?;
     }
     Ok(ids.len() as u64)
 }

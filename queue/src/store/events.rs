@@ -510,10 +510,11 @@ const WORKFLOW_EVENTS_AFTER: &str = subject_events_sql!("workflow_events", "work
 
 /// Dead-letter event types [`Store::dead_letter_events`] knows (the OJS dead-letter
 /// extension's; a job entering the queue is [`EVENT_TYPES`]' `job.dead_lettered`).
-pub const DEAD_LETTER_EVENT_TYPES: [&str; 3] = ["dead_letter.retried", "dead_letter.deleted", "dead_letter.pruned"];
+pub const DEAD_LETTER_EVENT_TYPES: [&str; 4] = ["dead_letter.retried", "dead_letter.replayed", "dead_letter.deleted", "dead_letter.pruned"];
 
-/// A dead letter re-driven or deleted by an operator (one event per job), or the retention
-/// policy pruning a queue's (one event per pass and queue), from `dead_letter_log`.
+/// A dead letter re-driven or deleted by an operator or replayed by a rule (one event per
+/// job), or the retention policy pruning a queue's (one event per pass and queue), from
+/// `dead_letter_log`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DeadLetterEvent {
     /// Unique, stable, and a cursor like [`JobEvent::id`].
@@ -522,10 +523,10 @@ pub struct DeadLetterEvent {
     pub event_type: String,
     pub at: Timestamp,
     pub queue: String,
-    /// The job (retried, deleted); none for `dead_letter.pruned`.
+    /// The job (retried, replayed, deleted); none for `dead_letter.pruned`.
     pub job_id: Option<Uuid>,
     pub job_type: Option<String>,
-    /// Who did it (retried, deleted).
+    /// Who did it (retried, deleted), or `system:replay-rule:<name>` (replayed).
     pub actor: Option<String>,
     /// How many jobs: 1, or how many a prune removed.
     pub count: i64,
@@ -538,7 +539,7 @@ macro_rules! dead_letter_events_sql {
     SELECT ", evid!("l.at", "'dead_letter.' || l.action || ':' || u.job_id || ':' || l.id"), " AS id, 'dead_letter.' || l.action AS type,
            l.at, l.queue, u.job_id, u.job_type, l.actor, 1::bigint AS count
     FROM dead_letter_log l CROSS JOIN LATERAL unnest(l.job_ids, l.job_types) AS u(job_id, job_type)
-    WHERE l.action IN ('retried', 'deleted')
+    WHERE l.action IN ('retried', 'replayed', 'deleted')
       AND ($3::uuid IS NULL OR u.job_id = $3)
       AND (cardinality($6::text[]) = 0 OR u.job_type = ANY($6))
       AND (cardinality($2::text[]) = 0 OR l.queue = ANY($2))

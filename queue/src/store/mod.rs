@@ -110,6 +110,7 @@ mod policies;
 mod progress;
 mod queues;
 mod rate_limits;
+mod replay_rules;
 mod transaction;
 mod workers;
 mod workflows;
@@ -148,6 +149,7 @@ pub use policies::{DEFAULT_POLICY_KEY, PolicyLayers, PolicyVersion, StoredPolicy
 pub use progress::{JobProgress, MAX_PROGRESS_DATA, MAX_PROGRESS_MESSAGE, ProgressReport};
 pub use maintenance_mode::Maintenance;
 pub use queues::QueueInfo;
+pub use replay_rules::{MAX_REPLAY_RULES, MAX_REPLAYS, REPLAY_MARGIN, ReplayReport, ReplayRule, ReplayRuleSpec, check_rule_name};
 pub use rate_limits::{QueueRateLimit, RateLimitState, Window};
 pub use workflows::{BatchCallbacks, CALLBACKS, GraphStep, MAX_WORKFLOW_DEPTH, MAX_WORKFLOW_JOBS, NESTED_WORKFLOW_QUEUE, NestedCounts, NewWorkflow, Workflow, WorkflowCancel, WorkflowMember, WorkflowType};
 pub use workers::{BeatReport, ProcessUsage, WorkerBeat, WorkerInfo, WorkerRegistration, WorkerStatus};

@@ -114,6 +114,9 @@ fn dead_letter_event_json(e: &DeadLetterEvent) -> Value {
         }
         match &e.actor {
             Some(actor) if e.event_type == "dead_letter.retried" => m.insert("retried_by".into(), Value::String(actor.clone())),
+            Some(actor) if e.event_type == "dead_letter.replayed" => {
+                m.insert("rule".into(), Value::String(actor.strip_prefix("system:replay-rule:").unwrap_or(actor).to_owned()))
+            }
             Some(actor) => m.insert("deleted_by".into(), Value::String(actor.clone())),
             None => m.insert("count".into(), json!(e.count)),
         };

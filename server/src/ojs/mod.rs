@@ -19,6 +19,7 @@ mod policies;
 pub mod query;
 mod queues;
 mod rate_limits;
+mod replay_rules;
 pub mod response;
 mod test_mode;
 pub mod unsupported;
@@ -54,6 +55,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/dead-letter", get(dead_letter::list).delete(dead_letter::purge))
         .route("/v1/dead-letter/stats", get(dead_letter::stats))
         .route("/v1/dead-letter/retry", post(dead_letter::retry_matching))
+        .route("/v1/dead-letter/replay-rules", get(replay_rules::list))
+        .route("/v1/dead-letter/replay-rules/{name}", get(replay_rules::get).put(replay_rules::put).delete(replay_rules::delete))
         .route("/v1/dead-letter/{id}", get(dead_letter::get).delete(dead_letter::delete))
         .route("/v1/dead-letter/{id}/retry", post(dead_letter::retry))
         .route("/v1/queues", get(queues::list))

@@ -471,3 +471,65 @@ async fn dead_letters_are_found_and_redriven_by_when_they_died() {
     assert_eq!(recent_state, "available");
     assert_eq!(old_state, "discarded", "died before the fix: left alone");
 }
+
+#[tokio::test]
+async fn dead_letter_replay_rules_are_managed_over_http_and_replay() {
+    let s = TestServer::new().await;
+    let rule = json!({"filter": {"queue": "billing", "error_type": "Net.*"}, "delay": "PT1H", "max_replays": 2});
+    let r = s.call("PUT", "/ojs/v1/dead-letter/replay-rules/net-blips", Some(rule.clone())).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let got = &r.body["replay_rule"];
+    assert_eq!((got["name"].as_str(), got["delay"].as_str(), got["max_replays"].as_i64()), (Some("net-blips"), Some("PT1H"), Some(2)), "{}", r.text);
+    assert_eq!((got["filter"]["error_type"].as_str(), got["filter"]["type"].is_null(), got["enabled"].as_bool()), (Some("Net.*"), true, Some(true)));
+    let r = s.call("PUT", "/ojs/v1/dead-letter/replay-rules/net-blips", Some(json!({"delay": "PT2H", "max_replays": 2, "enabled": false}))).await;
+    assert_eq!((r.status, r.body["replay_rule"]["enabled"].as_bool()), (StatusCode::OK, Some(false)), "replaced: {}", r.text);
+    assert!(r.body["replay_rule"]["filter"]["queue"].is_null(), "a PUT replaces the whole rule");
+    s.call("PUT", "/ojs/v1/dead-letter/replay-rules/net-blips", Some(rule)).await;
+
+    // Refused, naming the field; nothing saved.
+    for (path, body, field) in [
+        ("other", json!({"max_replays": 1}), "delay"),
+        ("other", json!({"delay": "one hour", "max_replays": 1}), "delay"),
+        ("other", json!({"delay": "PT1H", "max_replays": 0}), "max_replays"),
+        ("other", json!({"delay": "PT1H"}), "max_replays"),
+        ("other", json!({"delay": "PT1H", "max_replays": 1, "filter": {"error_type": ".*"}}), "filter.error_type"),
+        ("other", json!({"delay": "PT1H", "max_replays": 1, "filter": {"queue": "No Such Queue"}}), "filter.queue"),
+        ("other", json!({"delay": "PT1H", "max_replays": 1, "filter": {"state": "x"}}), "filter.state"),
+        ("other", json!({"delay": "PT1H", "max_replays": 1, "name": "different"}), "name"),
+        ("Not%20A%20Name", json!({"delay": "PT1H", "max_replays": 1}), "name"),
+    ] {
+        let r = s.call("PUT", &format!("/ojs/v1/dead-letter/replay-rules/{path}"), Some(body.clone())).await;
+        assert!(r.status.is_client_error(), "{body}: {}", r.text);
+        r.assert_ojs_error(&body.to_string());
+        assert_eq!(r.error_field(), Some(field), "{body}: {}", r.text);
+    }
+    let r = s.get("/ojs/v1/dead-letter/replay-rules").await;
+    let names: Vec<&str> = r.body["replay_rules"].as_array().expect("rules").iter().filter_map(|x| x["name"].as_str()).collect();
+    assert_eq!(names, ["net-blips"], "{}", r.text);
+    assert_eq!(s.get("/ojs/v1/dead-letter/replay-rules/nope").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(s.get("/ojs/v1/dead-letter/replay-rules/Bad%20Name").await.status, StatusCode::NOT_FOUND);
+
+    // The worker leader's replayer applies it (its pass, run here in process).
+    let matched = s.dead_letter("billing", "Net.Timeout").await;
+    let unmatched = s.dead_letter("billing", "Card.Declined").await;
+    sqlx::query("UPDATE jobs SET dead_lettered_at = now() - interval '2 hours' WHERE dead_letter")
+        .execute(s.db.store.pool())
+        .await
+        .expect("age the deaths");
+    assert_eq!(s.db.store.replay_due().await.expect("replay pass").replayed, 1);
+    let job = s.get(&format!("/ojs/v1/jobs/{matched}")).await.body["job"].clone();
+    assert_eq!((job["state"].as_str(), job["meta"]["ojs.replay_count"].as_i64(), job["meta"]["ojs.replay_rule"].as_str()), (Some("available"), Some(1), Some("net-blips")), "{job}");
+    assert_eq!(s.get(&format!("/ojs/v1/jobs/{unmatched}")).await.body["job"]["state"], "discarded");
+    let r = s.get("/ojs/v1/events?types=dead_letter.replayed").await;
+    let events = r.body["events"].as_array().expect("events");
+    assert_eq!(events.len(), 1, "{}", r.text);
+    assert_eq!((events[0]["data"]["job_id"].as_str(), events[0]["data"]["rule"].as_str()), (Some(matched.as_str()), Some("net-blips")), "{}", r.text);
+    let r = s.get("/ojs/v1/dead-letter/replay-rules/net-blips").await;
+    assert_eq!(r.body["replay_rule"]["replayed_total"], 1, "{}", r.text);
+
+    let r = s.call("DELETE", "/ojs/v1/dead-letter/replay-rules/net-blips", None).await;
+    assert_eq!((r.status, r.body["deleted"].as_bool()), (StatusCode::OK, Some(true)), "{}", r.text);
+    assert_eq!(s.call("DELETE", "/ojs/v1/dead-letter/replay-rules/net-blips", None).await.status, StatusCode::NOT_FOUND);
+    // The dead-letter routes beside them still answer.
+    assert_eq!(s.get(&format!("/ojs/v1/dead-letter/{unmatched}")).await.status, StatusCode::OK);
+}

@@ -16,6 +16,7 @@ use super::cron::{CRON_INTERVAL, CronFirer};
 use super::expirer::Expirer;
 use super::counts::{CountFolder, FOLD_INTERVAL};
 use super::pruner::Pruner;
+use super::replayer::{REPLAY_INTERVAL, Replayer};
 use super::rescuer::Rescuer;
 use super::scheduler::Scheduler;
 use super::run_service;
@@ -91,6 +92,7 @@ impl Maintenance {
         set.spawn(run_service(Expirer { interval: s.expirer_interval, batch: s.batch }, self.store.clone(), stop.clone()));
         set.spawn(run_service(CronFirer { interval: CRON_INTERVAL, batch: s.batch }, self.store.clone(), stop.clone()));
         set.spawn(run_service(CountFolder { interval: FOLD_INTERVAL }, self.store.clone(), stop.clone()));
+        set.spawn(run_service(Replayer { interval: REPLAY_INTERVAL }, self.store.clone(), stop.clone()));
         if let Some(p) = &s.pruner {
             set.spawn(run_service(Pruner::new(p.interval, p.retention.clone()), self.store.clone(), stop.clone()));
         }

@@ -7,12 +7,14 @@
 //! * [`expirer`]: jobs whose `expires_at` passed before they ran → discarded.
 //! * [`pruner`]: retention of finished jobs, dead letters and silent workers.
 //! * [`cron`]: due cron ticks → jobs (exactly once per tick, whoever fires).
+//! * [`replayer`]: dead letters re-driven by the operators' replay rules.
 
 pub mod counts;
 pub mod cron;
 pub mod expirer;
 pub mod leader;
 pub mod pruner;
+pub mod replayer;
 pub mod rescuer;
 pub mod scheduler;
 

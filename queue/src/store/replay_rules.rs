@@ -1,0 +1,293 @@
+//! Automatic replay of dead letters (ojs-dead-letter §7): rules that re-drive the dead letters
+//! they match some time after their death, at most `max_replays` times per job, and the
+//! replayer's pass that applies them.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::Serialize;
+use serde_json::json;
+use sqlx::postgres::PgRow;
+use sqlx::{Postgres, QueryBuilder, Row};
+use uuid::Uuid;
+
+use super::audit::{Actor, record};
+use super::cancel::JobSelection;
+use super::dead_letter::{RedriveBudget, RedriveOptions, redrive_in, replay_count};
+use super::listing::JobFilter;
+use super::{Store, StoreError, StoredTime, millis, ts, ts_opt};
+use crate::job::{validate_queue, validate_type};
+
+/// The most replays a rule may give one job.
+pub const MAX_REPLAYS: i32 = 100;
+
+/// The most rules; each is a statement per replayer pass.
+pub const MAX_REPLAY_RULES: i64 = 100;
+
+/// How long after its death a dead letter is replayed at the soonest, whatever a rule's delay.
+/// A job's `dead_lettered_at` is its failing transaction's start, so a rule walking dead
+/// letters in order of death must not pass a time at which a transaction still under way may
+/// yet commit one: past this margin, none does (a result write that slow has been given up).
+pub const REPLAY_MARGIN: Duration = Duration::from_secs(60);
+
+/// Dead letters a rule looks at per pass.
+const REPLAY_BATCH: i64 = 1_000;
+
+/// What an operator sets: which dead letters (each filter optional, all must match), when, and
+/// how often.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplayRuleSpec {
+    /// Lowercase letters, digits, `.`, `-` and `_`, at most 100 characters.
+    pub name: String,
+    pub queue: Option<String>,
+    pub job_type: Option<String>,
+    /// The last error's type, exactly, or as a prefix when it ends with `.*`.
+    pub error_type: Option<String>,
+    /// How long after its death a dead letter is replayed (at least [`REPLAY_MARGIN`] in
+    /// effect).
+    pub delay: Duration,
+    /// Replays one job gets, counting every rule's (its meta's `ojs.replay_count`): 1 to
+    /// [`MAX_REPLAYS`].
+    pub max_replays: i32,
+    pub enabled: bool,
+}
+
+/// A stored rule and what it has done.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplayRule {
+    pub spec: ReplayRuleSpec,
+    /// Jobs this rule has replayed.
+    pub replayed_total: i64,
+    pub last_replayed_at: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// What one replayer pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    pub replayed: u64,
+    /// Some rule has more dead letters to look at now: run again at once.
+    pub more: bool,
+}
+
+impl ReplayRuleSpec {
+    /// Every field's bounds, naming the field.
+    pub fn check(&self) -> Result<(), StoreError> {
+        check_rule_name(&self.name)?;
+        if let Some(q) = &self.queue {
+            validate_queue(q).map_err(|e| StoreError::invalid("filter.queue", e.reason))?;
+        }
+        if let Some(t) = &self.job_type {
+            validate_type(t).map_err(|e| StoreError::invalid("filter.type", e.reason))?;
+        }
+        if let Some(e) = &self.error_type {
+            let prefix = e.strip_suffix(".*").unwrap_or(e);
+            if prefix.is_empty() || e.len() > 200 || e.chars().any(char::is_control) {
+                return Err(StoreError::invalid("filter.error_type", "must be an error type (or a prefix ending in .*), 1 to 200 characters"));
+            }
+        }
+        crate::bounds::check_interval(self.delay).map_err(|reason| StoreError::invalid("delay", reason))?;
+        if !(1..=MAX_REPLAYS).contains(&self.max_replays) {
+            return Err(StoreError::invalid("max_replays", format!("must be 1 to {MAX_REPLAYS}")));
+        }
+        Ok(())
+    }
+
+    fn filter(&self) -> JobFilter {
+        JobFilter {
+            queue: self.queue.clone(),
+            job_type: self.job_type.clone(),
+            error_type: self.error_type.clone(),
+            ..JobFilter::dead_letters()
+        }
+    }
+}
+
+/// A rule's name: what events, audit entries and the jobs' meta call it.
+pub fn check_rule_name(name: &str) -> Result<(), StoreError> {
+    let mut chars = name.chars();
+    let ok = name.len() <= 100
+        && matches!(chars.next(), Some('a'..='z' | '0'..='9'))
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '.' | '-' | '_'));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::invalid("name", "must be lowercase letters, digits, '.', '-' and '_', starting with a letter or digit, at most 100 characters"))
+    }
+}
+
+fn rule_from_row(r: &PgRow) -> Result<ReplayRule, StoreError> {
+    let delay_ms: i64 = r.try_get("delay_ms")?;
+    Ok(ReplayRule {
+        spec: ReplayRuleSpec {
+            name: r.try_get("name")?,
+            queue: r.try_get("queue")?,
+            job_type: r.try_get("job_type")?,
+            error_type: r.try_get("error_type")?,
+            delay: Duration::from_millis(u64::try_from(delay_ms).unwrap_or(0)),
+            max_replays: r.try_get("max_replays")?,
+            enabled: r.try_get("enabled")?,
+        },
+        replayed_total: r.try_get("replayed_total")?,
+        last_replayed_at: ts_opt(r, "last_replayed_at")?,
+        created_at: ts(r, "created_at")?,
+        updated_at: ts(r, "updated_at")?,
+    })
+}
+
+impl Store {
+    /// Every replay rule, by name.
+    pub async fn replay_rules(&self) -> Result<Vec<ReplayRule>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM dead_letter_replay_rules ORDER BY name").fetch_all(&self.pool).await?;
+        rows.iter().map(rule_from_row).collect()
+    }
+
+    /// One replay rule.
+    pub async fn replay_rule(&self, name: &str) -> Result<Option<ReplayRule>, StoreError> {
+        let row = sqlx::query("SELECT * FROM dead_letter_replay_rules WHERE name = $1").bind(name).fetch_optional(&self.pool).await?;
+        row.as_ref().map(rule_from_row).transpose()
+    }
+
+    /// Creates or replaces a replay rule; true if it was created. Checked whole before
+    /// anything is written ([`StoreError::Invalid`] naming the field). A changed filter or
+    /// `max_replays` makes the rule look at every dead letter again, from the oldest; a change
+    /// of delay or of `enabled` alone does not. Audited.
+    pub async fn put_replay_rule(&self, spec: &ReplayRuleSpec, actor: &Actor) -> Result<(ReplayRule, bool), StoreError> {
+        spec.check()?;
+        let mut tx = self.begin().await?;
+        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letter_replay_rules WHERE name <> $1").bind(&spec.name).fetch_one(&mut *tx).await?;
+        if count >= MAX_REPLAY_RULES {
+            return Err(StoreError::invalid("name", format!("there are already {MAX_REPLAY_RULES} replay rules; delete one first")));
+        }
+        let row = sqlx::query(
+            "INSERT INTO dead_letter_replay_rules AS r (name, queue, job_type, error_type, delay_ms, max_replays, enabled)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (name) DO UPDATE SET
+                 queue = EXCLUDED.queue, job_type = EXCLUDED.job_type, error_type = EXCLUDED.error_type,
+                 delay_ms = EXCLUDED.delay_ms, max_replays = EXCLUDED.max_replays, enabled = EXCLUDED.enabled,
+                 cursor_at = CASE WHEN (r.queue, r.job_type, r.error_type, r.max_replays)
+                                       IS NOT DISTINCT FROM (EXCLUDED.queue, EXCLUDED.job_type, EXCLUDED.error_type, EXCLUDED.max_replays)
+                                  THEN r.cursor_at END,
+                 cursor_id = CASE WHEN (r.queue, r.job_type, r.error_type, r.max_replays)
+                                       IS NOT DISTINCT FROM (EXCLUDED.queue, EXCLUDED.job_type, EXCLUDED.error_type, EXCLUDED.max_replays)
+                                  THEN r.cursor_id END,
+                 updated_at = now()
+             RETURNING r.*, (xmax = 0) AS created",
+        )
+        .bind(&spec.name)
+        .bind(&spec.queue)
+        .bind(&spec.job_type)
+        .bind(&spec.error_type)
+        .bind(millis(spec.delay))
+        .bind(spec.max_replays)
+        .bind(spec.enabled)
+        .fetch_one(&mut *tx)
+        .await?;
+        let created: bool = row.try_get("created")?;
+        let rule = rule_from_row(&row)?;
+        let action = if created { "dead_letter.replay_rule.create" } else { "dead_letter.replay_rule.update" };
+        record(&mut tx, actor, action, Some(&spec.name), json!({ "rule": spec, "delay_ms": millis(spec.delay) })).await?;
+        tx.commit().await?;
+        Ok((rule, created))
+    }
+
+    /// Deletes a replay rule; false if there was none. Audited.
+    pub async fn delete_replay_rule(&self, name: &str, actor: &Actor) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await?;
+        let gone = sqlx::query("DELETE FROM dead_letter_replay_rules WHERE name = $1").bind(name).execute(&mut *tx).await?.rows_affected();
+        if gone == 0 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        record(&mut tx, actor, "dead_letter.replay_rule.delete", Some(name), json!({})).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// The replayer's pass: each enabled rule, in its own transaction, looks at the next
+    /// dead letters (at most 1 000) that died since the last one it looked at and are due (by
+    /// its delay, and at least [`REPLAY_MARGIN`] ago), and re-drives with a fresh budget those
+    /// it matches that have had fewer than its `max_replays`. A job two rules match is
+    /// replayed by the first by name that reaches it.
+    pub async fn replay_due(&self) -> Result<ReplayReport, StoreError> {
+        let names: Vec<String> = sqlx::query_scalar("SELECT name FROM dead_letter_replay_rules WHERE enabled ORDER BY name").fetch_all(&self.pool).await?;
+        let mut report = ReplayReport::default();
+        for name in names {
+            let (replayed, more) = self.replay_rule_once(&name).await?;
+            report.replayed += replayed;
+            report.more |= more;
+        }
+        Ok(report)
+    }
+
+    async fn replay_rule_once(&self, name: &str) -> Result<(u64, bool), StoreError> {
+        let mut tx = self.begin().await?;
+        // Locked, so an edit made meanwhile waits for the pass instead of having its reset
+        // cursor overwritten by it.
+        let Some(row) = sqlx::query("SELECT * FROM dead_letter_replay_rules WHERE name = $1 AND enabled FOR UPDATE")
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            tx.rollback().await?;
+            return Ok((0, false));
+        };
+        let rule = rule_from_row(&row)?;
+        let cursor_at: Option<StoredTime> = row.try_get("cursor_at")?;
+        let cursor_id: Option<Uuid> = row.try_get("cursor_id")?;
+        let spec = &rule.spec;
+
+        // The next dead letters by time of death, matching or not, so the walk advances over
+        // what the rule passes by. By the queue's index when the rule names one.
+        let mut scan = QueryBuilder::<Postgres>::new("SELECT j.id, j.dead_lettered_at FROM jobs j WHERE j.dead_letter");
+        if let Some(q) = &spec.queue {
+            scan.push(" AND j.queue = ").push_bind(q.clone());
+        }
+        if let (Some(at), Some(id)) = (cursor_at, cursor_id) {
+            scan.push(" AND (j.dead_lettered_at, j.id) > (").push_bind(jiff_sqlx::Timestamp::from(at.0)).push(", ").push_bind(id).push(")");
+        }
+        scan.push(" AND j.dead_lettered_at <= now() - ")
+            .push_bind(millis(spec.delay.max(REPLAY_MARGIN)))
+            .push(" * interval '1 millisecond' ORDER BY j.dead_lettered_at, j.id LIMIT ")
+            .push_bind(REPLAY_BATCH);
+        let seen: Vec<(Uuid, StoredTime)> = scan.build_query_as().fetch_all(&mut *tx).await?;
+        let Some((last_id, last_at)) = seen.last().map(|(id, at)| (*id, at.0)) else {
+            tx.rollback().await?;
+            return Ok((0, false));
+        };
+
+        // Of those, what the rule matches, locked in id order as every bulk action locks.
+        let ids: Vec<Uuid> = seen.iter().map(|(id, _)| *id).collect();
+        let mut pick = QueryBuilder::<Postgres>::new("SELECT j.id FROM jobs j WHERE j.dead_letter AND j.id = ANY(");
+        pick.push_bind(ids).push(concat!(") AND ", replay_count!(), " < ")).push_bind(spec.max_replays);
+        spec.filter().push_conditions(&mut pick);
+        pick.push(" ORDER BY j.id FOR UPDATE");
+        let matched: Vec<Uuid> = pick.build_query_scalar().fetch_all(&mut *tx).await?;
+
+        let replayed = if matched.is_empty() {
+            0
+        } else {
+            let opts = RedriveOptions {
+                budget: RedriveBudget::Fresh,
+                stagger: None,
+                actor: Actor::system(&format!("replay-rule:{name}")),
+                reason: Some(format!("replay rule {name}")),
+            };
+            redrive_in(&mut tx, &JobSelection::Ids(matched), &opts, None, Some(name)).await?
+        };
+        sqlx::query(
+            "UPDATE dead_letter_replay_rules SET cursor_at = $2, cursor_id = $3, replayed_total = replayed_total + $4,
+                 last_replayed_at = CASE WHEN $4 > 0 THEN now() ELSE last_replayed_at END
+             WHERE name = $1",
+        )
+        .bind(name)
+        .bind(jiff_sqlx::Timestamp::from(last_at))
+        .bind(last_id)
+        .bind(replayed as i64)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok((replayed, seen.len() as i64 >= REPLAY_BATCH))
+    }
+}
