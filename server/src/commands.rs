@@ -33,6 +33,10 @@ fn cli_actor() -> Actor {
     Actor::new(format!("cli:{user}"))
 }
 
+/// How long a stopping server waits for the store's background work (see
+/// [`Store::settle_background`]), after its requests.
+const BACKGROUND_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
+
 async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     // Lazy: the server starts (and answers /healthz) while the database is still coming up.
     let store = Store::connect_lazy(url, args.db_pool).context("parsing the database URL")?;
@@ -71,7 +75,7 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     tracing::info!(addr = %listener.local_addr().context("reading the bound address")?, "rebound-server listening");
     let stop = shutdown.clone();
-    let (tasks, request_timeout) = (state.request_tasks.clone(), state.config.request_timeout);
+    let (tasks, request_timeout, settling) = (state.request_tasks.clone(), state.config.request_timeout, state.store.clone());
     // The peer address reaches handlers (sign-in throttling counts per client address).
     axum::serve(listener, router(state).into_make_service_with_connect_info::<std::net::SocketAddr>())
         .with_graceful_shutdown(async move {
@@ -84,6 +88,11 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     // Handlers whose callers left (or were answered 408) are still finishing their work:
     // exiting under them would cut them off mid-transaction.
     tasks.drain(request_timeout).await;
+    // Then the store's own: an unanswered fetch's hand-back, cut off by the exit, would leave
+    // its jobs to be charged when their locks lapse.
+    if !settling.settle_background(BACKGROUND_GRACE).await {
+        tracing::warn!(grace_s = BACKGROUND_GRACE.as_secs(), "a hand-back of an unanswered fetch was still waiting for the database at exit; its jobs are charged when their locks lapse");
+    }
     shutdown.cancel();
     if let Some(handle) = maintenance {
         let _ = handle.await;

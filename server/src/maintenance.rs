@@ -1,13 +1,14 @@
 //! The maintenance loop the server runs while it holds leadership: TTL expiry, the rescuer
 //! (expired claims and per-attempt timeouts), the scheduler (due scheduled/retryable jobs
-//! become available) and cron (due ticks enqueue their jobs, exactly once per tick). Workers
+//! become available), cron (due ticks enqueue their jobs, exactly once per tick) and the
+//! dead-letter replay rules. Workers
 //! run the same services under the same advisory lock, so exactly one process does it at a time; without a worker, the server alone keeps delayed jobs and
 //! crashed claims moving. Pruning is left to the worker.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rebound_queue::store::{CronPass, Leadership, RescueReport};
+use rebound_queue::store::{CronPass, Leadership, ReplayReport, RescueReport};
 use rebound_queue::{Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +28,8 @@ pub struct PassReport {
     pub rescued: RescueReport,
     pub promoted: u64,
     pub cron: CronPass,
+    /// Dead letters replayed by their rules.
+    pub replay: ReplayReport,
 }
 
 /// One pass of every service. Expiry runs first so an expired job is not promoted, and the
@@ -36,13 +39,15 @@ pub async fn run_pass(store: &Store, metrics: &Metrics) -> Result<PassReport, St
     let rescued = store.rescue_expired(BATCH).await?;
     let promoted = store.promote_due(BATCH).await?;
     let cron = store.fire_due_crons(BATCH).await?;
+    // An OJS deployment may have no Rebound worker at all: its replay rules still apply.
+    let replay = store.replay_due().await?;
     // The server leads when no worker runs maintenance: it keeps the count deltas short too.
     store.fold_job_counts().await?;
     metrics.maintenance(promoted, &rescued, expired);
     if expired + rescued.stalled + rescued.timed_out + promoted > 0 {
         tracing::debug!(expired, stalled = rescued.stalled, timed_out = rescued.timed_out, promoted, "maintenance pass");
     }
-    Ok(PassReport { expired, rescued, promoted, cron })
+    Ok(PassReport { expired, rescued, promoted, cron, replay })
 }
 
 /// How long the leader sleeps after a pass: not at all while a backlog drains, until the next
@@ -50,7 +55,7 @@ pub async fn run_pass(store: &Store, metrics: &Metrics) -> Result<PassReport, St
 /// by other processes are noticed within a tick).
 async fn next_wait(store: &Store, report: &PassReport, interval: Duration) -> Duration {
     let backlog = report.promoted >= BATCH as u64 || report.expired >= BATCH as u64
-        || report.rescued.stalled + report.rescued.timed_out >= BATCH as u64;
+        || report.rescued.stalled + report.rescued.timed_out >= BATCH as u64 || report.replay.more;
     if backlog {
         return Duration::ZERO;
     }

@@ -173,7 +173,7 @@ impl Store {
             Err(e) => {
                 // Nothing claimed, nothing to find.
                 if let Some(xid) = xid {
-                    tokio::spawn(hand_back_if_committed(self.clone(), xid, req.worker_id.clone()));
+                    self.background.spawn(hand_back_if_committed(self.clone(), xid, req.worker_id.clone()));
                 }
                 Err(e)
             }

@@ -120,6 +120,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{ColumnIndex, PgPool, Row};
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::job::{Attempt, Job, JobState, JobValidationError};
@@ -286,24 +287,39 @@ fn is_transient_sqlx(e: &sqlx::Error) -> bool {
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: PgPool,
+    /// Work the store started on its own behalf that outlives the call that began it (the
+    /// hand-back of an unanswered fetch), so a process stopping can let it finish
+    /// ([`Store::settle_background`]).
+    background: TaskTracker,
 }
 
 impl Store {
     /// Connects with a pool of up to `max_connections`.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
         let pool = pool_options(max_connections).connect_with(connect_options(url)?).await?;
-        Ok(Store { pool })
+        Ok(Store { pool, background: TaskTracker::new() })
     }
 
     /// Like [`Store::connect`] but does not connect until first use, so a process can start
     /// while the database is still down and ride it out with storage retry.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Store, StoreError> {
-        Ok(Store { pool: pool_options(max_connections).connect_lazy_with(connect_options(url)?) })
+        Ok(Store { pool: pool_options(max_connections).connect_lazy_with(connect_options(url)?), background: TaskTracker::new() })
     }
 
     /// Wraps an existing pool.
     pub fn from_pool(pool: PgPool) -> Store {
-        Store { pool }
+        Store { pool, background: TaskTracker::new() }
+    }
+
+    /// Waits up to `grace` for the work this store (and its clones) started in the background
+    /// to finish; true if it all did. A process calls it on its way out, after its last
+    /// requests: an unanswered fetch's hand-back cut off by the exit would leave its jobs to
+    /// be charged an attempt when their locks lapse. Work started afterwards is still tracked.
+    pub async fn settle_background(&self, grace: Duration) -> bool {
+        self.background.close();
+        let settled = tokio::time::timeout(grace, self.background.wait()).await.is_ok();
+        self.background.reopen();
+        settled
     }
 
     /// The underlying pool.

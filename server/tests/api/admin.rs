@@ -509,14 +509,16 @@ async fn dead_letter_replay_rules_are_managed_over_http_and_replay() {
     assert_eq!(s.get("/ojs/v1/dead-letter/replay-rules/nope").await.status, StatusCode::NOT_FOUND);
     assert_eq!(s.get("/ojs/v1/dead-letter/replay-rules/Bad%20Name").await.status, StatusCode::NOT_FOUND);
 
-    // The worker leader's replayer applies it (its pass, run here in process).
+    // The maintenance leader applies it: a worker's replayer, or with no worker the server's
+    // own pass, run here in process.
     let matched = s.dead_letter("billing", "Net.Timeout").await;
     let unmatched = s.dead_letter("billing", "Card.Declined").await;
     sqlx::query("UPDATE jobs SET dead_lettered_at = now() - interval '2 hours' WHERE dead_letter")
         .execute(s.db.store.pool())
         .await
         .expect("age the deaths");
-    assert_eq!(s.db.store.replay_due().await.expect("replay pass").replayed, 1);
+    let pass = rebound_server::maintenance::run_pass(&s.db.store, &s.state.metrics).await.expect("maintenance pass");
+    assert_eq!(pass.replay.replayed, 1);
     let job = s.get(&format!("/ojs/v1/jobs/{matched}")).await.body["job"].clone();
     assert_eq!((job["state"].as_str(), job["meta"]["ojs.replay_count"].as_i64(), job["meta"]["ojs.replay_rule"].as_str()), (Some("available"), Some(1), Some("net-blips")), "{job}");
     assert_eq!(s.get(&format!("/ojs/v1/jobs/{unmatched}")).await.body["job"]["state"], "discarded");

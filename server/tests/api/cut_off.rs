@@ -228,3 +228,27 @@ async fn a_fetch_over_several_queues_cut_off_before_its_commit_claims_nothing() 
     let (status, body) = send(app, "POST", "/ojs/v1/workers/fetch", Some(json!({"queues": ["multi-a", "multi-b"], "count": 2, "worker_id": "w-multi"}))).await;
     assert_eq!((status, body["jobs"].as_array().map(Vec::len)), (StatusCode::OK, Some(2)), "{body}");
 }
+
+/// A server stopping right after such a fetch waits for its hand-back (here held up by a slow
+/// database), rather than exit under it and leave the jobs to be charged when their locks
+/// lapse.
+#[tokio::test]
+async fn a_stopping_server_lets_the_hand_back_of_an_unanswered_fetch_finish() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let store = Store::connect(&proxy.url(&db.name), 2).await.expect("connect through the proxy");
+    store.now().await.expect("warm the pool");
+    let app = router(AppState::new(store.clone(), ServerConfig { api_auth: ApiAuth::None, ..ServerConfig::default() }));
+    let id = db.store.enqueue(NewJob::new("t.lost", json!([])).queue("lost")).await.expect("enqueue").job.id;
+    let lost = proxy.inject(Fault::once("COMMIT", FaultPoint::AfterCommit));
+    let slow = proxy.inject(Fault::once("pg_xact_status", FaultPoint::Delay(Duration::from_millis(1500))));
+    let (status, body) = send(app, "POST", "/ojs/v1/workers/fetch", Some(json!({"queues": ["lost"], "worker_id": "w-stopping"}))).await;
+    assert_eq!((status, lost.count()), (StatusCode::SERVICE_UNAVAILABLE, 1), "{body}");
+    // What `serve` does on its way out, after its requests.
+    assert!(store.settle_background(Duration::from_secs(20)).await, "the hand-back finished within the grace");
+    assert_eq!(slow.count(), 1, "it was held up");
+    let job = db.store.job(id).await.expect("job");
+    assert_eq!((job.state, job.attempt), (JobState::Available, 0), "handed back before the exit, uncounted");
+    // Nothing in the background: settled at once.
+    assert!(store.settle_background(Duration::ZERO).await);
+}
