@@ -28,6 +28,10 @@ pub struct JobQuery {
     /// after a fix, the jobs that failed since.
     #[serde(default)]
     pub died: String,
+    /// The dead-letter page's order: empty for the newest created first, `died` for the most
+    /// recently dead-lettered first. Not a condition: bulk actions ignore it.
+    #[serde(default)]
+    pub sort: String,
 }
 
 /// The time windows offered for `since`.
@@ -51,6 +55,7 @@ impl JobQuery {
                     text: get("text"),
                     since: get("since"),
                     died: get("died"),
+                    sort: get("sort"),
                 }
             })
         })
@@ -66,6 +71,7 @@ impl JobQuery {
             ("text", &self.text),
             ("since", &self.since),
             ("died", &self.died),
+            ("sort", &self.sort),
         ]
         .into_iter()
         .filter(|(_, v)| !v.is_empty())
@@ -134,6 +140,9 @@ impl JobQuery {
         if let Some(e) = too_long("text", &self.text, MAX_TEXT_CHARS) {
             return Err(e);
         }
+        if !matches!(self.sort.as_str(), "" | "died") {
+            return Err(AppError::Invalid { field: "sort".into(), reason: format!("{} is not an order this page offers", quoted(&self.sort)) });
+        }
         let window_start = |field: &str, value: &str| {
             let secs = match value {
                 "" => return Ok(None),
@@ -188,6 +197,15 @@ pub fn FilterForm(action: &'static str, query: Memo<JobQuery>, show_state: bool)
             <label>"Text" <input name="text" type="search" placeholder="in args or error message" value=move || q().text/></label>
             <WindowSelect label="Created" name="since" current=Signal::derive(move || q().since)/>
             {(!show_state).then(|| view! { <WindowSelect label="Died" name="died" current=Signal::derive(move || q().died)/> })}
+            {(!show_state).then(|| view! {
+                <label>
+                    "Order"
+                    <select name="sort">
+                        <option value="" selected=move || q().sort.is_empty()>"newest created"</option>
+                        <option value="died" selected=move || q().sort == "died">"most recently died"</option>
+                    </select>
+                </label>
+            })}
             <button type="submit">"Filter"</button>
             <a class="button-link" href=action>"Clear"</a>
         </form>

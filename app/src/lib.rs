@@ -96,6 +96,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/jobs") view=JobsPage ssr=SsrMode::Async/>
                     <Route path=path!("/jobs/:id") view=JobDetailPage ssr=SsrMode::Async/>
                     <Route path=path!("/dead-letters") view=DeadLettersPage ssr=SsrMode::Async/>
+                    <Route path=path!("/dead-letters/replay-rules") view=ReplayRulesPage ssr=SsrMode::Async/>
                     <Route path=path!("/policies") view=PoliciesPage ssr=SsrMode::Async/>
                     <Route path=path!("/policies/edit") view=PolicyEditorPage ssr=SsrMode::Async/>
                     <Route path=path!("/queues") view=QueuesPage ssr=SsrMode::Async/>

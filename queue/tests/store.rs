@@ -1030,3 +1030,62 @@ async fn a_look_at_login_failures_counts_nothing_and_waits_for_no_lock() {
     assert_eq!(looked.unwrap(), Duration::from_secs(4));
     tx.rollback().await.unwrap();
 }
+
+#[tokio::test]
+async fn dead_letters_are_listed_most_recently_dead_first_and_a_search_goes_on_past_its_window() {
+    use rebound_queue::store::{DeathCursor, SEARCH_WINDOW};
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let n = SEARCH_WINDOW as usize + 3;
+    let ids: Vec<Uuid> = s
+        .enqueue_batch((0..n).map(|i| NewJob::new(if i == 0 { "rare.kind" } else { "common.kind" }, json!([i])).queue(if i % 2 == 0 { "even" } else { "odd" })).collect())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.job.id)
+        .collect();
+    // Made dead letters by hand, the first created the last to die: death order is the
+    // reverse of creation order.
+    sqlx::query(
+        "UPDATE jobs SET state = 'discarded', dead_letter = true, discarded_at = now(),
+             dead_lettered_at = now() - (row_number * interval '1 second'),
+             last_error = '{\"type\": \"net.timeout\", \"message\": \"no\"}', error_signature = rebound_error_signature('{\"type\": \"net.timeout\", \"message\": \"no\"}')
+         FROM (SELECT id AS pick, row_number() OVER (ORDER BY id) - 1 AS row_number FROM jobs) o
+         WHERE id = o.pick",
+    )
+    .execute(s.pool())
+    .await
+    .unwrap();
+    let dead = JobFilter::dead_letters();
+    let (first, next) = s.dead_letters_by_death(&dead, None, 3).await.unwrap();
+    assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), [ids[0], ids[1], ids[2]], "the oldest-created died last");
+    let (second, _) = s.dead_letters_by_death(&dead, next, 3).await.unwrap();
+    assert_eq!(second.iter().map(|j| j.id).collect::<Vec<_>>(), [ids[3], ids[4], ids[5]]);
+    let (odd, _) = s.dead_letters_by_death(&JobFilter { queue: Some("odd".into()), ..dead.clone() }, None, 2).await.unwrap();
+    assert_eq!(odd.iter().map(|j| j.id).collect::<Vec<_>>(), [ids[1], ids[3]], "a queue's by its own index");
+
+    // A search reads a window of the next dead letters; one that ran out before its page
+    // filled says where to go on, and going on finds the rest.
+    let rare = JobFilter { job_type: Some("rare.kind".into()), ..dead.clone() };
+    let (found, next) = s.dead_letters_by_death(&rare, None, 10).await.unwrap();
+    assert_eq!(found.iter().map(|j| j.id).collect::<Vec<_>>(), [ids[0]]);
+    assert!(next.is_some(), "the window ran out: more may match after it");
+    let mut after = next;
+    let mut pages = 0;
+    while let Some(cursor) = after {
+        let (more, next) = s.dead_letters_by_death(&rare, Some(cursor), 10).await.unwrap();
+        assert!(more.is_empty(), "one rare dead letter only");
+        after = next;
+        pages += 1;
+        assert!(pages < 5, "the search ends");
+    }
+    let common = JobFilter { job_type: Some("common.kind".into()), ..dead.clone() };
+    let (page, next) = s.dead_letters_by_death(&common, None, 2).await.unwrap();
+    assert_eq!((page.iter().map(|j| j.id).collect::<Vec<_>>(), next), (vec![ids[1], ids[2]], DeathCursor::parse(&DeathCursor { at: page[1].dead_lettered_at.unwrap(), id: ids[2] }.encode())));
+    // A re-driven job leaves the listing.
+    let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: Actor::new("ops"), reason: None };
+    s.redrive(&JobSelection::Ids(vec![ids[0]]), &opts).await.unwrap();
+    let (first, _) = s.dead_letters_by_death(&dead, None, 1).await.unwrap();
+    assert_eq!(first[0].id, ids[1]);
+    assert_eq!(DeathCursor::parse("nonsense"), None);
+}

@@ -715,3 +715,26 @@ async fn dead_letters_filter_by_when_they_died() {
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(bad.text.contains("died"), "names the field");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_shown_most_recently_dead_first_on_request() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Viewer).await;
+    let first = d.dead_letter("order.first").await;
+    let second = d.dead_letter("order.second").await;
+    // The job created first died last.
+    sqlx::query("UPDATE jobs SET dead_lettered_at = now() - interval '1 hour' WHERE id = $1").bind(second.id).execute(d.db.store.pool()).await.expect("age");
+    let b = d.sign_in("olivia", "correct horse").await;
+    let position = |text: &str, id: uuid::Uuid| text.find(&id.to_string()).unwrap_or_else(|| panic!("{id} not listed"));
+    let created = d.get("/dead-letters", Some(&b)).await;
+    assert!(created.text.contains(r#"name="sort""#), "the page offers the order");
+    assert!(position(&created.text, second.id) < position(&created.text, first.id), "newest created first by default");
+    let died = d.get("/dead-letters?sort=died", Some(&b)).await;
+    assert_eq!(died.status, StatusCode::OK);
+    assert!(position(&died.text, first.id) < position(&died.text, second.id), "most recently died first");
+    let bad = d.get("/dead-letters?sort=sideways", Some(&b)).await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(bad.text.contains("sort"), "names the field");
+    let bad_cursor = d.get("/dead-letters?sort=died&after=not-a-cursor", Some(&b)).await;
+    assert_eq!(bad_cursor.status, StatusCode::UNPROCESSABLE_ENTITY);
+}

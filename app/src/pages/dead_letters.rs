@@ -139,6 +139,7 @@ pub fn DeadLettersPage() -> impl IntoView {
     let page = Resource::new(move || (query.get(), after.get(), changes()), |(q, after, _)| list_jobs(q, after, true));
     view! {
         <h1>"Dead letters"</h1>
+        <p class="lead">"To replay dead letters automatically some time after their death, set up " <a href="/dead-letters/replay-rules">"Replay rules"</a> "."</p>
         <FilterForm action="/dead-letters" query=query show_state=false/>
         <ActionResult action=redrive/>
         <ActionResult action=purge/>

@@ -92,6 +92,23 @@ pub async fn list_jobs(#[server(default)] query: JobQuery, #[server(default)] af
     if dead_letters_only {
         filter.dead_letter = Some(true);
     }
+    if dead_letters_only && query.sort == "died" {
+        use rebound_queue::store::DeathCursor;
+        let after = if after.is_empty() {
+            None
+        } else {
+            Some(DeathCursor::parse(&after).ok_or_else(|| AppError::Invalid { field: "after".into(), reason: "is not a page cursor of this order".into() })?)
+        };
+        let (items, next) = store.dead_letters_by_death(&filter, after, PAGE_SIZE).await?;
+        let counted = store.count_jobs_bounded(&filter, COUNT_CAP).await?;
+        return Ok(JobsPageData {
+            rows: items.iter().map(|j| JobRow::from_job(j, now)).collect(),
+            next: next.map(|c| c.encode()),
+            matching: counted.n,
+            matching_capped: counted.capped,
+            searched_window: counted.windowed.then_some(rebound_queue::store::SEARCH_WINDOW),
+        });
+    }
     let after = if after.is_empty() { None } else { Some(parse_uuid("after", "a page cursor (a job id)", &after)?) };
     let (page, counted) = store.list_jobs_counted(&filter, after, PAGE_SIZE, COUNT_CAP).await?;
     Ok(JobsPageData {

@@ -10,6 +10,7 @@ pub mod overview;
 pub mod policies;
 pub mod policy_editor;
 pub mod queues;
+pub mod replay_rules;
 pub mod workers;
 pub mod workflows;
 
@@ -23,5 +24,6 @@ pub use overview::OverviewPage;
 pub use policies::PoliciesPage;
 pub use policy_editor::PolicyEditorPage;
 pub use queues::QueuesPage;
+pub use replay_rules::ReplayRulesPage;
 pub use workers::WorkersPage;
 pub use workflows::{WorkflowPage, WorkflowsPage};

@@ -3,16 +3,19 @@
 
 use std::time::Duration;
 
+use jiff::Timestamp;
 use serde_json::{Value, json};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres, QueryBuilder};
 use uuid::Uuid;
 
 use super::audit::{Actor, record};
 use super::cancel::{BULK_LIMIT, JobSelection};
 use super::notify::notify_queues;
-use super::{Store, StoreError, millis};
+use super::listing::{JobFilter, SEARCH_WINDOW};
+use super::lenient::StoredTime;
+use super::{Store, StoreError, jobs_from_rows, millis};
 use super::enqueue::check_retry_patch;
-use crate::job::{check_args, check_meta, check_priority, validate_queue};
+use crate::job::{Job, check_args, check_meta, check_priority, validate_queue};
 use crate::policy::PolicyPatch;
 use crate::storable;
 
@@ -234,4 +237,72 @@ pub(crate) async fn redrive_in(
         record(conn, &opts.actor, action, target.as_deref(), details).await?;
     }
     Ok(ids.len() as u64)
+}
+
+/// Where a listing of dead letters in order of death ([`Store::dead_letters_by_death`])
+/// continues: after this one (its time of death, then its id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeathCursor {
+    pub at: Timestamp,
+    pub id: Uuid,
+}
+
+impl DeathCursor {
+    /// The cursor as one opaque token: `<microseconds since the epoch>_<id>`.
+    pub fn encode(&self) -> String {
+        format!("{}_{}", self.at.as_microsecond(), self.id)
+    }
+
+    /// Reads [`DeathCursor::encode`]'s token; `None` for anything else.
+    pub fn parse(token: &str) -> Option<DeathCursor> {
+        let (micros, id) = token.split_once('_')?;
+        let at = Timestamp::from_microsecond(micros.parse().ok()?).ok()?;
+        Some(DeathCursor { at, id: Uuid::parse_str(id).ok()? })
+    }
+
+    fn of(job: &Job) -> Option<DeathCursor> {
+        Some(DeathCursor { at: job.dead_lettered_at?, id: job.id })
+    }
+}
+
+impl Store {
+    /// Dead letters matching `filter`, most recently dead first, `limit` (1..=500) at a time
+    /// after `after`; with the cursor of the next page, if any. Read along the index of dead
+    /// letters by time of death (of the filter's queue, if it names one). Any other condition
+    /// is checked row by row, as a search: within a window of the next [`SEARCH_WINDOW`] dead
+    /// letters, and a page the window ran out under continues after it.
+    pub async fn dead_letters_by_death(&self, filter: &JobFilter, after: Option<DeathCursor>, limit: i64) -> Result<(Vec<Job>, Option<DeathCursor>), StoreError> {
+        let limit = limit.clamp(1, 500);
+        let residual = JobFilter { queue: None, dead_letter: None, ..filter.clone() } != JobFilter::default();
+        let window = if residual { SEARCH_WINDOW } else { limit + 1 };
+        let mut scan = QueryBuilder::<Postgres>::new("SELECT j.id, j.dead_lettered_at FROM jobs j WHERE j.dead_letter");
+        if let Some(q) = &filter.queue {
+            scan.push(" AND j.queue = ").push_bind(q.clone());
+        }
+        if let Some(c) = after {
+            scan.push(" AND (j.dead_lettered_at, j.id) < (").push_bind(jiff_sqlx::Timestamp::from(c.at)).push(", ").push_bind(c.id).push(")");
+        }
+        scan.push(" ORDER BY j.dead_lettered_at DESC, j.id DESC LIMIT ").push_bind(window);
+        let seen: Vec<(Uuid, StoredTime)> = scan.build_query_as().fetch_all(&self.pool).await?;
+        let ids: Vec<Uuid> = seen.iter().map(|(id, _)| *id).collect();
+        let mut rows = QueryBuilder::<Postgres>::new("SELECT * FROM jobs j WHERE j.id = ANY(");
+        rows.push_bind(ids).push(")");
+        if residual {
+            filter.push_conditions(&mut rows);
+        }
+        let mut items = jobs_from_rows(&rows.build().fetch_all(&self.pool).await?)?;
+        // A row re-driven between the two reads is no dead letter any more.
+        items.retain(|j| j.dead_letter && j.dead_lettered_at.is_some());
+        items.sort_by_key(|j| std::cmp::Reverse((j.dead_lettered_at, j.id)));
+        let next = if items.len() as i64 > limit {
+            items.truncate(limit as usize);
+            items.last().and_then(DeathCursor::of)
+        } else if residual && seen.len() as i64 >= window {
+            // The window ran out before the page filled: the search goes on after it.
+            seen.last().map(|(id, at)| DeathCursor { at: at.0, id: *id })
+        } else {
+            None
+        };
+        Ok((items, next))
+    }
 }

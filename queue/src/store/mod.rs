@@ -135,7 +135,7 @@ pub use claim::{ClaimRequest, HeldJobs, UNANSWERED_CLAIM_REASON};
 pub use complete::{Completion, ORPHAN_REASON};
 pub use cron::{CRON_EVENT_TYPES, CronEvent, CronJob, CronPass, CronSpec, CronTemplate, OverlapPolicy, validate_cron_name};
 pub use cancel::{BULK_LIMIT, JobSelection};
-pub use dead_letter::{RedriveBudget, RedriveOptions, RedriveOverride, RedriveTarget};
+pub use dead_letter::{DeathCursor, RedriveBudget, RedriveOptions, RedriveOverride, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};
 pub use events::{
     DEAD_LETTER_EVENT_TYPES, DeadLetterEvent, EVENT_SETTLE, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, WORKER_EVENT_TYPES, WORKFLOW_EVENT_TYPES, WorkerEvent,

@@ -8,7 +8,7 @@ use rebound_queue::job::validate_queue;
 use jiff::Timestamp;
 use rebound_queue::policy::iso8601;
 use rebound_queue::PolicyPatch;
-use rebound_queue::store::{JobFilter, JobSelection, PruneConfig, RedriveBudget, RedriveOptions, RedriveOverride};
+use rebound_queue::store::{DeathCursor, JobFilter, JobSelection, PruneConfig, RedriveBudget, RedriveOptions, RedriveOverride};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -32,8 +32,18 @@ const COUNT_CAP: i64 = 100_000;
 /// dashboard: each page reads a bounded window of the newest dead letters matching the rest
 /// (`rebound_queue::store::SEARCH_WINDOW`), so a search pages by cursor only, and its `total`
 /// counts within the window when `pagination.total_searched` says how many were read.
+/// `sort=dead_lettered_at` lists them most recently dead-lettered first instead (see
+/// [`list_by_death`]).
 pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
-    q.only(&["queue", "type", "error_type", "q", "dead_since", "dead_before", "limit", "cursor", "offset"])?;
+    q.only(&["queue", "type", "error_type", "q", "dead_since", "dead_before", "limit", "cursor", "offset", "sort", "order"])?;
+    let by_death = match q.one("sort")? {
+        None | Some("created_at") => false,
+        Some("dead_lettered_at") => true,
+        Some(_) => return Err(ApiError::invalid_field("sort", "must be created_at (the default) or dead_lettered_at")),
+    };
+    if q.one("order")?.is_some_and(|o| o != "desc") {
+        return Err(ApiError::invalid_field("order", "must be desc: the newest first (created, or dead-lettered with sort=dead_lettered_at)"));
+    }
     let mut filter = JobFilter::dead_letters();
     for (key, slot) in [("dead_since", &mut filter.dead_after), ("dead_before", &mut filter.dead_before)] {
         if let Some(s) = q.one(key)? {
@@ -58,6 +68,9 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
         filter.job_type = Some(t.to_owned());
     }
     let limit = q.i64_in("limit", 1, 200)?.unwrap_or(50);
+    if by_death {
+        return list_by_death(&state, &q, &filter, limit).await;
+    }
     let offset = q.i64_in("offset", 0, i64::from(i32::MAX))?;
     let mut cursor = q.uuid("cursor")?;
     // The listing's identity for remembered offsets: its filter, as the client spelled it.
@@ -97,6 +110,34 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
             p.insert("next_cursor".into(), Value::String(next.to_string()));
         }
         // `total` is then what the window held, not every match.
+        if counted.windowed {
+            p.insert("total_searched".into(), json!(rebound_queue::store::SEARCH_WINDOW));
+        }
+    }
+    Ok(Json(json!({ "jobs": jobs, "pagination": pagination })))
+}
+
+/// The listing most recently dead-lettered first (`sort=dead_lettered_at`): after a fix, what
+/// just failed, whenever it was created. Pages by cursor only (its own kind, as given in
+/// `next_cursor`); conditions other than the queue are a search, as in the default order.
+async fn list_by_death(state: &AppState, q: &QueryParams, filter: &JobFilter, limit: i64) -> Result<Json<Value>, ApiError> {
+    if q.one("offset")?.is_some_and(|o| o != "0") {
+        return Err(ApiError::invalid_field("offset", "sort=dead_lettered_at pages by cursor: follow next_cursor"));
+    }
+    let after = match q.one("cursor")? {
+        None => None,
+        Some(c) => Some(DeathCursor::parse(c).ok_or_else(|| ApiError::invalid_field("cursor", "is not a cursor of this listing: use next_cursor as given"))?),
+    };
+    let (items, next) = state.store.dead_letters_by_death(filter, after, limit).await?;
+    let counted = state.store.count_jobs_bounded(filter, COUNT_CAP).await?;
+    let ids: Vec<Uuid> = items.iter().map(|j| j.id).collect();
+    let attempts = state.store.attempts_for(&ids).await?;
+    let jobs: Vec<Value> = items.iter().map(|j| job_json_with_errors(j, &attempts)).collect();
+    let mut pagination = json!({ "total": counted.n.min(COUNT_CAP), "limit": limit, "has_more": next.is_some(), "sort": "dead_lettered_at" });
+    if let Some(p) = pagination.as_object_mut() {
+        if let Some(next) = next {
+            p.insert("next_cursor".into(), Value::String(next.encode()));
+        }
         if counted.windowed {
             p.insert("total_searched".into(), json!(rebound_queue::store::SEARCH_WINDOW));
         }

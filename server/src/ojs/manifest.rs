@@ -70,11 +70,11 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
                 "not_implemented": ["queue concurrency/retention over the API", "job sort other than created_at desc", "type prefix filter"],
             },
             "dead-letter": {
-                "implemented": ["list (offset or cursor)", "search by queue, type, error_type (exact or prefix.*), q (args or message text), dead_since/dead_before (when it was dead-lettered; also in bulk retry and purge filters); a search pages by cursor", "get", "retry", "retry with override (queue, meta, retry, args, priority)", "bulk retry", "delete", "purge", "stats", "retention (worker pruner)",
+                "implemented": ["list (offset or cursor), newest-created first or with sort=dead_lettered_at most recently dead-lettered first (by cursor)", "search by queue, type, error_type (exact or prefix.*), q (args or message text), dead_since/dead_before (when it was dead-lettered; also in bulk retry and purge filters); a search pages by cursor", "get", "retry", "retry with override (queue, meta, retry, args, priority)", "bulk retry", "delete", "purge", "stats", "retention (worker pruner)",
                                 "automatic replay rules (§7: GET /ojs/v1/dead-letter/replay-rules, GET|PUT|DELETE /ojs/v1/dead-letter/replay-rules/{name}; applied by the maintenance leader (a worker's replayer, or the server's pass when no worker runs), no sooner than a minute after death; max_replays counts a job's replays by every rule, in meta ojs.replay_count / ojs.last_replayed_at / ojs.replay_rule)"],
                 "implemented_events": ["dead_letter.retried, dead_letter.deleted (per job, with who did it)", "dead_letter.replayed (per job, with the rule)", "dead_letter.pruned (per pass and queue, with the count)",
                                        "a job entering the queue is job.dead_lettered"],
-                "not_implemented": ["listing in order of when jobs were dead-lettered (lists are newest-created first)", "dead_letter.added under that name (it is job.dead_lettered)"],
+                "not_implemented": ["dead_letter.added under that name (it is job.dead_lettered)"],
             },
             "graceful-shutdown": {
                 "implemented": ["worker SIGTERM/SIGINT: stop claiming, drain within shutdown_grace, heartbeats during drain",

@@ -535,3 +535,38 @@ async fn dead_letter_replay_rules_are_managed_over_http_and_replay() {
     // The dead-letter routes beside them still answer.
     assert_eq!(s.get(&format!("/ojs/v1/dead-letter/{unmatched}")).await.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn dead_letters_are_listed_most_recently_dead_first_on_request() {
+    let s = TestServer::new().await;
+    let older = s.dead_letter("sorted", "Db.Down").await;
+    let newer = s.dead_letter("sorted", "Db.Down").await;
+    // The older job died last.
+    sqlx::query("UPDATE jobs SET dead_lettered_at = now() - interval '1 hour' WHERE id = $1::uuid")
+        .bind(&newer)
+        .execute(s.db.store.pool())
+        .await
+        .expect("age the newer job's death");
+    let ids = |r: &crate::common::Reply| -> Vec<String> { r.body["jobs"].as_array().expect("jobs").iter().map(|j| j["id"].as_str().unwrap_or("").to_owned()).collect() };
+    let r = s.get("/ojs/v1/dead-letter?queue=sorted").await;
+    assert_eq!(ids(&r), [newer.clone(), older.clone()], "by default newest created first: {}", r.text);
+    let r = s.get("/ojs/v1/dead-letter?queue=sorted&sort=dead_lettered_at&order=desc&limit=1").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(ids(&r), vec![older.clone()], "{}", r.text);
+    let cursor = r.body["pagination"]["next_cursor"].as_str().expect("a next cursor").to_owned();
+    let r = s.get(&format!("/ojs/v1/dead-letter?queue=sorted&sort=dead_lettered_at&limit=1&cursor={cursor}")).await;
+    assert_eq!((ids(&r), r.body["pagination"]["has_more"].as_bool()), (vec![newer.clone()], Some(false)), "{}", r.text);
+    let r = s.get("/ojs/v1/dead-letter?sort=dead_lettered_at&type=dead.job&error_type=Db.*").await;
+    assert_eq!(ids(&r), [older, newer], "a search in that order: {}", r.text);
+    let not_a_death_cursor = format!("sort=dead_lettered_at&cursor={}", uuid::Uuid::nil());
+    for (query, field) in [
+        ("sort=priority", "sort"),
+        ("sort=dead_lettered_at&order=asc", "order"),
+        ("sort=dead_lettered_at&offset=5", "offset"),
+        (not_a_death_cursor.as_str(), "cursor"),
+    ] {
+        let r = s.get(&format!("/ojs/v1/dead-letter?{query}")).await;
+        assert!(r.status.is_client_error(), "{query}: {}", r.text);
+        assert_eq!(r.error_field(), Some(field), "{query}: {}", r.text);
+    }
+}
