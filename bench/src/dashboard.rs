@@ -253,6 +253,10 @@ pub async fn measure(pool: &PgPool, dash: &Dashboard, n: usize) -> anyhow::Resul
         ("dead letters, queue + error type", same("/dead-letters?queue=billing&error_type=smtp.rejected")),
         ("dead letters, text", same("/dead-letters?text=customer%209999")),
         ("dead letters, died in the last 24 hours", same("/dead-letters?died=24h")),
+        ("dead letters, most recently died first", same("/dead-letters?sort=died")),
+        ("dead letters by death, queue + error type", same("/dead-letters?sort=died&queue=billing&error_type=smtp.rejected")),
+        ("dead letters by death, text", same("/dead-letters?sort=died&text=customer%209999")),
+        ("replay rules", same("/dead-letters/replay-rules")),
     ];
     let mut ok = true;
     println!("{:<40} {:>9} {:>9}", "page (server-side render)", "p50", "p95");
