@@ -24,3 +24,40 @@ async fn a_purge_that_reaches_the_cap_says_more_remain() {
     let none = s.purge_queue("big", &[JobState::Completed], None, &actor).await.unwrap();
     assert_eq!(none, (0, false));
 }
+
+/// A purge of a queue's waiting jobs picks its ids when its statement starts; a job claimed
+/// while the purge waits for its row is running by the time the purge gets it, and must not be
+/// deleted under its worker.
+#[tokio::test]
+async fn a_job_claimed_while_a_purge_waits_for_it_is_not_deleted() {
+    use std::time::Duration;
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let id = s.enqueue(rebound_queue::NewJob::new("purge.race", serde_json::json!([])).queue("racy")).await.unwrap().job.id;
+    // A claim holding the row, its transaction still open.
+    let mut claim = s.pool().begin().await.unwrap();
+    sqlx::query("UPDATE jobs SET state = 'active', attempt = 1, started_at = now(), locked_by = 'w1', lock_expires_at = now() + interval '1 minute' WHERE id = $1")
+        .bind(id)
+        .execute(&mut *claim)
+        .await
+        .unwrap();
+    let purge = {
+        let s = s.clone();
+        tokio::spawn(async move { s.purge_queue("racy", &[JobState::Available], None, &Actor::new("ops")).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+            .fetch_one(s.pool())
+            .await
+            .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the purge never waited for the row");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    claim.commit().await.unwrap();
+    assert_eq!(purge.await.unwrap().unwrap(), (0, false));
+    assert_eq!(s.job(id).await.unwrap().state, JobState::Active, "still there, running");
+}

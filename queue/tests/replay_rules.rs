@@ -230,3 +230,63 @@ async fn a_replay_pass_cut_off_at_its_commit_replays_each_job_once() {
     assert_eq!((replay_count(s, first).await, replay_count(s, second).await), (Some(2), Some(1)));
     assert_eq!(s.replay_rule("blips").await.unwrap().unwrap().replayed_total, 3);
 }
+
+/// The pruner picks its ids when its statement starts; a dead letter re-driven (by a replay
+/// rule or by hand) while the pruner waits for its row is no dead letter by the time it gets
+/// the row, and must not be deleted with its history.
+#[tokio::test]
+async fn a_dead_letter_replayed_while_the_pruner_waits_for_it_is_kept() {
+    use rebound_queue::store::PruneConfig;
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let id = dead_letter(s, "default", "net.timeout").await;
+    age_dead_letters(s, "400 days").await;
+    s.put_replay_rule(&rule("old-ones"), &Actor::new("ops")).await.unwrap();
+
+    // The replay pass holds the job's row (its transaction open) while the pruner comes.
+    let mut replay = s.pool().begin().await.unwrap();
+    sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE").bind(id).execute(&mut *replay).await.unwrap();
+    let pruner = {
+        let s = s.clone();
+        tokio::spawn(async move { s.prune(&PruneConfig::default()).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+            .fetch_one(s.pool())
+            .await
+            .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the pruner never waited for the row");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sqlx::query("UPDATE jobs SET state = 'available', dead_letter = false, dead_lettered_at = NULL, error_signature = NULL, discarded_at = NULL WHERE id = $1")
+        .bind(id)
+        .execute(&mut *replay)
+        .await
+        .unwrap();
+    replay.commit().await.unwrap();
+    let report = pruner.await.unwrap().unwrap();
+    assert_eq!(report.dead_letters, 0, "{report:?}");
+    let job = s.job(id).await.unwrap();
+    assert_eq!((job.state, job.dead_letter), (JobState::Available, false));
+    assert_eq!(s.attempts(id).await.unwrap().len(), 1, "its history too");
+}
+
+#[tokio::test]
+async fn enabling_or_disabling_a_rule_leaves_the_rest_of_it_as_it_is() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let spec = ReplayRuleSpec { queue: Some("billing".into()), ..rule("toggled") };
+    s.put_replay_rule(&spec, &Actor::new("ops")).await.unwrap();
+    let off = s.set_replay_rule_enabled("toggled", false, &Actor::new("ops")).await.unwrap();
+    assert_eq!(off.spec, ReplayRuleSpec { enabled: false, ..spec.clone() });
+    let on = s.set_replay_rule_enabled("toggled", true, &Actor::new("ann")).await.unwrap();
+    assert_eq!(on.spec, spec);
+    assert!(matches!(s.set_replay_rule_enabled("nope", true, &Actor::new("ops")).await, Err(StoreError::Missing { .. })));
+    let audit = s.audit_log(&AuditFilter { action: Some("dead_letter.replay_rule.".into()), limit: 10, ..Default::default() }).await.unwrap();
+    let actions: Vec<&str> = audit.iter().map(|e| e.action.as_str()).collect();
+    assert_eq!(actions, ["dead_letter.replay_rule.enable", "dead_letter.replay_rule.disable", "dead_letter.replay_rule.create"]);
+}

@@ -1082,6 +1082,13 @@ async fn dead_letters_are_listed_most_recently_dead_first_and_a_search_goes_on_p
     let common = JobFilter { job_type: Some("common.kind".into()), ..dead.clone() };
     let (page, next) = s.dead_letters_by_death(&common, None, 2).await.unwrap();
     assert_eq!((page.iter().map(|j| j.id).collect::<Vec<_>>(), next), (vec![ids[1], ids[2]], DeathCursor::parse(&DeathCursor { at: page[1].dead_lettered_at.unwrap(), id: ids[2] }.encode())));
+    // Bounded by when they died, the walk ends with the bound: no pages of nothing after it.
+    let lately = JobFilter { dead_after: Some(jiff::Timestamp::now() - jiff::SignedDuration::from_secs(10)), ..dead.clone() };
+    let (recent, next) = s.dead_letters_by_death(&lately, None, 50).await.unwrap();
+    assert!((9..=12).contains(&recent.len()) && recent[0].id == ids[0], "{}", recent.len());
+    assert_eq!(next, None);
+    let (recent_common, next) = s.dead_letters_by_death(&JobFilter { job_type: Some("common.kind".into()), ..lately }, None, 50).await.unwrap();
+    assert_eq!((recent_common.len() + 1, next), (recent.len(), None), "a search within the bound ends with it too");
     // A re-driven job leaves the listing.
     let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: Actor::new("ops"), reason: None };
     s.redrive(&JobSelection::Ids(vec![ids[0]]), &opts).await.unwrap();

@@ -39,8 +39,12 @@ pub async fn run_pass(store: &Store, metrics: &Metrics) -> Result<PassReport, St
     let rescued = store.rescue_expired(BATCH).await?;
     let promoted = store.promote_due(BATCH).await?;
     let cron = store.fire_due_crons(BATCH).await?;
-    // An OJS deployment may have no Rebound worker at all: its replay rules still apply.
-    let replay = store.replay_due().await?;
+    // An OJS deployment may have no Rebound worker at all: its replay rules still apply. A
+    // failed replay pass is tried again next time; the folding below must not wait for it.
+    let replay = store.replay_due().await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "maintenance: the replay rules' pass failed; trying again next pass");
+        ReplayReport::default()
+    });
     // The server leads when no worker runs maintenance: it keeps the count deltas short too.
     store.fold_job_counts().await?;
     metrics.maintenance(promoted, &rescued, expired);

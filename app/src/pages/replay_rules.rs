@@ -195,7 +195,7 @@ pub async fn save_replay_rule(
 /// `action`: `enable`, `disable` or `delete`.
 #[server(endpoint = "act_on_replay_rule")]
 pub async fn act_on_replay_rule(csrf: String, name: String, action: String) -> Result<String, AppError> {
-    use rebound_queue::store::{ReplayRuleSpec, check_rule_name};
+    use rebound_queue::store::check_rule_name;
 
     let actor = crate::auth::authorize_mutation(&csrf)?;
     check_rule_name(&name)?;
@@ -213,9 +213,9 @@ pub async fn act_on_replay_rule(csrf: String, name: String, action: String) -> R
         }
         other => return Err(AppError::Invalid { field: "action".into(), reason: format!("unknown action {}; use enable, disable or delete", crate::error::quoted(other)) }),
     };
-    let rule = store.replay_rule(&name).await?.ok_or_else(missing)?;
-    // Only `enabled` changes, so the rule keeps its place among the dead letters.
-    store.put_replay_rule(&ReplayRuleSpec { enabled, ..rule.spec }, &actor).await?;
+    // Only `enabled` changes: an edit made meanwhile elsewhere stands, and the rule keeps its
+    // place among the dead letters.
+    store.set_replay_rule_enabled(&name, enabled, &actor).await?;
     Ok(if enabled {
         format!("Replay rule {name} is enabled: the replayer applies it within seconds.")
     } else {

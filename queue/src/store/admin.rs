@@ -80,7 +80,12 @@ impl Store {
             actor,
             "job.bulk_delete",
             Eligible { states: &[JobState::Completed, JobState::Cancelled, JobState::Discarded], workflow_held: true },
-            delete_with_history!("SELECT id FROM jobs WHERE id = ANY($1) AND state IN ('completed', 'cancelled', 'discarded')", "'deleted'", "$2"),
+            delete_with_history!(
+                "SELECT id FROM jobs WHERE id = ANY($1) AND state IN ('completed', 'cancelled', 'discarded')",
+                "state IN ('completed', 'cancelled', 'discarded')",
+                "'deleted'",
+                "$2"
+            ),
         )
         .await
     }
@@ -211,6 +216,7 @@ impl Store {
             "SELECT id FROM jobs WHERE queue = $1 AND state = ANY($2)
                AND ($3::timestamptz IS NULL OR COALESCE(completed_at, cancelled_at, discarded_at, created_at) < $3::timestamptz)
              LIMIT $4",
+            "state = ANY($2)",
             "'deleted'",
             "$5"
         ))

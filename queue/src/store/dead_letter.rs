@@ -139,7 +139,7 @@ impl Store {
     pub async fn purge_dead_letters(&self, sel: &JobSelection, actor: &Actor, reason: Option<&str>) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
         let ids: Vec<Uuid> = sel.select_ids("j.dead_letter", BULK_LIMIT).build_query_scalar().fetch_all(&mut *tx).await?;
-        let deleted = sqlx::query_scalar::<_, i64>(delete_with_history!("SELECT unnest($1::uuid[])", "'deleted'", "$2"))
+        let deleted = sqlx::query_scalar::<_, i64>(delete_with_history!("SELECT unnest($1::uuid[])", "dead_letter", "'deleted'", "$2"))
             .bind(&ids)
             .bind(&actor.name)
             .fetch_one(&mut *tx)
@@ -265,41 +265,86 @@ impl DeathCursor {
     }
 }
 
+/// Which way a [`death_scan`] walks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Deaths {
+    OldestFirst,
+    NewestFirst,
+}
+
+/// The ids and times of death of at most `limit` dead letters (of `queue` only, if given, by
+/// its own index), walking `way` from just past `past`, among those that died at or after
+/// `from` and before `until`: one range read of an index of dead letters by time of death.
+pub(crate) fn death_scan(
+    queue: Option<&str>,
+    way: Deaths,
+    past: Option<DeathCursor>,
+    from: Option<Timestamp>,
+    until: Option<Timestamp>,
+    limit: i64,
+) -> QueryBuilder<Postgres> {
+    let mut scan = QueryBuilder::<Postgres>::new("SELECT j.id, j.dead_lettered_at FROM jobs j WHERE j.dead_letter");
+    if let Some(q) = queue {
+        scan.push(" AND j.queue = ").push_bind(q.to_owned());
+    }
+    if let Some(c) = past {
+        let cmp = if way == Deaths::OldestFirst { ">" } else { "<" };
+        scan.push(format!(" AND (j.dead_lettered_at, j.id) {cmp} ("));
+        scan.push_bind(jiff_sqlx::Timestamp::from(c.at)).push(", ").push_bind(c.id).push(")");
+    }
+    if let Some(t) = from {
+        scan.push(" AND j.dead_lettered_at >= ").push_bind(jiff_sqlx::Timestamp::from(t));
+    }
+    if let Some(t) = until {
+        scan.push(" AND j.dead_lettered_at < ").push_bind(jiff_sqlx::Timestamp::from(t));
+    }
+    let order = if way == Deaths::OldestFirst { "ASC" } else { "DESC" };
+    scan.push(format!(" ORDER BY j.dead_lettered_at {order}, j.id {order} LIMIT ")).push_bind(limit);
+    scan
+}
+
+/// A [`death_scan`]'s answer.
+pub(crate) async fn run_death_scan<'c, E: sqlx::PgExecutor<'c>>(mut scan: QueryBuilder<Postgres>, conn: E) -> Result<Vec<DeathCursor>, StoreError> {
+    let rows: Vec<(Uuid, StoredTime)> = scan.build_query_as().fetch_all(conn).await?;
+    Ok(rows.into_iter().map(|(id, at)| DeathCursor { at: at.0, id }).collect())
+}
+
 impl Store {
     /// Dead letters matching `filter`, most recently dead first, `limit` (1..=500) at a time
     /// after `after`; with the cursor of the next page, if any. Read along the index of dead
-    /// letters by time of death (of the filter's queue, if it names one). Any other condition
-    /// is checked row by row, as a search: within a window of the next [`SEARCH_WINDOW`] dead
-    /// letters, and a page the window ran out under continues after it.
+    /// letters by time of death (of the filter's queue, if it names one), bounded by the
+    /// filter's times of death. Any other condition is checked row by row, as a search: within
+    /// a window of the next [`SEARCH_WINDOW`] dead letters, and a page the window ran out
+    /// under continues after it.
     pub async fn dead_letters_by_death(&self, filter: &JobFilter, after: Option<DeathCursor>, limit: i64) -> Result<(Vec<Job>, Option<DeathCursor>), StoreError> {
         let limit = limit.clamp(1, 500);
-        let residual = JobFilter { queue: None, dead_letter: None, ..filter.clone() } != JobFilter::default();
-        let window = if residual { SEARCH_WINDOW } else { limit + 1 };
-        let mut scan = QueryBuilder::<Postgres>::new("SELECT j.id, j.dead_lettered_at FROM jobs j WHERE j.dead_letter");
-        if let Some(q) = &filter.queue {
-            scan.push(" AND j.queue = ").push_bind(q.clone());
-        }
-        if let Some(c) = after {
-            scan.push(" AND (j.dead_lettered_at, j.id) < (").push_bind(jiff_sqlx::Timestamp::from(c.at)).push(", ").push_bind(c.id).push(")");
-        }
-        scan.push(" ORDER BY j.dead_lettered_at DESC, j.id DESC LIMIT ").push_bind(window);
-        let seen: Vec<(Uuid, StoredTime)> = scan.build_query_as().fetch_all(&self.pool).await?;
-        let ids: Vec<Uuid> = seen.iter().map(|(id, _)| *id).collect();
+        let residual = JobFilter { queue: None, dead_letter: None, dead_after: None, dead_before: None, ..filter.clone() };
+        let search = residual != JobFilter::default();
+        let window = if search { SEARCH_WINDOW } else { limit + 1 };
+        let scan = death_scan(filter.queue.as_deref(), Deaths::NewestFirst, after, filter.dead_after, filter.dead_before, window);
+        let seen = run_death_scan(scan, &self.pool).await?;
+        // Without a search the page is the window's first `limit`, and whether more follow is
+        // the window's to say: a row among them re-driven between the two reads leaves the
+        // page one short, not the listing ended.
+        let page_of_window = if search { &seen[..] } else { &seen[..seen.len().min(limit as usize)] };
+        let ids: Vec<Uuid> = page_of_window.iter().map(|c| c.id).collect();
         let mut rows = QueryBuilder::<Postgres>::new("SELECT * FROM jobs j WHERE j.id = ANY(");
         rows.push_bind(ids).push(")");
-        if residual {
-            filter.push_conditions(&mut rows);
+        if search {
+            residual.push_conditions(&mut rows);
         }
         let mut items = jobs_from_rows(&rows.build().fetch_all(&self.pool).await?)?;
         // A row re-driven between the two reads is no dead letter any more.
         items.retain(|j| j.dead_letter && j.dead_lettered_at.is_some());
         items.sort_by_key(|j| std::cmp::Reverse((j.dead_lettered_at, j.id)));
-        let next = if items.len() as i64 > limit {
+        let next = if !search {
+            (seen.len() as i64 > limit).then(|| seen[limit as usize - 1])
+        } else if items.len() as i64 > limit {
             items.truncate(limit as usize);
             items.last().and_then(DeathCursor::of)
-        } else if residual && seen.len() as i64 >= window {
+        } else if seen.len() as i64 >= window {
             // The window ran out before the page filled: the search goes on after it.
-            seen.last().map(|(id, at)| DeathCursor { at: at.0, id: *id })
+            seen.last().copied()
         } else {
             None
         };

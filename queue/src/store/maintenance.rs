@@ -355,6 +355,9 @@ impl Store {
                  WHERE dead_letter AND queue = q.queue AND dead_lettered_at < now() - $1 * interval '1 millisecond'
                  ORDER BY dead_lettered_at LIMIT $2) x
              LIMIT $2",
+            // A dead letter re-driven (by hand or a replay rule) while this waited is no longer
+            // one, or died again since: it stays.
+            "dead_letter AND dead_lettered_at < now() - $1 * interval '1 millisecond'",
             "'pruned'",
             "NULL"
         ))
@@ -370,6 +373,9 @@ impl Store {
                  SELECT id FROM jobs WHERE dead_letter AND queue = q.queue
                  ORDER BY dead_lettered_at DESC, id DESC OFFSET $1 LIMIT $2) x
              LIMIT $2",
+            // A dead letter re-driven (by hand or a replay rule) while this waited is no longer
+            // one: it stays.
+            "dead_letter",
             "'pruned'",
             "NULL"
         ))

@@ -39,16 +39,21 @@ macro_rules! held_ctes {
     };
 }
 
-// Deletes the jobs `$select_ids` picks with their attempts and progress reports, and logs the
-// dead letters among them in `dead_letter_log` as `$action` (`'deleted'`, `'pruned'`) by
-// `$actor` (a parameter, or NULL), one row per queue: the OJS `dead_letter.*` events. Returns
-// how many jobs went.
+// Deletes the jobs `$select_ids` picks that still match `$recheck` with their attempts and
+// progress reports, and logs the dead letters among them in `dead_letter_log` as `$action`
+// (`'deleted'`, `'pruned'`) by `$actor` (a parameter, or NULL), one row per queue: the OJS
+// `dead_letter.*` events. Returns how many jobs went. The ids are picked once, when the
+// statement starts; a row another transaction rewrites meanwhile (a dead letter re-driven, a
+// job claimed) is waited for and then checked against `$recheck` alone, so it must repeat
+// what made the row deletable.
 macro_rules! delete_with_history {
-    ($select_ids:literal, $action:literal, $actor:literal) => {
+    ($select_ids:literal, $recheck:literal, $action:literal, $actor:literal) => {
         concat!(
             "WITH gone AS (DELETE FROM jobs WHERE id = ANY(ARRAY(",
             $select_ids,
-            ")) RETURNING id, queue, type, dead_letter),
+            ")) AND (",
+            $recheck,
+            ") RETURNING id, queue, type, dead_letter),
 history AS (DELETE FROM job_attempts a WHERE a.job_id = ANY(ARRAY(SELECT id FROM gone))),
 reports AS (DELETE FROM job_progress p WHERE p.job_id = ANY(ARRAY(SELECT id FROM gone))),
 logged AS (

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::audit::{Actor, record};
 use super::cancel::JobSelection;
-use super::dead_letter::{RedriveBudget, RedriveOptions, redrive_in, replay_count};
+use super::dead_letter::{DeathCursor, Deaths, RedriveBudget, RedriveOptions, death_scan, redrive_in, replay_count, run_death_scan};
 use super::listing::JobFilter;
 use super::{Store, StoreError, StoredTime, millis, ts, ts_opt};
 use crate::job::{validate_queue, validate_type};
@@ -26,8 +26,10 @@ pub const MAX_REPLAY_RULES: i64 = 100;
 
 /// How long after its death a dead letter is replayed at the soonest, whatever a rule's delay.
 /// A job's `dead_lettered_at` is its failing transaction's start, so a rule walking dead
-/// letters in order of death must not pass a time at which a transaction still under way may
-/// yet commit one: past this margin, none does (a result write that slow has been given up).
+/// letters in order of death must not pass a time at which a transaction still open may yet
+/// commit one. The walk stops short of the oldest open transaction it can see (see
+/// [`Store::replay_due`]); this margin covers those it cannot (sessions of other database
+/// roles, whose start `pg_stat_activity` hides).
 pub const REPLAY_MARGIN: Duration = Duration::from_secs(60);
 
 /// Dead letters a rule looks at per pass.
@@ -156,6 +158,9 @@ impl Store {
     pub async fn put_replay_rule(&self, spec: &ReplayRuleSpec, actor: &Actor) -> Result<(ReplayRule, bool), StoreError> {
         spec.check()?;
         let mut tx = self.begin().await?;
+        // Rule writes are rare: taken one at a time, two creations cannot both pass the cap.
+        // (Passes only lock their rule's row, which this mode lets them.)
+        sqlx::query("LOCK TABLE dead_letter_replay_rules IN SHARE ROW EXCLUSIVE MODE").execute(&mut *tx).await?;
         let count: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letter_replay_rules WHERE name <> $1").bind(&spec.name).fetch_one(&mut *tx).await?;
         if count >= MAX_REPLAY_RULES {
             return Err(StoreError::invalid("name", format!("there are already {MAX_REPLAY_RULES} replay rules; delete one first")));
@@ -166,12 +171,10 @@ impl Store {
              ON CONFLICT (name) DO UPDATE SET
                  queue = EXCLUDED.queue, job_type = EXCLUDED.job_type, error_type = EXCLUDED.error_type,
                  delay_ms = EXCLUDED.delay_ms, max_replays = EXCLUDED.max_replays, enabled = EXCLUDED.enabled,
-                 cursor_at = CASE WHEN (r.queue, r.job_type, r.error_type, r.max_replays)
-                                       IS NOT DISTINCT FROM (EXCLUDED.queue, EXCLUDED.job_type, EXCLUDED.error_type, EXCLUDED.max_replays)
-                                  THEN r.cursor_at END,
-                 cursor_id = CASE WHEN (r.queue, r.job_type, r.error_type, r.max_replays)
-                                       IS NOT DISTINCT FROM (EXCLUDED.queue, EXCLUDED.job_type, EXCLUDED.error_type, EXCLUDED.max_replays)
-                                  THEN r.cursor_id END,
+                 -- Kept only while what the walk decided by stands (no row: both NULL).
+                 (cursor_at, cursor_id) = (SELECT r.cursor_at, r.cursor_id
+                                           WHERE (r.queue, r.job_type, r.error_type, r.max_replays)
+                                                 IS NOT DISTINCT FROM (EXCLUDED.queue, EXCLUDED.job_type, EXCLUDED.error_type, EXCLUDED.max_replays)),
                  updated_at = now()
              RETURNING r.*, (xmax = 0) AS created",
         )
@@ -192,6 +195,22 @@ impl Store {
         Ok((rule, created))
     }
 
+    /// Enables or disables a replay rule, leaving the rest of it (and its place in its walk)
+    /// as it is. Audited.
+    pub async fn set_replay_rule_enabled(&self, name: &str, enabled: bool, actor: &Actor) -> Result<ReplayRule, StoreError> {
+        let mut tx = self.begin().await?;
+        let row = sqlx::query("UPDATE dead_letter_replay_rules SET enabled = $2, updated_at = now() WHERE name = $1 RETURNING *")
+            .bind(name)
+            .bind(enabled)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or_else(|| StoreError::Missing { what: format!("replay rule {name}") })?;
+        let action = if enabled { "dead_letter.replay_rule.enable" } else { "dead_letter.replay_rule.disable" };
+        record(&mut tx, actor, action, Some(name), json!({})).await?;
+        tx.commit().await?;
+        rule_from_row(&row)
+    }
+
     /// Deletes a replay rule; false if there was none. Audited.
     pub async fn delete_replay_rule(&self, name: &str, actor: &Actor) -> Result<bool, StoreError> {
         let mut tx = self.begin().await?;
@@ -206,19 +225,34 @@ impl Store {
     }
 
     /// The replayer's pass: each enabled rule, in its own transaction, looks at the next
-    /// dead letters (at most 1 000) that died since the last one it looked at and are due (by
-    /// its delay, and at least [`REPLAY_MARGIN`] ago), and re-drives with a fresh budget those
-    /// it matches that have had fewer than its `max_replays`. A job two rules match is
-    /// replayed by the first by name that reaches it.
+    /// dead letters (at most 1 000) that died since the last one it looked at and are due: by
+    /// its delay, at least [`REPLAY_MARGIN`] ago, and before the oldest transaction still open
+    /// began (one of those may yet commit a dead letter that died then). Of those it
+    /// re-drives, with a fresh budget, the ones it matches that have had fewer than its
+    /// `max_replays`. A job two rules match is replayed by the first by name that reaches it.
+    /// A rule that fails is logged and left to the next pass; the pass fails only if every
+    /// rule that did anything failed.
     pub async fn replay_due(&self) -> Result<ReplayReport, StoreError> {
         let names: Vec<String> = sqlx::query_scalar("SELECT name FROM dead_letter_replay_rules WHERE enabled ORDER BY name").fetch_all(&self.pool).await?;
         let mut report = ReplayReport::default();
+        let mut failed = None;
         for name in names {
-            let (replayed, more) = self.replay_rule_once(&name).await?;
-            report.replayed += replayed;
-            report.more |= more;
+            // One rule's failure (a lock timeout, a deadlock broken) leaves the others theirs.
+            match self.replay_rule_once(&name).await {
+                Ok((replayed, more)) => {
+                    report.replayed += replayed;
+                    report.more |= more;
+                }
+                Err(e) => {
+                    tracing::warn!(rule = name, error = %e, "a replay rule's pass failed; the next pass tries it again");
+                    failed = Some(e);
+                }
+            }
         }
-        Ok(report)
+        match failed {
+            Some(e) if report.replayed == 0 => Err(e),
+            _ => Ok(report),
+        }
     }
 
     async fn replay_rule_once(&self, name: &str) -> Result<(u64, bool), StoreError> {
@@ -238,29 +272,35 @@ impl Store {
         let cursor_id: Option<Uuid> = row.try_get("cursor_id")?;
         let spec = &rule.spec;
 
+        // Read before the walk, in a statement of its own: a transaction not open now has
+        // committed or rolled back, so the walk's later snapshot sees what it wrote.
+        let due_before: StoredTime = sqlx::query_scalar(
+            "SELECT LEAST(now() - $1 * interval '1 millisecond',
+                          (SELECT min(xact_start) FROM pg_stat_activity
+                           WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()))",
+        )
+        .bind(millis(spec.delay.max(REPLAY_MARGIN)))
+        .fetch_one(&mut *tx)
+        .await?;
         // The next dead letters by time of death, matching or not, so the walk advances over
         // what the rule passes by. By the queue's index when the rule names one.
-        let mut scan = QueryBuilder::<Postgres>::new("SELECT j.id, j.dead_lettered_at FROM jobs j WHERE j.dead_letter");
-        if let Some(q) = &spec.queue {
-            scan.push(" AND j.queue = ").push_bind(q.clone());
-        }
-        if let (Some(at), Some(id)) = (cursor_at, cursor_id) {
-            scan.push(" AND (j.dead_lettered_at, j.id) > (").push_bind(jiff_sqlx::Timestamp::from(at.0)).push(", ").push_bind(id).push(")");
-        }
-        scan.push(" AND j.dead_lettered_at <= now() - ")
-            .push_bind(millis(spec.delay.max(REPLAY_MARGIN)))
-            .push(" * interval '1 millisecond' ORDER BY j.dead_lettered_at, j.id LIMIT ")
-            .push_bind(REPLAY_BATCH);
-        let seen: Vec<(Uuid, StoredTime)> = scan.build_query_as().fetch_all(&mut *tx).await?;
-        let Some((last_id, last_at)) = seen.last().map(|(id, at)| (*id, at.0)) else {
+        let past = match (cursor_at, cursor_id) {
+            (Some(at), Some(id)) => Some(DeathCursor { at: at.0, id }),
+            _ => None,
+        };
+        let scan = death_scan(spec.queue.as_deref(), Deaths::OldestFirst, past, None, Some(due_before.0), REPLAY_BATCH);
+        let seen = run_death_scan(scan, &mut *tx).await?;
+        let Some(last) = seen.last().copied() else {
             tx.rollback().await?;
             return Ok((0, false));
         };
 
         // Of those, what the rule matches, locked in id order as every bulk action locks.
-        let ids: Vec<Uuid> = seen.iter().map(|(id, _)| *id).collect();
+        let ids: Vec<Uuid> = seen.iter().map(|c| c.id).collect();
         let mut pick = QueryBuilder::<Postgres>::new("SELECT j.id FROM jobs j WHERE j.dead_letter AND j.id = ANY(");
         pick.push_bind(ids).push(concat!(") AND ", replay_count!(), " < ")).push_bind(spec.max_replays);
+        // Re-driven and dead again since the walk read it: due only by its new death.
+        pick.push(" AND j.dead_lettered_at < ").push_bind(jiff_sqlx::Timestamp::from(due_before.0));
         spec.filter().push_conditions(&mut pick);
         pick.push(" ORDER BY j.id FOR UPDATE");
         let matched: Vec<Uuid> = pick.build_query_scalar().fetch_all(&mut *tx).await?;
@@ -282,8 +322,8 @@ impl Store {
              WHERE name = $1",
         )
         .bind(name)
-        .bind(jiff_sqlx::Timestamp::from(last_at))
-        .bind(last_id)
+        .bind(jiff_sqlx::Timestamp::from(last.at))
+        .bind(last.id)
         .bind(replayed as i64)
         .execute(&mut *tx)
         .await?;
