@@ -216,7 +216,10 @@ impl Store {
             "SELECT id FROM jobs WHERE queue = $1 AND state = ANY($2)
                AND ($3::timestamptz IS NULL OR COALESCE(completed_at, cancelled_at, discarded_at, created_at) < $3::timestamptz)
              LIMIT $4",
-            "state = ANY($2)",
+            // A job moved meanwhile (re-driven into another queue, finished after the
+            // cutoff) no longer matches: it stays.
+            "queue = $1 AND state = ANY($2)
+               AND ($3::timestamptz IS NULL OR COALESCE(completed_at, cancelled_at, discarded_at, created_at) < $3::timestamptz)",
             "'deleted'",
             "$5"
         ))

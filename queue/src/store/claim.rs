@@ -5,6 +5,7 @@ use std::time::Duration;
 use sqlx::Row;
 use uuid::Uuid;
 
+use super::complete::{release_ctes, release_sql};
 use super::{Store, StoreError, jobs_from_rows, millis};
 use crate::bounds;
 use crate::job::Job;
@@ -268,13 +269,16 @@ async fn settle_claim(store: &Store, xid: &str, worker_id: &str) -> Result<Optio
         Some("in progress") => Ok(None),
         Some("committed") => {
             // A row the claim wrote and nothing rewrote since (a heartbeat or a result from a
-            // caller that did see it would have) still carries the claim's transaction id.
-            let ids: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'active' AND locked_by = $1 AND xmin = xid($2::xid8)")
-                .bind(worker_id)
+            // caller that did see it would have) still carries the claim's transaction id. One
+            // statement, so a row rewritten while it waits for it (rescued, then claimed again
+            // by a fetch that was answered) is checked again and left to its new holder.
+            let released = sqlx::query(release_sql!("j.locked_by = $2 AND j.xmin = xid($1::xid8)"))
                 .bind(xid)
+                .bind(worker_id)
+                .bind(UNANSWERED_CLAIM_REASON)
                 .fetch_all(&store.pool)
                 .await?;
-            Ok(Some(store.release(&ids, Some(worker_id), UNANSWERED_CLAIM_REASON).await?.len()))
+            Ok(Some(released.len()))
         }
         // Aborted, or so old its status is gone: nothing of it stands.
         _ => Ok(Some(0)),

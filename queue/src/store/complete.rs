@@ -89,6 +89,7 @@ macro_rules! release_sql {
         concat!("WITH ", release_ctes!($selection, "$3", "j.*"), " SELECT * FROM released WHERE (SELECT count(*) FROM woken) >= 0")
     };
 }
+pub(crate) use release_sql;
 
 /// Why [`Store::release_orphans`] handed a job back, as its `released` row says.
 pub const ORPHAN_REASON: &str = "claimed while the connection to the database was lost, so the worker never received it; the attempt is not counted";

@@ -374,8 +374,8 @@ impl Store {
                  ORDER BY dead_lettered_at DESC, id DESC OFFSET $1 LIMIT $2) x
              LIMIT $2",
             // A dead letter re-driven (by hand or a replay rule) while this waited is no longer
-            // one: it stays.
-            "dead_letter",
+            // one, or has died again since, the newest of its queue: it stays.
+            "dead_letter AND dead_lettered_at < statement_timestamp()",
             "'pruned'",
             "NULL"
         ))
