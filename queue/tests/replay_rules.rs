@@ -250,18 +250,7 @@ async fn a_dead_letter_replayed_while_the_pruner_waits_for_it_is_kept() {
         let s = s.clone();
         tokio::spawn(async move { s.prune(&PruneConfig::default()).await })
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
-            .fetch_one(s.pool())
-            .await
-            .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the pruner never waited for the row");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    db.until_a_statement_waits_for_a_lock().await;
     sqlx::query("UPDATE jobs SET state = 'available', dead_letter = false, dead_lettered_at = NULL, error_signature = NULL, discarded_at = NULL WHERE id = $1")
         .bind(id)
         .execute(&mut *replay)

@@ -56,6 +56,23 @@ impl TestDb {
         TestDb { url, name, admin, store }
     }
 
+    /// Waits (up to ten seconds, else panics) until some session of this database waits for
+    /// a lock: a statement under test has reached a row another transaction holds.
+    pub async fn until_a_statement_waits_for_a_lock(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+                .fetch_one(self.store.pool())
+                .await
+                .expect("read pg_stat_activity");
+            if waiting > 0 {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no statement came to wait for a lock");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The connection URL of the server (not of this database), e.g. for spawning processes
     /// that create databases of their own.
     pub fn server_url(&self) -> String {
