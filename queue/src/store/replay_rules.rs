@@ -230,8 +230,8 @@ impl Store {
     /// began (one of those may yet commit a dead letter that died then). Of those it
     /// re-drives, with a fresh budget, the ones it matches that have had fewer than its
     /// `max_replays`. A job two rules match is replayed by the first by name that reaches it.
-    /// A rule that fails is logged and left to the next pass; the pass fails only if every
-    /// rule that did anything failed.
+    /// A rule that fails is logged and left to the next pass, and the others go on; the pass
+    /// answers that error only if no rule replayed anything.
     pub async fn replay_due(&self) -> Result<ReplayReport, StoreError> {
         let names: Vec<String> = sqlx::query_scalar("SELECT name FROM dead_letter_replay_rules WHERE enabled ORDER BY name").fetch_all(&self.pool).await?;
         let mut report = ReplayReport::default();
