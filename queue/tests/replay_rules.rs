@@ -279,3 +279,24 @@ async fn enabling_or_disabling_a_rule_leaves_the_rest_of_it_as_it_is() {
     let actions: Vec<&str> = audit.iter().map(|e| e.action.as_str()).collect();
     assert_eq!(actions, ["dead_letter.replay_rule.enable", "dead_letter.replay_rule.disable", "dead_letter.replay_rule.create"]);
 }
+
+/// An operator saving a rule while a pass holds that rule's row waits for the pass, and both
+/// go through: neither is chosen as a deadlock's victim.
+#[tokio::test]
+async fn saving_a_rule_during_its_pass_waits_for_the_pass() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    s.put_replay_rule(&rule("busy"), &Actor::new("ops")).await.unwrap();
+    // A pass mid-flight: the rule's row locked, its cursor not yet moved.
+    let mut pass = s.pool().begin().await.unwrap();
+    sqlx::query("SELECT name FROM dead_letter_replay_rules WHERE name = 'busy' FOR UPDATE").execute(&mut *pass).await.unwrap();
+    let save = {
+        let s = s.clone();
+        tokio::spawn(async move { s.put_replay_rule(&ReplayRuleSpec { max_replays: 5, ..rule("busy") }, &Actor::new("ann")).await })
+    };
+    db.until_a_statement_waits_for_a_lock().await;
+    sqlx::query("UPDATE dead_letter_replay_rules SET replayed_total = replayed_total + 1 WHERE name = 'busy'").execute(&mut *pass).await.unwrap();
+    pass.commit().await.unwrap();
+    let (saved, created) = save.await.unwrap().unwrap();
+    assert_eq!((saved.spec.max_replays, saved.replayed_total, created), (5, 1, false));
+}

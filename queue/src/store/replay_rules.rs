@@ -32,6 +32,9 @@ pub const MAX_REPLAY_RULES: i64 = 100;
 /// roles, whose start `pg_stat_activity` hides).
 pub const REPLAY_MARGIN: Duration = Duration::from_secs(60);
 
+/// The advisory lock that serializes rule writes ("replay" in ASCII).
+const RULE_WRITES_LOCK: i64 = 0x7265_706c_6179;
+
 /// Dead letters a rule looks at per pass.
 const REPLAY_BATCH: i64 = 1_000;
 
@@ -159,8 +162,9 @@ impl Store {
         spec.check()?;
         let mut tx = self.begin().await?;
         // Rule writes are rare: taken one at a time, two creations cannot both pass the cap.
-        // (Passes only lock their rule's row, which this mode lets them.)
-        sqlx::query("LOCK TABLE dead_letter_replay_rules IN SHARE ROW EXCLUSIVE MODE").execute(&mut *tx).await?;
+        // An advisory lock only rule writes take: a table lock would also stop a pass holding
+        // this rule's row from moving its cursor, while this write waits for that row.
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(RULE_WRITES_LOCK).execute(&mut *tx).await?;
         let count: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letter_replay_rules WHERE name <> $1").bind(&spec.name).fetch_one(&mut *tx).await?;
         if count >= MAX_REPLAY_RULES {
             return Err(StoreError::invalid("name", format!("there are already {MAX_REPLAY_RULES} replay rules; delete one first")));
