@@ -99,8 +99,7 @@ pub async fn list_jobs(#[server(default)] query: JobQuery, #[server(default)] af
         } else {
             Some(DeathCursor::parse(&after).ok_or_else(|| AppError::Invalid { field: "after".into(), reason: "is not a page cursor of this order".into() })?)
         };
-        let (items, next) = store.dead_letters_by_death(&filter, after, PAGE_SIZE).await?;
-        let counted = store.count_jobs_bounded(&filter, COUNT_CAP).await?;
+        let (items, next, counted) = store.dead_letters_by_death_counted(&filter, after, PAGE_SIZE, COUNT_CAP).await?;
         return Ok(JobsPageData {
             rows: items.iter().map(|j| JobRow::from_job(j, now)).collect(),
             next: next.map(|c| c.encode()),

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::audit::{Actor, record};
 use super::cancel::{BULK_LIMIT, JobSelection};
 use super::notify::notify_queues;
-use super::listing::{JobFilter, SEARCH_WINDOW};
+use super::listing::{JobCount, JobFilter, SEARCH_WINDOW};
 use super::lenient::StoredTime;
 use super::{Store, StoreError, jobs_from_rows, millis};
 use super::enqueue::check_retry_patch;
@@ -310,6 +310,20 @@ pub(crate) async fn run_death_scan<'c, E: sqlx::PgExecutor<'c>>(mut scan: QueryB
 }
 
 impl Store {
+    /// A page of [`Store::dead_letters_by_death`] and the count of
+    /// [`Store::count_jobs_bounded`], read side by side on two connections, for a page that
+    /// shows both.
+    pub async fn dead_letters_by_death_counted(
+        &self,
+        filter: &JobFilter,
+        after: Option<DeathCursor>,
+        limit: i64,
+        cap: i64,
+    ) -> Result<(Vec<Job>, Option<DeathCursor>, JobCount), StoreError> {
+        let ((items, next), count) = futures::try_join!(self.dead_letters_by_death(filter, after, limit), self.count_jobs_bounded(filter, cap))?;
+        Ok((items, next, count))
+    }
+
     /// Dead letters matching `filter`, most recently dead first, `limit` (1..=500) at a time
     /// after `after`; with the cursor of the next page, if any. Read along the index of dead
     /// letters by time of death (of the filter's queue, if it names one), bounded by the

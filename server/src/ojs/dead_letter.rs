@@ -128,8 +128,7 @@ async fn list_by_death(state: &AppState, q: &QueryParams, filter: &JobFilter, li
         None => None,
         Some(c) => Some(DeathCursor::parse(c).ok_or_else(|| ApiError::invalid_field("cursor", "is not a cursor of this listing: use next_cursor as given"))?),
     };
-    let (items, next) = state.store.dead_letters_by_death(filter, after, limit).await?;
-    let counted = state.store.count_jobs_bounded(filter, COUNT_CAP).await?;
+    let (items, next, counted) = state.store.dead_letters_by_death_counted(filter, after, limit, COUNT_CAP).await?;
     let ids: Vec<Uuid> = items.iter().map(|j| j.id).collect();
     let attempts = state.store.attempts_for(&ids).await?;
     let jobs: Vec<Value> = items.iter().map(|j| job_json_with_errors(j, &attempts)).collect();

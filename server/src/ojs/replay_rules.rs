@@ -19,7 +19,6 @@ use rebound_queue::store::{MAX_REPLAYS, REPLAY_MARGIN, ReplayRule, ReplayRuleSpe
 use serde_json::{Value, json};
 
 use super::body::JsonObject;
-use super::dead_letter::error_type_filter;
 use super::error::ApiError;
 use crate::AppState;
 use crate::auth::Caller;
@@ -75,9 +74,8 @@ pub async fn put(State(state): State<AppState>, caller: Caller, Path(name): Path
         g.only(&["queue", "type", "error_type"])?;
         spec.queue = g.str("queue")?.map(str::to_owned);
         spec.job_type = g.str("type")?.map(str::to_owned);
-        if let Some(e) = g.str("error_type")? {
-            spec.error_type = Some(error_type_filter(e).map_err(|r| g.error("error_type", r))?);
-        }
+        // Checked with the rest of the rule by the store, which names `filter.error_type`.
+        spec.error_type = g.str("error_type")?.map(str::to_owned);
     }
     let delay = f.str("delay")?.ok_or_else(|| f.error("delay", "is required: an ISO 8601 duration such as PT1H"))?;
     spec.delay = iso8601::parse(delay).map_err(|r| f.error("delay", r))?;
