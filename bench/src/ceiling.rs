@@ -36,7 +36,7 @@ pub async fn work_ceiling(pool: &PgPool, clients: usize, batch: i64) -> anyhow::
             loop {
                 let ids: Vec<Uuid> = sqlx::query_scalar(
                     "WITH picked AS (
-                         SELECT id FROM jobs WHERE state = 'available' AND queue = 'bench'
+                         SELECT id FROM jobs WHERE state = 'available' AND NOT rate_limited AND queue = 'bench'
                          ORDER BY priority DESC, scheduled_at, id LIMIT $1 FOR UPDATE SKIP LOCKED
                      )
                      UPDATE jobs j SET state = 'active', attempt = j.attempt + 1, started_at = now()

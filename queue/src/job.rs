@@ -144,6 +144,10 @@ pub struct Job {
     pub last_error: Option<Value>,
     pub retry_delay_ms: Option<i64>,
     pub updated_at: Timestamp,
+    /// The rate-limit key whose concurrency limit the job shares (OJS `rate_limit.key`).
+    pub rate_limit_key: Option<String>,
+    /// `available` but waiting for a slot of its key: no claim takes it until it is admitted.
+    pub rate_limited: bool,
 }
 
 impl Job {
@@ -249,6 +253,45 @@ pub struct NewJob {
     pub unique: Option<UniqueSpec>,
     /// Stage in `pending` until activated.
     pub pending: bool,
+    /// Share a keyed concurrency limit with every job of the same key.
+    pub rate_limit: Option<JobRateLimit>,
+}
+
+/// A job's keyed concurrency limit (an OJS `RateLimitPolicy` with its `key`): at most
+/// `concurrency` jobs of the key, in any queue, are active or about to be at once; the rest
+/// wait, `available`, and are admitted highest priority first as slots free up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobRateLimit {
+    /// `^[a-zA-Z0-9][a-zA-Z0-9._:-]*$`, at most [`MAX_RATE_LIMIT_KEY`] bytes. Keys beginning
+    /// `queue:` are refused: they name a queue's own limit, which is set on the queue.
+    pub key: String,
+    /// Sets the key's limit (the newest enqueue naming one wins); `None` leaves it as it is.
+    /// 0 holds every job of the key.
+    pub concurrency: Option<u32>,
+}
+
+/// The longest rate-limit key.
+pub const MAX_RATE_LIMIT_KEY: usize = 255;
+
+/// The highest keyed concurrency limit.
+pub const MAX_RATE_LIMIT_CONCURRENCY: u32 = 1_000_000;
+
+/// Checks a rate-limit key (`field` names it in the error).
+pub fn validate_rate_limit_key(key: &str, field: &str) -> Result<(), JobValidationError> {
+    let mut chars = key.chars();
+    let ok = key.len() <= MAX_RATE_LIMIT_KEY
+        && chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'));
+    if !ok {
+        return Err(JobValidationError::new(
+            field,
+            format!("{key:?} is not a valid rate-limit key: letters, digits, '.', '_', ':' and '-', starting with a letter or digit, at most {MAX_RATE_LIMIT_KEY} characters"),
+        ));
+    }
+    if key.starts_with("queue:") {
+        return Err(JobValidationError::new(field, format!("{key:?} names a queue's limit, which is set on the queue (PUT /ojs/v1/admin/queues/{{name}}/rate-limit), not by its jobs")));
+    }
+    Ok(())
 }
 
 impl NewJob {
@@ -270,6 +313,7 @@ impl NewJob {
             expires_at: None,
             unique: None,
             pending: false,
+            rate_limit: None,
         }
     }
 
@@ -309,6 +353,8 @@ impl NewJob {
             last_error: None,
             retry_delay_ms: None,
             updated_at: created_at,
+            rate_limit_key: self.rate_limit.map(|r| r.key),
+            rate_limited: false,
         }
     }
 
@@ -321,6 +367,12 @@ impl NewJob {
     /// Sets the job's own retry override.
     pub fn retry(mut self, patch: PolicyPatch) -> Self {
         self.retry = Some(patch);
+        self
+    }
+
+    /// Shares the concurrency limit of rate-limit `key` (setting it to `concurrency`, if given).
+    pub fn rate_limit(mut self, key: impl Into<String>, concurrency: Option<u32>) -> Self {
+        self.rate_limit = Some(JobRateLimit { key: key.into(), concurrency });
         self
     }
 
@@ -351,6 +403,12 @@ impl NewJob {
         }
         if let Some(period) = self.unique.as_ref().and_then(|u| u.period) {
             bounds::check_interval(period).map_err(|reason| JobValidationError::new("options.unique.period", reason))?;
+        }
+        if let Some(limit) = &self.rate_limit {
+            validate_rate_limit_key(&limit.key, "options.rate_limit.key")?;
+            if limit.concurrency.is_some_and(|c| c > MAX_RATE_LIMIT_CONCURRENCY) {
+                return Err(JobValidationError::new("options.rate_limit.concurrency", format!("must be at most {MAX_RATE_LIMIT_CONCURRENCY}")));
+            }
         }
         self.check_storable()
     }

@@ -38,6 +38,7 @@ pub async fn run_pass(store: &Store, metrics: &Metrics) -> Result<PassReport, St
     let expired = store.expire_due(BATCH).await?;
     let rescued = store.rescue_expired(BATCH).await?;
     let promoted = store.promote_due(BATCH).await?;
+    store.settle_rate_limits(BATCH).await?;
     let cron = store.fire_due_crons(BATCH).await?;
     // An OJS deployment may have no Rebound worker at all: its replay rules still apply. A
     // failed replay pass is tried again next time; the folding below must not wait for it.

@@ -35,7 +35,8 @@ pub struct ClaimRequest {
 // `rate_max` starts, one of `throttle_max`, and `concurrency_limit` active jobs counted after
 // the lock, see `rebound_active_jobs`), and the windows are advanced by what was claimed, all
 // in this one statement. See migrations/…_queue_rate_limits.sql. In maintenance mode (one
-// row in `maintenance`) every claim gets nothing.
+// row in `maintenance`) every claim gets nothing. A job waiting for a slot of its rate-limit
+// key (`rate_limited`) is not in the claimable set at all (see …_keyed_rate_limits.sql).
 const CLAIM: &str = "
 WITH q AS MATERIALIZED (
     SELECT name, paused, concurrency_limit, rate_max, throttle_max,
@@ -65,7 +66,7 @@ WITH q AS MATERIALIZED (
         updated_at = now()
     WHERE j.id = ANY(ARRAY(
         SELECT id FROM jobs
-        WHERE state = 'available' AND queue = $1
+        WHERE state = 'available' AND NOT rate_limited AND queue = $1
           AND (expires_at IS NULL OR expires_at > now())
         ORDER BY priority DESC, scheduled_at, id
         LIMIT CASE WHEN EXISTS (SELECT 1 FROM maintenance) THEN 0 ELSE COALESCE((SELECT n FROM room), $2::bigint) END

@@ -61,7 +61,7 @@ pub(super) fn check_retry_patch(patch: &PolicyPatch, prefix: &str) -> Result<i32
 const INSERT_ONE: &str = "
 INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
                   timeout_ms, visibility_timeout_ms, unique_key, unique_states, unique_until,
-                  scheduled_at, expires_at, enqueued_at)
+                  scheduled_at, expires_at, enqueued_at, rate_limit_key)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8, s.state,
        COALESCE($9,
                 (SELECT rebound_policy_max_attempts(policy) FROM retry_policies WHERE job_type = $2),
@@ -70,14 +70,17 @@ SELECT $1, $2, $3, $4, $5, $6, $7, $8, s.state,
        $10, $11, $12, $13, $14,
        CASE WHEN $15::bigint IS NULL THEN NULL ELSE now() + $15 * interval '1 millisecond' END,
        COALESCE($16::timestamptz, now()), $17::timestamptz,
-       CASE WHEN s.state = 'available' THEN now() END
+       CASE WHEN s.state = 'available' THEN now() END, $19
 FROM (SELECT CASE WHEN $18 THEN 'pending'::job_state
                   WHEN $16::timestamptz > now() THEN 'scheduled'::job_state
                   ELSE 'available'::job_state END AS state) AS s
 ON CONFLICT (id) DO NOTHING
 RETURNING id, state, max_attempts, scheduled_at, expires_at, created_at";
 
+/// Inserts one job. A keyed job (`rate_limit`) takes two statements more: `conn` must then be
+/// in a transaction, or a failed insert could leave its key's limit changed.
 pub(super) async fn insert_one(conn: &mut PgConnection, job: &NewJob, max_attempts: Option<i32>) -> Result<Job, StoreError> {
+    record_rate_limit_keys(conn, std::iter::once(job)).await?;
     let id = job.id.unwrap_or_else(Uuid::now_v7);
     let unique = job.unique.as_ref();
     let row = sqlx::query(INSERT_ONE)
@@ -99,12 +102,17 @@ pub(super) async fn insert_one(conn: &mut PgConnection, job: &NewJob, max_attemp
         .bind(job.scheduled_at.map(|t| t.to_string()))
         .bind(job.expires_at.map(|t| t.to_string()))
         .bind(job.pending)
+        .bind(job.rate_limit.as_ref().map(|r| r.key.as_str()))
         .fetch_optional(&mut *conn)
         .await?;
     match row {
         // Built from what was sent, not decoded back: nothing about the stored args can fail
         // the answer of an enqueue that has already happened.
-        Some(row) => stored_job(job.clone(), id, &row),
+        Some(row) => {
+            let mut stored = stored_job(job.clone(), id, &row)?;
+            read_rate_limited(conn, &mut [&mut stored]).await?;
+            Ok(stored)
+        }
         None => Err(StoreError::Duplicate { reason: format!("a job with id {id} already exists"), existing: Some(id) }),
     }
 }
@@ -173,6 +181,12 @@ impl Store {
     pub async fn enqueue(&self, job: NewJob) -> Result<Enqueued, StoreError> {
         let max_attempts = check(&job)?;
         match &job.unique {
+            None if job.rate_limit.is_some() => {
+                let mut tx = self.begin().await?;
+                let job = insert_one(&mut tx, &job, max_attempts).await?;
+                tx.commit().await?;
+                Ok(Enqueued { job, outcome: EnqueueOutcome::Created })
+            }
             None => {
                 let mut conn = self.pool.acquire().await?;
                 let job = insert_one(&mut conn, &job, max_attempts).await?;
@@ -195,10 +209,16 @@ impl Store {
         for (i, job) in jobs.iter().enumerate() {
             checked.push(check(job).map_err(|e| prefix_index(e, i))?);
         }
-        if jobs.iter().all(|j| j.unique.is_none()) {
+        if jobs.iter().all(|j| j.unique.is_none() && j.rate_limit.is_none()) {
             // One statement is atomic on its own: no BEGIN and COMMIT round trips.
             let mut conn = self.pool.acquire().await?;
             return insert_many(&mut conn, jobs, &checked, &[]).await;
+        }
+        if jobs.iter().all(|j| j.unique.is_none()) {
+            let mut tx = self.begin().await?;
+            let out = insert_many(&mut tx, jobs, &checked, &[]).await?;
+            tx.commit().await?;
+            return Ok(out);
         }
         let mut tx = self.begin().await?;
         let out = {
@@ -251,6 +271,46 @@ fn prefix_index(e: StoreError, i: usize) -> StoreError {
     }
 }
 
+/// Records the limits of the rate-limit keys `jobs` name, before they are inserted (the
+/// insert's trigger admits them against these). Per key, the last job that names a
+/// concurrency sets it; a key none sets keeps what it had (none: no limit). In key order, so
+/// that two batches naming the same keys lock them alike.
+async fn record_rate_limit_keys<'a>(conn: &mut PgConnection, jobs: impl Iterator<Item = &'a NewJob>) -> Result<(), StoreError> {
+    let (mut keys, mut limits): (Vec<&str>, Vec<Option<i32>>) = (Vec::new(), Vec::new());
+    for limit in jobs.filter_map(|j| j.rate_limit.as_ref()) {
+        keys.push(&limit.key);
+        limits.push(limit.concurrency.map(|c| i32::try_from(c).unwrap_or(i32::MAX)));
+    }
+    if keys.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO rate_limit_keys (key, concurrency)
+         SELECT DISTINCT ON (key) key, concurrency FROM unnest($1::text[], $2::int4[]) WITH ORDINALITY AS t(key, concurrency, n)
+         ORDER BY key, concurrency IS NULL, n DESC
+         ON CONFLICT (key) DO UPDATE SET concurrency = COALESCE(EXCLUDED.concurrency, rate_limit_keys.concurrency), updated_at = now()",
+    )
+    .bind(&keys)
+    .bind(&limits)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Marks the keyed jobs of `stored` that their insert left waiting for a slot (the trigger
+/// decides that after the rows are written, so the insert's own answer cannot say).
+async fn read_rate_limited(conn: &mut PgConnection, stored: &mut [&mut Job]) -> Result<(), StoreError> {
+    let ids: Vec<Uuid> = stored.iter().filter(|j| j.rate_limit_key.is_some()).map(|j| j.id).collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let waiting: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM jobs WHERE id = ANY($1) AND rate_limited").bind(&ids).fetch_all(&mut *conn).await?;
+    for job in stored.iter_mut() {
+        job.rate_limited = waiting.contains(&job.id);
+    }
+    Ok(())
+}
+
 /// The batch fast path: one INSERT over arrays.
 ///
 /// Only what Postgres decides comes back (state, defaults and timestamps, the latter at the
@@ -267,6 +327,7 @@ pub(super) async fn insert_many(
     members: &[(Uuid, i32)],
 ) -> Result<Vec<Enqueued>, StoreError> {
     let n = jobs.len();
+    record_rate_limit_keys(conn, jobs.iter()).await?;
     let ids: Vec<Uuid> = jobs.iter().map(|job| job.id.unwrap_or_else(Uuid::now_v7)).collect();
     let retries: Vec<Option<Value>> = jobs.iter().map(|job| job.retry.as_ref().map(|p| p.to_json())).collect();
     let rows = {
@@ -282,6 +343,7 @@ pub(super) async fn insert_many(
         let mut scheduled: Vec<Option<String>> = Vec::with_capacity(n);
         let mut expires: Vec<Option<String>> = Vec::with_capacity(n);
         let mut pendings: Vec<Option<bool>> = Vec::with_capacity(n);
+        let mut keys: Vec<Option<&str>> = Vec::with_capacity(n);
         // The usual empty meta, extra and tags go as NULL: nothing to encode or parse.
         let unless_empty = |v: &Value| -> bool { !v.as_object().is_some_and(|o| o.is_empty()) };
         for job in &jobs {
@@ -297,12 +359,13 @@ pub(super) async fn insert_many(
             scheduled.push(job.scheduled_at.map(|t| t.to_string()));
             expires.push(job.expires_at.map(|t| t.to_string()));
             pendings.push(job.pending.then_some(true));
+            keys.push(job.rate_limit.as_ref().map(|r| r.key.as_str()));
         }
         // A column no job of the batch sets goes as an empty array: `unnest` pads it with
         // NULLs (the defaults below) instead of Postgres parsing a thousand NULLs per column.
         let (metas, extras, priorities, tags) = (sparse(metas), sparse(extras), sparse(priorities), sparse(tags));
         let (timeouts, visibilities, scheduled, expires) = (sparse(timeouts), sparse(visibilities), sparse(scheduled), sparse(expires));
-        let (pendings, max_attempts) = (sparse(pendings), sparse(max_attempts.to_vec()));
+        let (pendings, max_attempts, keys) = (sparse(pendings), sparse(max_attempts.to_vec()), sparse(keys));
         let retries = sparse(retries.iter().map(Option::as_ref).collect());
         let workflow_ids: Vec<Uuid> = members.iter().map(|m| m.0).collect();
         let workflow_steps: Vec<i32> = members.iter().map(|m| m.1).collect();
@@ -310,22 +373,24 @@ pub(super) async fn insert_many(
             "WITH input AS (
                SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::jsonb[], $7::int2[],
                                     $8::jsonb[], $9::int4[], $10::jsonb[], $11::int8[], $12::int8[], $13::timestamptz[],
-                                    $14::timestamptz[], $15::bool[], $16::uuid[], $17::int4[])
+                                    $14::timestamptz[], $15::bool[], $16::uuid[], $17::int4[], $18::text[])
                       AS t(id, type, queue, args, meta, extra, priority, tags, max_attempts, retry,
-                           timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, pending, workflow_id, workflow_step)
+                           timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, pending, workflow_id, workflow_step,
+                           rate_limit_key)
              ), layers AS (
                -- Read as in INSERT_ONE: a stored policy must never fail an enqueue.
                SELECT job_type, rebound_policy_max_attempts(policy) AS max_attempts FROM retry_policies
              )
              INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
-                               timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, enqueued_at, workflow_id, workflow_step)
+                               timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, enqueued_at, workflow_id, workflow_step,
+                               rate_limit_key)
              SELECT i.id, i.type, i.queue, i.args, COALESCE(i.meta, '{}'), COALESCE(i.extra, '{}'), COALESCE(i.priority, 0),
                     CASE WHEN i.tags IS NULL THEN '{}'::text[] ELSE ARRAY(SELECT jsonb_array_elements_text(i.tags)) END,
                     s.state,
                     COALESCE(i.max_attempts, (SELECT l.max_attempts FROM layers l WHERE l.job_type = i.type),
                              (SELECT l.max_attempts FROM layers l WHERE l.job_type = '*'), 3),
                     i.retry, i.timeout_ms, i.visibility_timeout_ms, COALESCE(i.scheduled_at, now()), i.expires_at,
-                    CASE WHEN s.state = 'available' THEN now() END, i.workflow_id, i.workflow_step
+                    CASE WHEN s.state = 'available' THEN now() END, i.workflow_id, i.workflow_step, i.rate_limit_key
              FROM input i
              CROSS JOIN LATERAL (SELECT CASE WHEN i.pending IS TRUE THEN 'pending'::job_state
                                              WHEN i.scheduled_at > now() THEN 'scheduled'::job_state
@@ -349,6 +414,7 @@ pub(super) async fn insert_many(
         .bind(&pendings)
         .bind(&workflow_ids)
         .bind(&workflow_steps)
+        .bind(&keys)
         .fetch_all(&mut *conn)
         .await
         .map_err(|e| duplicate_in_batch(e, &ids))?
@@ -363,6 +429,7 @@ pub(super) async fn insert_many(
         let row = stored.get(&id).ok_or_else(|| StoreError::Missing { what: format!("inserted job {id}") })?;
         out.push(Enqueued { job: stored_job(job, id, row)?, outcome: EnqueueOutcome::Created });
     }
+    read_rate_limited(conn, &mut out.iter_mut().map(|e| &mut e.job).collect::<Vec<_>>()).await?;
     Ok(out)
 }
 

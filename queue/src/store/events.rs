@@ -508,6 +508,30 @@ pub struct WorkflowEvent {
 const WORKFLOW_EVENTS_NEWEST_FIRST: &str = subject_events_sql!("workflow_events", "workflow_id", "at DESC, id DESC");
 const WORKFLOW_EVENTS_AFTER: &str = subject_events_sql!("workflow_events", "workflow_id", "id");
 
+/// Rate-limit event types [`Store::rate_limit_events`] knows (ojs-rate-limiting §11.1; keyed
+/// concurrency limits only, so neither `rate_limit.dropped` nor `rate_limit.dynamic_adjusted`).
+pub const RATE_LIMIT_EVENT_TYPES: [&str; 2] = ["rate_limit.exceeded", "rate_limit.released"];
+
+/// A statement left jobs of a rate-limit key waiting for a slot (`rate_limit.exceeded`: one per
+/// statement and key), or a waiting job was admitted (`rate_limit.released`: one per job),
+/// logged by the statements that did it (see migrations/…_keyed_rate_limits.sql).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RateLimitEvent {
+    /// Unique, stable, and a cursor like [`JobEvent::id`].
+    pub id: String,
+    /// One of [`RATE_LIMIT_EVENT_TYPES`].
+    pub event_type: String,
+    pub at: Timestamp,
+    pub key: String,
+    /// The event's OJS data, always with `key` and `strategy` (`concurrency`): `limit`,
+    /// `current` (the slots held) and `parked` (how many jobs were left waiting) when
+    /// exceeded; `job_id`, `queue` and `job_type` when released.
+    pub data: Value,
+}
+
+const RATE_LIMIT_EVENTS_NEWEST_FIRST: &str = subject_events_sql!("rate_limit_events", "key", "at DESC, id DESC");
+const RATE_LIMIT_EVENTS_AFTER: &str = subject_events_sql!("rate_limit_events", "key", "id");
+
 /// Dead-letter event types [`Store::dead_letter_events`] knows (the OJS dead-letter
 /// extension's; a job entering the queue is [`EVENT_TYPES`]' `job.dead_lettered`).
 pub const DEAD_LETTER_EVENT_TYPES: [&str; 4] = ["dead_letter.retried", "dead_letter.replayed", "dead_letter.deleted", "dead_letter.pruned"];
@@ -681,6 +705,19 @@ impl Store {
             event_type,
             at,
             workflow_id,
+            data,
+        })
+        .await
+    }
+
+    /// Rate-limit events (`filter.types` from [`RATE_LIMIT_EVENT_TYPES`]) matching `filter`
+    /// like [`Store::events`]. None for a filter naming queues, a job or job types.
+    pub async fn rate_limit_events(&self, filter: &EventFilter) -> Result<Vec<RateLimitEvent>, StoreError> {
+        self.subject_events(RATE_LIMIT_EVENTS_AFTER, RATE_LIMIT_EVENTS_NEWEST_FIRST, filter, |id, event_type, at, key, data| RateLimitEvent {
+            id,
+            event_type,
+            at,
+            key,
             data,
         })
         .await

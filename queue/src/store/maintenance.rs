@@ -95,6 +95,9 @@ pub struct PruneReport {
     /// Rows of `workflow_events` (`workflow.*` events), aged out with the completed jobs'
     /// retention.
     pub workflow_events: u64,
+    /// Rows of `rate_limit_events` (`rate_limit.*` events), aged out with the completed jobs'
+    /// retention.
+    pub rate_limit_events: u64,
 }
 
 // A retention delete of `$table`'s rows older than `$1` ms by its `at`, `$2` at most, oldest
@@ -428,6 +431,7 @@ impl Store {
         let worker_events = self.delete_aged(aged_by_at!("worker_events"), cfg.completed_after, cfg.batch).await?;
         let dead_letter_events = self.delete_aged(aged_by_at!("dead_letter_log"), cfg.completed_after, cfg.batch).await?;
         let workflow_events = self.delete_aged(aged_by_at!("workflow_events"), cfg.completed_after, cfg.batch).await?;
+        let rate_limit_events = self.delete_aged(aged_by_at!("rate_limit_events"), cfg.completed_after, cfg.batch).await?;
         // A finished workflow is kept as long as its failed jobs are (the longer retention):
         // its page explains them. Nested ones go with the outermost (the foreign key cascades).
         let workflows = self
@@ -453,6 +457,7 @@ impl Store {
             dead_letter_events,
             workflows,
             workflow_events,
+            rate_limit_events,
         })
     }
 

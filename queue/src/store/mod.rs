@@ -143,8 +143,8 @@ pub use cancel::{BULK_LIMIT, JobSelection};
 pub use dead_letter::{DeathCursor, RedriveBudget, RedriveOptions, RedriveOverride, RedriveTarget};
 pub use enqueue::{EnqueueOutcome, Enqueued};
 pub use events::{
-    DEAD_LETTER_EVENT_TYPES, DeadLetterEvent, EVENT_SETTLE, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, WORKER_EVENT_TYPES, WORKFLOW_EVENT_TYPES, WorkerEvent,
-    WorkflowEvent, position_at, position_time,
+    DEAD_LETTER_EVENT_TYPES, DeadLetterEvent, EVENT_SETTLE, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent, RATE_LIMIT_EVENT_TYPES, RateLimitEvent, WORKER_EVENT_TYPES,
+    WORKFLOW_EVENT_TYPES, WorkerEvent, WorkflowEvent, position_at, position_time,
 };
 pub use fail::{Failure, FailureResult, KnownRun};
 pub use listing::{ErrorGroup, JobCount, JobFilter, Page, SEARCH_WINDOW, Stats, StatsRow};
@@ -156,7 +156,7 @@ pub use progress::{JobProgress, MAX_PROGRESS_DATA, MAX_PROGRESS_MESSAGE, Progres
 pub use maintenance_mode::Maintenance;
 pub use queues::QueueInfo;
 pub use replay_rules::{MAX_REPLAY_RULES, MAX_REPLAYS, REPLAY_MARGIN, ReplayReport, ReplayRule, ReplayRuleSpec, check_rule_name};
-pub use rate_limits::{QueueRateLimit, RateLimitState, Window};
+pub use rate_limits::{KeyedRateLimit, QueueRateLimit, RateLimitOverride, RateLimitState, Window};
 pub use workflows::{BatchCallbacks, CALLBACKS, GraphStep, MAX_WORKFLOW_DEPTH, MAX_WORKFLOW_JOBS, NESTED_WORKFLOW_QUEUE, NestedCounts, NewWorkflow, Workflow, WorkflowCancel, WorkflowMember, WorkflowType};
 pub use workers::{BeatReport, ProcessUsage, WorkerBeat, WorkerInfo, WorkerRegistration, WorkerStatus};
 
@@ -531,6 +531,9 @@ struct JobColumns {
     last_error: usize,
     retry_delay_ms: usize,
     updated_at: usize,
+    // Located leniently: a result that leaves them out reads an unkeyed job.
+    rate_limit_key: Option<usize>,
+    rate_limited: Option<usize>,
 }
 
 impl JobColumns {
@@ -567,6 +570,8 @@ impl JobColumns {
             last_error: "last_error".index(row)?,
             retry_delay_ms: "retry_delay_ms".index(row)?,
             updated_at: "updated_at".index(row)?,
+            rate_limit_key: "rate_limit_key".index(row).ok(),
+            rate_limited: "rate_limited".index(row).ok(),
         })
     }
 
@@ -603,6 +608,14 @@ impl JobColumns {
             last_error: row.try_get::<Option<StoredJson>, _>(self.last_error)?.map(|j| j.0),
             retry_delay_ms: row.try_get(self.retry_delay_ms)?,
             updated_at: row.try_get::<StoredTime, _>(self.updated_at)?.0,
+            rate_limit_key: match self.rate_limit_key {
+                Some(i) => row.try_get(i)?,
+                None => None,
+            },
+            rate_limited: match self.rate_limited {
+                Some(i) => row.try_get(i)?,
+                None => false,
+            },
         })
     }
 }

@@ -198,3 +198,150 @@ impl Store {
         Ok(ts_opt(&row, "t")?)
     }
 }
+
+/// An operator's limit for a rate-limit key (OJS `PUT /rate-limits/{key}`), in force over
+/// what its jobs set until `expires_at` (`None`: until removed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct RateLimitOverride {
+    pub concurrency: u32,
+    pub expires_at: Option<Timestamp>,
+}
+
+/// A rate-limit key shared by jobs (OJS per-job `rate_limit`), and its state now. See
+/// migrations/…_keyed_rate_limits.sql for how slots are admitted.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KeyedRateLimit {
+    pub key: String,
+    /// The concurrency the key's jobs set (the newest enqueue naming one); `None`: none.
+    pub concurrency: Option<u32>,
+    /// An operator's override, while it lasts.
+    pub override_limit: Option<RateLimitOverride>,
+    /// The limit in force now; `None`: every job of the key is admitted.
+    pub in_force: Option<u32>,
+    /// Jobs of the key running now.
+    pub active: i64,
+    /// Jobs admitted, `available`, that a worker has not yet claimed: they hold a slot.
+    pub admitted: i64,
+    /// Jobs `available` but waiting for a slot.
+    pub waiting: i64,
+    pub updated_at: Timestamp,
+}
+
+impl KeyedRateLimit {
+    /// Slots free now.
+    pub fn free(&self) -> Option<i64> {
+        self.in_force.map(|l| (i64::from(l) - self.active - self.admitted).max(0))
+    }
+}
+
+const KEY_STATES: &str = "
+SELECT r.key, r.concurrency, r.override_concurrency, r.override_expires_at, r.updated_at,
+       rebound_rate_limit_in_force(r) AS in_force,
+       (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = r.key AND j.state = 'active' AND NOT j.rate_limited) AS active,
+       (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = r.key AND j.state = 'available' AND NOT j.rate_limited) AS admitted,
+       (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = r.key AND j.state = 'available' AND j.rate_limited) AS waiting
+FROM rate_limit_keys r
+WHERE r.key = ANY($1)
+ORDER BY r.key";
+
+fn key_state_from_row(r: &PgRow) -> Result<KeyedRateLimit, StoreError> {
+    let count = |c: Option<i32>| c.map(|c| u32::try_from(c).unwrap_or(0));
+    let expires_at = ts_opt(r, "override_expires_at")?;
+    let override_limit = count(r.try_get("override_concurrency")?)
+        .map(|concurrency| RateLimitOverride { concurrency, expires_at })
+        .filter(|o| o.expires_at.is_none_or(|t| t > Timestamp::now()));
+    Ok(KeyedRateLimit {
+        key: r.try_get("key")?,
+        concurrency: count(r.try_get("concurrency")?),
+        override_limit,
+        in_force: count(r.try_get("in_force")?),
+        active: r.try_get("active")?,
+        admitted: r.try_get("admitted")?,
+        waiting: r.try_get("waiting")?,
+        updated_at: super::ts(r, "updated_at")?,
+    })
+}
+
+/// Keys with jobs waiting and, by a read without locks, a free slot: the sweep settles these.
+/// The distinct waiting keys are read by skipping along `jobs_rate_waiting`, one probe each.
+const KEYS_TO_SETTLE: &str = "
+WITH RECURSIVE waiting AS (
+    (SELECT rate_limit_key AS key FROM jobs WHERE state = 'available' AND rate_limited ORDER BY rate_limit_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.rate_limit_key FROM jobs j
+            WHERE j.state = 'available' AND j.rate_limited AND j.rate_limit_key > w.key
+            ORDER BY j.rate_limit_key LIMIT 1)
+    FROM waiting w WHERE w.key IS NOT NULL
+)
+SELECT w.key FROM waiting w LEFT JOIN rate_limit_keys r ON r.key = w.key
+WHERE w.key IS NOT NULL
+  AND (rebound_rate_limit_in_force(r) IS NULL
+       OR (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = w.key AND j.state IN ('available', 'active') AND NOT j.rate_limited)
+          < rebound_rate_limit_in_force(r))
+LIMIT $1";
+
+impl Store {
+    /// The rate-limit keys jobs have named (or an operator has limited), in key order.
+    pub async fn rate_limit_key_names(&self) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT key FROM rate_limit_keys ORDER BY key").fetch_all(&self.pool).await?)
+    }
+
+    /// The named keys' limits and state, in key order (unknown keys are left out).
+    pub async fn rate_limit_keys(&self, keys: &[String]) -> Result<Vec<KeyedRateLimit>, StoreError> {
+        let rows = sqlx::query(KEY_STATES).bind(keys).fetch_all(&self.pool).await?;
+        rows.iter().map(key_state_from_row).collect()
+    }
+
+    /// One key's limit and state.
+    pub async fn rate_limit_key(&self, key: &str) -> Result<Option<KeyedRateLimit>, StoreError> {
+        Ok(self.rate_limit_keys(&[key.to_owned()]).await?.into_iter().next())
+    }
+
+    /// Sets (or with `None` removes) an operator's override of a key's limit, and brings the
+    /// key to it in the same transaction: waiting jobs are admitted into new room, and
+    /// admitted jobs no worker has claimed yet are held back when the limit falls below what
+    /// holds (running jobs finish). Audited. A key no job has named yet is created, so a limit
+    /// can be in place before its jobs come.
+    pub async fn override_rate_limit(&self, key: &str, limit: Option<&RateLimitOverride>, actor: &Actor) -> Result<KeyedRateLimit, StoreError> {
+        crate::job::validate_rate_limit_key(key, "key")?;
+        if let Some(o) = limit {
+            if o.concurrency > crate::job::MAX_RATE_LIMIT_CONCURRENCY {
+                return Err(StoreError::invalid("concurrency", format!("must be at most {}", crate::job::MAX_RATE_LIMIT_CONCURRENCY)));
+            }
+            if let Some(t) = o.expires_at {
+                crate::bounds::check_time(t).map_err(|r| StoreError::invalid("expires_at", r))?;
+                if t <= Timestamp::now() {
+                    return Err(StoreError::invalid("expires_at", "must be in the future"));
+                }
+            }
+        }
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "INSERT INTO rate_limit_keys (key, override_concurrency, override_expires_at) VALUES ($1, $2, $3)
+             ON CONFLICT (key) DO UPDATE SET override_concurrency = EXCLUDED.override_concurrency,
+                 override_expires_at = EXCLUDED.override_expires_at, updated_at = now()",
+        )
+        .bind(key)
+        .bind(limit.map(|o| i32::try_from(o.concurrency).unwrap_or(i32::MAX)))
+        .bind(limit.and_then(|o| o.expires_at).map(jiff_sqlx::Timestamp::from))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("SELECT rebound_rate_limit_settle($1)").bind(key).execute(&mut *tx).await?;
+        let detail = limit.map(|o| json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }));
+        record(&mut tx, actor, "rate_limit.override", Some(key), json!({ "override": detail })).await?;
+        tx.commit().await?;
+        self.rate_limit_key(key).await?.ok_or_else(|| StoreError::Missing { what: format!("rate-limit key {key}") })
+    }
+
+    /// The sweep: settles every key with jobs waiting and a slot free, one key per
+    /// transaction. The statements that move keyed jobs settle their keys themselves; this
+    /// catches what they could not (a waiting job another transaction held at that moment,
+    /// an override that expired). Returns how many keys it settled.
+    pub async fn settle_rate_limits(&self, batch: i64) -> Result<u64, StoreError> {
+        let keys: Vec<String> = sqlx::query_scalar(KEYS_TO_SETTLE).bind(batch.max(1)).fetch_all(&self.pool).await?;
+        for key in &keys {
+            sqlx::query("SELECT rebound_rate_limit_settle($1)").bind(key).execute(&self.pool).await?;
+        }
+        Ok(keys.len() as u64)
+    }
+}

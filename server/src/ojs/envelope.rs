@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
-use rebound_queue::job::{Attempt, OnConflict, UniqueSpec};
+use rebound_queue::job::{Attempt, JobRateLimit, MAX_RATE_LIMIT_CONCURRENCY, OnConflict, UniqueSpec, validate_rate_limit_key};
 use rebound_queue::bounds;
 use rebound_queue::policy::iso8601;
 use rebound_queue::unique_key::{DIMENSIONS, Fingerprint};
@@ -25,9 +25,9 @@ use super::unsupported::unsupported;
 /// (where the OJS JSON format puts `queue`, `priority`, `retry`, …). Other option keys
 /// (`metadata`, …) are kept in `extra.options`, so clients get them back and the
 /// test-mode heartbeat hook can read them.
-const OPTIONS: [&str; 11] = [
+const OPTIONS: [&str; 12] = [
     "queue", "priority", "timeout_ms", "visibility_timeout_ms", "delay_until", "scheduled_at",
-    "expires_at", "retry", "unique", "tags", "pending",
+    "expires_at", "retry", "unique", "tags", "pending", "rate_limit",
 ];
 
 /// Top-level keys of the envelope proper.
@@ -35,10 +35,10 @@ const ENVELOPE: [&str; 5] = ["type", "args", "id", "meta", "options"];
 
 /// Keys the server sets; a client sending them (e.g. re-posting a fetched job) is ignored
 /// rather than echoed back as if they were the job's.
-const SYSTEM_MANAGED: [&str; 17] = [
+const SYSTEM_MANAGED: [&str; 18] = [
     "specversion", "state", "attempt", "max_attempts", "created_at", "enqueued_at", "started_at",
     "completed_at", "cancelled_at", "discarded_at", "result", "error", "errors", "retry_delay_ms",
-    "next_attempt_at", "next_retry_at", "dead_letter",
+    "next_attempt_at", "next_retry_at", "dead_letter", "rate_limited",
 ];
 
 /// Parses a job envelope. `now` anchors relative times (`"+PT2S"`).
@@ -66,18 +66,6 @@ pub fn parse_new_job(f: &Fields<'_>, now: Timestamp) -> Result<NewJob, ApiError>
     }
 
     let options = f.object("options")?;
-    // Per-job keyed limits (ojs-rate-limiting §4) are not enforced: kept as an extra, the job
-    // would be accepted and run unlimited while its client believes otherwise.
-    // Looked for where any option is (`options`, else the top level, as below).
-    let rate_limited = match &options {
-        Some(o) if o.get("rate_limit").is_some() => Some(o.name("rate_limit")),
-        _ => f.get("rate_limit").is_some().then(|| f.name("rate_limit")),
-    };
-    if let Some(field) = rate_limited {
-        return Err(unsupported(format!("a job's own rate limit ({field})"))
-            .detail("field", field)
-            .hint("limit the job's queue instead: PUT /ojs/v1/rate-limits/queue:<name>"));
-    }
     // An option is read from `options`, else from the top level (JSON-format placement).
     let pick = |key: &str| -> Fields<'_> {
         match &options {
@@ -116,6 +104,10 @@ pub fn parse_new_job(f: &Fields<'_>, now: Timestamp) -> Result<NewJob, ApiError>
         job.retry = Some(patch);
     }
 
+    if let Some(r) = pick("rate_limit").object("rate_limit")? {
+        job.rate_limit = Some(parse_rate_limit(&r)?);
+    }
+
     job.extra = extra_fields(f, options.as_ref());
     // Validate before the unique key is computed, so a bad queue or type is reported as such.
     job.validate().map_err(|e| f.error(&e.field, &e.reason))?;
@@ -125,6 +117,30 @@ pub fn parse_new_job(f: &Fields<'_>, now: Timestamp) -> Result<NewJob, ApiError>
         job.unique = Some(parse_unique(&u, &job)?);
     }
     Ok(job)
+}
+
+/// A job's `rate_limit` (ojs-rate-limiting §6): its `key` and the key's `concurrency`. Per-key
+/// windows (`rate`, `throttle`) and an `on_limit` other than `wait` are refused rather than
+/// accepted and not enforced: a client would believe its job limited.
+fn parse_rate_limit(r: &Fields<'_>) -> Result<JobRateLimit, ApiError> {
+    for windowed in ["rate", "throttle", "max_per_second"] {
+        if r.get(windowed).is_some_and(|v| !v.is_null()) {
+            return Err(unsupported(format!("per-key rate windows ({})", r.name(windowed)))
+                .detail("field", r.name(windowed))
+                .hint("keyed limits are concurrency limits here; limit the job's queue for rates: PUT /ojs/v1/admin/queues/{name}/rate-limit"));
+        }
+    }
+    match r.str("on_limit")? {
+        None | Some("wait") => {}
+        Some(other) => {
+            return Err(unsupported(format!("on_limit {other:?} (only \"wait\")")).detail("field", r.name("on_limit")));
+        }
+    }
+    r.only(&["key", "concurrency", "rate", "throttle", "max_per_second", "on_limit"])?;
+    let key = r.required_str("key")?;
+    validate_rate_limit_key(key, &r.name("key")).map_err(|e| r.error("key", e.reason))?;
+    let concurrency = r.i64_in("concurrency", 0, i64::from(MAX_RATE_LIMIT_CONCURRENCY))?.map(|c| u32::try_from(c).unwrap_or(0));
+    Ok(JobRateLimit { key: key.to_owned(), concurrency })
 }
 
 /// A job timeout: positive and at most [`bounds::MAX_TIMEOUT`].
@@ -321,6 +337,13 @@ pub fn job_json(job: &Job) -> Value {
         put("dead_letter", Value::Bool(true));
         if let Some(t) = job.dead_lettered_at {
             put("dead_lettered_at", ts(t));
+        }
+    }
+    if let Some(key) = &job.rate_limit_key {
+        put("rate_limit", json!({ "key": key }));
+        // `available`, and waiting for a slot of its key rather than for a worker.
+        if job.rate_limited && job.state == JobState::Available {
+            put("rate_limited", Value::Bool(true));
         }
     }
     Value::Object(m)

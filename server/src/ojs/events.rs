@@ -14,7 +14,7 @@ use jiff::Timestamp;
 use rebound_queue::job::{validate_queue, validate_type};
 use rebound_queue::store::{
     CRON_EVENT_TYPES, CronEvent, DEAD_LETTER_EVENT_TYPES, DeadLetterEvent, EVENT_TYPES, EventFilter, JobEvent, QUEUE_EVENT_TYPES, QueueEvent,
-    WORKER_EVENT_TYPES, WORKFLOW_EVENT_TYPES, WorkerEvent, WorkflowEvent, position_at, position_time,
+    RATE_LIMIT_EVENT_TYPES, RateLimitEvent, WORKER_EVENT_TYPES, WORKFLOW_EVENT_TYPES, WorkerEvent, WorkflowEvent, position_at, position_time,
 };
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -99,6 +99,10 @@ fn worker_event_json(e: &WorkerEvent) -> Value {
     cloud_event(&e.id, &e.event_type, "ojs://rebound/workers", e.at, &e.worker_id, e.data.clone())
 }
 
+fn rate_limit_event_json(e: &RateLimitEvent) -> Value {
+    cloud_event(&e.id, &e.event_type, "ojs://rebound/rate-limits", e.at, &e.key, e.data.clone())
+}
+
 fn workflow_event_json(e: &WorkflowEvent) -> Value {
     cloud_event(&e.id, &e.event_type, "ojs://rebound/workflows", e.at, &e.workflow_id.to_string(), e.data.clone())
 }
@@ -171,25 +175,28 @@ struct Selection {
     worker_types: Vec<String>,
     workflow_types: Vec<String>,
     dead_letter_types: Vec<String>,
+    rate_limit_types: Vec<String>,
     jobs: bool,
     crons: bool,
     queues: bool,
     workers: bool,
     workflows: bool,
     dead_letters: bool,
+    rate_limits: bool,
 }
 
 fn selection(q: &QueryParams) -> Result<Selection, ApiError> {
     let mut types = q.list("types");
     types.extend(q.list("type"));
-    let groups: [&[&str]; 6] = [&EVENT_TYPES, &CRON_EVENT_TYPES, &QUEUE_EVENT_TYPES, &WORKER_EVENT_TYPES, &WORKFLOW_EVENT_TYPES, &DEAD_LETTER_EVENT_TYPES];
+    let groups: [&[&str]; 7] =
+        [&EVENT_TYPES, &CRON_EVENT_TYPES, &QUEUE_EVENT_TYPES, &WORKER_EVENT_TYPES, &WORKFLOW_EVENT_TYPES, &DEAD_LETTER_EVENT_TYPES, &RATE_LIMIT_EVENT_TYPES];
     if let Some(bad) = types.iter().find(|t| !groups.iter().any(|g| g.contains(t))) {
         let all: Vec<&str> = groups.iter().flat_map(|g| g.iter()).copied().collect();
         return Err(ApiError::invalid_field("types", format!("unknown event type {bad:?}; expected one of {}", all.join(", "))));
     }
     let of = |group: &[&str]| -> Vec<String> { types.iter().filter(|t| group.contains(t)).map(|t| (*t).to_owned()).collect() };
     let (job_types_asked, cron_types, queue_types, worker_types) = (of(&EVENT_TYPES), of(&CRON_EVENT_TYPES), of(&QUEUE_EVENT_TYPES), of(&WORKER_EVENT_TYPES));
-    let (dead_letter_types, workflow_types) = (of(&DEAD_LETTER_EVENT_TYPES), of(&WORKFLOW_EVENT_TYPES));
+    let (dead_letter_types, workflow_types, rate_limit_types) = (of(&DEAD_LETTER_EVENT_TYPES), of(&WORKFLOW_EVENT_TYPES), of(&RATE_LIMIT_EVENT_TYPES));
     let mut queues = q.list("queues");
     queues.extend(q.list("queue"));
     for queue in &queues {
@@ -216,6 +223,8 @@ fn selection(q: &QueryParams) -> Result<Selection, ApiError> {
         workflow_types,
         dead_letters: everything || !dead_letter_types.is_empty(),
         dead_letter_types,
+        rate_limits: everything || !rate_limit_types.is_empty(),
+        rate_limit_types,
         cron_types,
         queue_types,
         worker_types,
@@ -290,6 +299,11 @@ async fn read(state: &AppState, sel: &Selection, after: Option<String>, until: O
     } else {
         Vec::new()
     };
+    let rate_limits = if sel.rate_limits {
+        state.store.rate_limit_events(&EventFilter { types: sel.rate_limit_types.clone(), ..filter.clone() }).await?
+    } else {
+        Vec::new()
+    };
     Ok(jobs
         .iter()
         .map(|e| (e.id.clone(), e.at, job_terminal(&e.event_type), event_json(e)))
@@ -298,6 +312,7 @@ async fn read(state: &AppState, sel: &Selection, after: Option<String>, until: O
         .chain(workers.iter().map(|e| (e.id.clone(), e.at, false, worker_event_json(e))))
         .chain(workflows.iter().map(|e| (e.id.clone(), e.at, false, workflow_event_json(e))))
         .chain(dead_letters.iter().map(|e| (e.id.clone(), e.at, false, dead_letter_event_json(e))))
+        .chain(rate_limits.iter().map(|e| (e.id.clone(), e.at, false, rate_limit_event_json(e))))
         .collect())
 }
 
@@ -332,7 +347,7 @@ fn job_terminal(event_type: &str) -> bool {
 
 /// `?types=job.completed,job.failed,cron.triggered&queues=q1,q2&job_types=email.send&job_id=&since=&after=&limit=`:
 /// job events, cron events (`cron.triggered`, `cron.skipped`), queue events
-/// (`queue.paused`, `queue.resumed`), worker, workflow and dead-letter events. Newest first; with `after`
+/// (`queue.paused`, `queue.resumed`), worker, workflow, dead-letter and rate-limit events. Newest first; with `after`
 /// (an event id or a `cursor` from an earlier answer) oldest first from there, for polling
 /// (OJS events §6.4): the answer's `cursor` is where the next poll continues and `has_more`
 /// says whether this page was cut at `limit`.
@@ -466,7 +481,7 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
         Channel::Job(id) => {
             let job = state.store.get_job(*id).await?.ok_or_else(|| ApiError::not_found("job", id))?;
             sel.job_filter.job_id = Some(*id);
-            (sel.crons, sel.queues, sel.workers, sel.dead_letters) = (false, false, false, false);
+            (sel.crons, sel.queues, sel.workers, sel.dead_letters, sel.rate_limits) = (false, false, false, false, false);
             // From its first event: its enqueue, positioned by its creation or by the time in
             // its id (client-chosen ids may be older), whichever is earlier.
             let made = id_time(id).map_or(job.created_at, |t| t.min(job.created_at));

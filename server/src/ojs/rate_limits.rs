@@ -1,13 +1,16 @@
-//! Queue rate limits over HTTP (`ojs-rate-limiting.md`): the limit of a queue is the
-//! partition `queue:<name>`. `GET /rate-limits[/{key}]` shows limits and their state,
-//! `PUT /rate-limits/{key}` and the admin `PUT /admin/queues/{name}/rate-limit` set them.
-//! Per-job keyed limits (`options.rate_limit` on a job) are not offered.
+//! Rate limits over HTTP (`ojs-rate-limiting.md`). The limit of a queue is the partition
+//! `queue:<name>`, set by `PUT /rate-limits/queue:<name>` or the admin
+//! `PUT /admin/queues/{name}/rate-limit`. Any other key is a keyed concurrency limit its jobs
+//! share (`options.rate_limit`); `PUT /rate-limits/{key}` overrides it (`concurrency`, until
+//! `expires_at` if given). `GET /rate-limits[/{key}]` shows both kinds and their state.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use rebound_queue::job::validate_queue;
 use rebound_queue::policy::iso8601;
-use rebound_queue::store::{QueueRateLimit, RateLimitState, Window};
+use jiff::Timestamp;
+use rebound_queue::job::validate_rate_limit_key;
+use rebound_queue::store::{KeyedRateLimit, QueueRateLimit, RateLimitOverride, RateLimitState, Window};
 use serde_json::{Value, json};
 
 use super::body::{Fields, JsonObject};
@@ -90,34 +93,75 @@ fn state_json(s: &RateLimitState) -> Value {
     v
 }
 
-/// The queue a partition key names: only `queue:<name>`. A bare key such as `stripe-api` is
-/// a keyed partition in the spec, not a queue: taking it as a queue name would limit (or
-/// report) a queue nobody meant, so it is refused like any other keyed partition.
-fn queue_of(key: &str) -> Result<&str, ApiError> {
-    let Some(name) = key.strip_prefix("queue:") else {
-        return Err(unsupported(format!("rate-limit key {key:?} (only queue limits, keyed \"queue:<name>\")")).detail("field", "key"));
-    };
-    validate_queue(name).map_err(|e| ApiError::invalid_field("key", e.reason))?;
-    Ok(name)
+/// What a partition key names: a queue's limit (`queue:<name>`), or a key its jobs share.
+enum Partition<'k> {
+    Queue(&'k str),
+    Keyed(&'k str),
 }
 
-/// `GET /ojs/v1/rate-limits?limit=&cursor=`: by queue (see [`NamedPage`]).
+fn partition(key: &str) -> Result<Partition<'_>, ApiError> {
+    match key.strip_prefix("queue:") {
+        Some(name) => {
+            validate_queue(name).map_err(|e| ApiError::invalid_field("key", e.reason))?;
+            Ok(Partition::Queue(name))
+        }
+        None => {
+            validate_rate_limit_key(key, "key").map_err(|e| ApiError::invalid_field("key", e.reason))?;
+            Ok(Partition::Keyed(key))
+        }
+    }
+}
+
+fn keyed_json(k: &KeyedRateLimit) -> Value {
+    let mut v = json!({
+        "key": k.key,
+        "concurrency": { "limit": k.in_force, "active": k.active, "admitted": k.admitted, "available": k.free() },
+        "waiting_count": k.waiting,
+        "limit": { "concurrency": k.concurrency },
+        "updated_at": k.updated_at.to_string(),
+    });
+    if let (Some(o), Some(m)) = (&k.override_limit, v.as_object_mut()) {
+        m.insert("override".into(), json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }));
+    }
+    v
+}
+
+/// `GET /ojs/v1/rate-limits?limit=&cursor=`: queue limits and keyed limits, by key (see
+/// [`NamedPage`]; a queue's key is `queue:<name>`, which no job's key can be).
 pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
     q.only(&named_pages::PARAMS)?;
     let page = NamedPage::from_query(&q)?;
-    let mut states = state.store.rate_limit_states(None).await?;
-    states.sort_by(|a, b| a.queue.cmp(&b.queue));
-    let (states, pagination) = page.cut(states, |s| &s.queue);
-    let items: Vec<Value> = states.iter().map(state_json).collect();
+    let queues = state.store.rate_limit_states(None).await?;
+    let mut all: Vec<(String, Option<RateLimitState>)> = queues.into_iter().map(|s| (format!("queue:{}", s.queue), Some(s))).collect();
+    all.extend(state.store.rate_limit_key_names().await?.into_iter().map(|k| (k, None)));
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let (page_items, pagination) = page.cut(all, |(k, _)| k);
+    let keyed: Vec<String> = page_items.iter().filter(|(_, s)| s.is_none()).map(|(k, _)| k.clone()).collect();
+    let keyed = state.store.rate_limit_keys(&keyed).await?;
+    let items: Vec<Value> = page_items
+        .iter()
+        .filter_map(|(k, s)| match s {
+            Some(s) => Some(state_json(s)),
+            // A key removed between the two reads is left out of its page.
+            None => keyed.iter().find(|r| &r.key == k).map(keyed_json),
+        })
+        .collect();
     Ok(Json(json!({ "items": items, "pagination": pagination })))
 }
 
 /// `GET /ojs/v1/rate-limits/{key}`.
 pub async fn get(State(state): State<AppState>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
-    let queue = queue_of(&key)?;
-    let states = state.store.rate_limit_states(Some(queue)).await?;
-    let s = states.first().ok_or_else(|| ApiError::not_found("rate limit", &key))?;
-    Ok(Json(state_json(s)))
+    match partition(&key)? {
+        Partition::Queue(queue) => {
+            let states = state.store.rate_limit_states(Some(queue)).await?;
+            let s = states.first().ok_or_else(|| ApiError::not_found("rate limit", &key))?;
+            Ok(Json(state_json(s)))
+        }
+        Partition::Keyed(k) => {
+            let s = state.store.rate_limit_key(k).await?.ok_or_else(|| ApiError::not_found("rate limit", &key))?;
+            Ok(Json(keyed_json(&s)))
+        }
+    }
 }
 
 async fn set(state: &AppState, caller: &Caller, queue: &str, body: &JsonObject) -> Result<Json<Value>, ApiError> {
@@ -126,10 +170,42 @@ async fn set(state: &AppState, caller: &Caller, queue: &str, body: &JsonObject) 
     Ok(Json(json!({ "key": format!("queue:{queue}"), "queue": queue, "rate_limit": saved.map(|l| l.to_json()) })))
 }
 
-/// `PUT /ojs/v1/rate-limits/{key}`: a queue's limit (an empty body object removes it).
+/// An override of a keyed limit: `{"concurrency": n, "expires_at": "…"}`; `{}` or a null
+/// `concurrency` removes the override.
+fn parse_override(f: &Fields<'_>) -> Result<Option<RateLimitOverride>, ApiError> {
+    for windowed in ["rate", "throttle", "max_per_second"] {
+        if f.get(windowed).is_some_and(|v| !v.is_null()) {
+            return Err(unsupported(format!("per-key rate windows ({windowed})")).detail("field", windowed));
+        }
+    }
+    f.only(&["concurrency", "expires_at", "rate", "throttle", "max_per_second"])?;
+    let Some(concurrency) = f.i64_in("concurrency", 0, i64::from(rebound_queue::job::MAX_RATE_LIMIT_CONCURRENCY))? else {
+        if f.get("expires_at").is_some_and(|v| !v.is_null()) {
+            return Err(f.error("concurrency", "is required with expires_at"));
+        }
+        return Ok(None);
+    };
+    let expires_at = match f.str("expires_at")? {
+        None => None,
+        Some(t) => Some(super::envelope::parse_time(t, Timestamp::now()).map_err(|r| f.error("expires_at", r))?),
+    };
+    Ok(Some(RateLimitOverride { concurrency: u32::try_from(concurrency).unwrap_or(0), expires_at }))
+}
+
+/// `PUT /ojs/v1/rate-limits/{key}`: a queue's limit (an empty body object removes it), or an
+/// override of a keyed limit (see [`parse_override`]).
 pub async fn put(State(state): State<AppState>, caller: Caller, Path(key): Path<String>, body: JsonObject) -> Result<Json<Value>, ApiError> {
-    let queue = queue_of(&key)?.to_owned();
-    set(&state, &caller, &queue, &body).await
+    match partition(&key)? {
+        Partition::Queue(queue) => {
+            let queue = queue.to_owned();
+            set(&state, &caller, &queue, &body).await
+        }
+        Partition::Keyed(k) => {
+            let o = parse_override(&body.fields())?;
+            let saved = state.store.override_rate_limit(k, o.as_ref(), &caller.actor()).await?;
+            Ok(Json(keyed_json(&saved)))
+        }
+    }
 }
 
 /// `PUT /ojs/v1/admin/queues/{name}/rate-limit`.

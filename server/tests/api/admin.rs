@@ -417,13 +417,11 @@ async fn queue_rate_limits_over_http() {
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
     let r = s.call("PUT", "/ojs/v1/rate-limits/queue:Stripe%20API", Some(json!({"concurrency": 1}))).await;
     assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("key")), "{}", r.text);
-    let r = s.call("PUT", "/ojs/v1/rate-limits/tenant:acme", Some(json!({"concurrency": 1}))).await;
-    assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")));
-    // A bare key is a keyed partition in the spec, not a queue: refused, and no queue is limited.
-    for (method, body) in [("PUT", Some(json!({"concurrency": 0}))), ("GET", None)] {
-        let r = s.call(method, "/ojs/v1/rate-limits/stripe-api", body).await;
-        assert_eq!((r.status, r.body["error"]["code"].as_str(), r.error_field()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported"), Some("key")), "{method}: {}", r.text);
-    }
+    // A bare key is a keyed partition in the spec, not a queue: unknown until limited, and
+    // limiting it limits no queue.
+    assert_eq!(s.get("/ojs/v1/rate-limits/stripe-api").await.status, StatusCode::NOT_FOUND);
+    let r = s.call("PUT", "/ojs/v1/rate-limits/stripe-api", Some(json!({"concurrency": 0}))).await;
+    assert_eq!((r.status, r.body["concurrency"]["limit"].as_i64()), (StatusCode::OK, Some(0)), "{}", r.text);
     assert_eq!(s.get("/ojs/v1/rate-limits/queue:stripe-api").await.status, StatusCode::NOT_FOUND);
     let r = s.call("PUT", "/ojs/v1/rate-limits/queue:rl", Some(json!({"concurrency": 0, "expires_at": "2030-01-01T00:00:00Z"}))).await;
     assert_eq!((r.status, r.error_field()), (StatusCode::UNPROCESSABLE_ENTITY, Some("expires_at")), "{}", r.text);
@@ -569,4 +567,63 @@ async fn dead_letters_are_listed_most_recently_dead_first_on_request() {
         assert!(r.status.is_client_error(), "{query}: {}", r.text);
         assert_eq!(r.error_field(), Some(field), "{query}: {}", r.text);
     }
+}
+
+/// Keyed concurrency over HTTP, as an OJS client sees it: jobs naming a key share its limit
+/// across queues, the rest wait `available` (marked `rate_limited`), an ack admits the next,
+/// and the key's state, an operator's override and the `rate_limit.*` events are readable.
+#[tokio::test]
+async fn keyed_rate_limits_over_http() {
+    let s = TestServer::new().await;
+    let mut ids = Vec::new();
+    for (i, queue) in ["ka", "kb", "ka"].iter().enumerate() {
+        let job = s.enqueue(json!({"type": "rl.keyed", "args": [i], "options": {"queue": queue, "rate_limit": {"key": "tenant:acme", "concurrency": 1, "on_limit": "wait"}}})).await;
+        assert_eq!((job["state"].as_str(), job["rate_limit"]["key"].as_str()), (Some("available"), Some("tenant:acme")), "{job}");
+        assert_eq!(job.get("rate_limited").is_some(), i > 0, "{job}");
+        ids.push(job["id"].clone());
+    }
+    let first = s.fetch("ka").await;
+    assert_eq!(first["id"], ids[0]);
+    assert_eq!(s.fetch("kb").await, Value::Null, "the key is full in every queue");
+    let r = s.get("/ojs/v1/rate-limits/tenant:acme").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!((r.body["concurrency"]["limit"].as_i64(), r.body["concurrency"]["active"].as_i64(), r.body["concurrency"]["available"].as_i64(), r.body["waiting_count"].as_i64()),
+        (Some(1), Some(1), Some(0), Some(2)), "{}", r.text);
+    let waiting = s.get(&format!("/ojs/v1/jobs/{}", ids[1].as_str().unwrap_or_default())).await;
+    assert_eq!((waiting.body["job"]["state"].as_str(), waiting.body["job"]["rate_limited"].as_bool()), (Some("available"), Some(true)), "{}", waiting.text);
+
+    let r = s.post("/ojs/v1/workers/ack", json!({"job_id": first["id"], "result": null})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(s.fetch("kb").await["id"], ids[1], "the ack admitted the next");
+
+    // An override stops the key; the list shows queue and keyed limits side by side.
+    let r = s.call("PUT", "/ojs/v1/rate-limits/tenant:acme", Some(json!({"concurrency": 0, "expires_at": "+PT1H"}))).await;
+    assert_eq!((r.status, r.body["override"]["concurrency"].as_i64(), r.body["limit"]["concurrency"].as_i64()), (StatusCode::OK, Some(0), Some(1)), "{}", r.text);
+    s.call("PUT", "/ojs/v1/admin/queues/ka/rate-limit", Some(json!({"concurrency": 3}))).await;
+    let keys: Vec<String> = s.get("/ojs/v1/rate-limits").await.body["items"].as_array().map(|a| a.iter().filter_map(|i| i["key"].as_str().map(str::to_owned)).collect()).unwrap_or_default();
+    assert_eq!(keys, vec!["queue:ka", "tenant:acme"]);
+    let r = s.call("PUT", "/ojs/v1/rate-limits/tenant:acme", Some(json!({}))).await;
+    assert!(r.body.get("override").is_none(), "{}", r.text);
+
+    // Bad input names its field.
+    for (body, field) in [
+        (json!({"concurrency": -1}), "concurrency"),
+        (json!({"concurrency": 1, "expires_at": "yesterday"}), "expires_at"),
+        (json!({"expires_at": "+PT1H"}), "concurrency"),
+        (json!({"concurrency": 1, "nope": 1}), "nope"),
+    ] {
+        let r = s.call("PUT", "/ojs/v1/rate-limits/tenant:acme", Some(body.clone())).await;
+        assert_eq!((r.status.is_client_error(), r.error_field()), (true, Some(field)), "{body}: {}", r.text);
+    }
+    let r = s.post("/ojs/v1/jobs", json!({"type": "rl.keyed", "args": [], "options": {"rate_limit": {"key": "bad key"}}})).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("options.rate_limit.key")), "{}", r.text);
+    let r = s.post("/ojs/v1/jobs", json!({"type": "rl.keyed", "args": [], "options": {"rate_limit": {"concurrency": 2}}})).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("options.rate_limit.key")), "{}", r.text);
+
+    // Events: the enqueues that left jobs waiting, and each admission.
+    let events = s.get("/ojs/v1/events?types=rate_limit.exceeded,rate_limit.released").await;
+    let types: Vec<&str> = events.body["events"].as_array().map(|a| a.iter().filter_map(|e| e["type"].as_str()).collect()).unwrap_or_default();
+    assert_eq!(types.iter().filter(|t| **t == "rate_limit.exceeded").count(), 2, "{}", events.text);
+    assert_eq!(types.iter().filter(|t| **t == "rate_limit.released").count(), 1, "the ack's admission: {}", events.text);
+    assert!(events.body["events"].as_array().is_some_and(|a| a.iter().all(|e| e["subject"] == "tenant:acme" && e["data"]["key"] == "tenant:acme")));
 }

@@ -1,5 +1,5 @@
 //! The scheduler: moves due `scheduled` and `retryable` jobs to `available` (and notifies
-//! their queues). Between passes it sleeps until the next waiting job is due, if that comes
+//! their queues), and admits jobs waiting for a rate-limit slot that has come free. Between passes it sleeps until the next waiting job is due, if that comes
 //! before the interval: a retry due in 1 s becomes available at about 1 s, not up to an
 //! interval later (the interval still bounds how late a job scheduled by another process is
 //! noticed).
@@ -31,7 +31,13 @@ impl MaintenanceService for Scheduler {
         if promoted > 0 {
             tracing::debug!(promoted, "scheduler promoted due jobs");
         }
-        Ok(promoted as i64 >= self.batch)
+        // Jobs waiting for a rate-limit slot are admitted by the statements that free one;
+        // this admits those they could not reach (see `Store::settle_rate_limits`).
+        let settled = store.settle_rate_limits(self.batch).await?;
+        if settled > 0 {
+            tracing::debug!(settled, "scheduler settled rate-limit keys with free slots");
+        }
+        Ok(promoted as i64 >= self.batch || settled as i64 >= self.batch)
     }
 
     async fn next_wait(&self, store: &Store) -> Duration {

@@ -1,0 +1,334 @@
+//! Per-job keyed concurrency limits (ojs-rate-limiting RL-001..RL-006): the jobs of a key hold
+//! at most its limit of slots across queues, claimers and processes; the rest wait,
+//! `available`, out of the claim's way, and are admitted highest priority first by the
+//! statement that frees a slot. Faults at those statements neither leak nor double a slot.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rebound_queue::outcome::HandlerError;
+use rebound_queue::store::{Actor, ClaimRequest, Completion, EventFilter, Failure, RateLimitOverride};
+use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, TestDb};
+use rebound_queue::{Job, JobState, NewJob, Outcome, PolicyPatch, Store, StoreError};
+use serde_json::json;
+use uuid::Uuid;
+
+fn keyed(queue: &str, key: &str, concurrency: Option<u32>, n: i64) -> NewJob {
+    NewJob::new("rl.keyed", json!([n])).queue(queue).rate_limit(key, concurrency)
+}
+
+fn request(worker: &str, queues: &[&str], limit: u32) -> ClaimRequest {
+    ClaimRequest { worker_id: worker.into(), queues: queues.iter().map(|q| (*q).to_owned()).collect(), limit, visibility_timeout: Duration::from_secs(300) }
+}
+
+fn done(job: &Job) -> Completion {
+    Completion { id: job.id, attempt: Some(job.attempt), worker_id: job.locked_by.clone(), started_at: job.started_at, result: None }
+}
+
+/// The field a refusal names.
+fn field_of(e: &StoreError) -> Option<&str> {
+    match e {
+        StoreError::InvalidJob(v) => Some(v.field.as_str()),
+        StoreError::Invalid { field, .. } => Some(field.as_str()),
+        _ => None,
+    }
+}
+
+/// (active, admitted, waiting) of `key`, counted from the rows.
+async fn slots(store: &Store, key: &str) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'active'),
+                count(*) FILTER (WHERE state = 'available' AND NOT rate_limited),
+                count(*) FILTER (WHERE state = 'available' AND rate_limited)
+         FROM jobs WHERE rate_limit_key = $1",
+    )
+    .bind(key)
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
+}
+
+async fn rate_limit_events(store: &Store, kind: &str) -> Vec<serde_json::Value> {
+    let filter = EventFilter { types: vec![kind.to_owned()], limit: 1000, ..EventFilter::default() };
+    store.rate_limit_events(&filter).await.unwrap().into_iter().map(|e| e.data).collect()
+}
+
+#[tokio::test]
+async fn a_key_admits_its_limit_and_frees_a_slot_for_each_job_that_stops_running() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let mut jobs: Vec<NewJob> = (0..5).map(|i| keyed("q", "tenant:acme", Some(2), i)).collect();
+    jobs.extend((0..3).map(|i| NewJob::new("rl.free", json!([i])).queue("q")));
+    let enqueued = s.enqueue_batch(jobs).await.unwrap();
+    assert_eq!(enqueued.iter().filter(|e| e.job.rate_limited).count(), 3, "the answer says which wait");
+    assert!(enqueued.iter().all(|e| e.job.state == JobState::Available), "waiting jobs are still available");
+    assert_eq!(slots(s, "tenant:acme").await, (0, 2, 3));
+
+    // A claim for ten gets the two admitted and every unkeyed job: it never waits on the key.
+    let first = s.claim(&request("w1", &["q"], 10)).await.unwrap();
+    assert_eq!(first.iter().filter(|j| j.rate_limit_key.is_some()).count(), 2);
+    assert_eq!(first.len(), 5);
+    assert!(s.claim(&request("w1", &["q"], 10)).await.unwrap().is_empty(), "the key is full");
+    let state = s.rate_limit_key("tenant:acme").await.unwrap().unwrap();
+    assert_eq!((state.in_force, state.active, state.admitted, state.waiting, state.free()), (Some(2), 2, 0, 3, Some(0)));
+
+    // A completion frees one slot: one waiting job is admitted by it, in the same statement.
+    let running: Vec<&Job> = first.iter().filter(|j| j.rate_limit_key.is_some()).collect();
+    assert_eq!(s.complete_batch(&[done(running[0])]).await.unwrap(), vec![running[0].id]);
+    assert_eq!(slots(s, "tenant:acme").await, (1, 1, 2));
+    let next = s.claim(&request("w1", &["q"], 10)).await.unwrap();
+    assert_eq!(next.len(), 1);
+
+    // A failure into a retry stops it running too; the retry comes back through admission.
+    let failure = Failure {
+        id: running[1].id,
+        attempt: Some(running[1].attempt),
+        worker_id: Some("w1".into()),
+        outcome: Outcome::Retry(HandlerError::new("upstream.busy", "try later")),
+        error_code: None,
+    };
+    s.fail(&failure).await.unwrap();
+    assert_eq!(slots(s, "tenant:acme").await, (1, 1, 1));
+
+    // A cancelled running job frees its slot as well.
+    s.cancel(next[0].id, None).await.unwrap();
+    assert_eq!(slots(s, "tenant:acme").await, (0, 2, 0));
+
+    // Events: one `exceeded` for the enqueue that left three waiting, one `released` per
+    // job admitted from the wait.
+    let exceeded = rate_limit_events(s, "rate_limit.exceeded").await;
+    assert_eq!(exceeded.len(), 1, "{exceeded:?}");
+    assert_eq!((exceeded[0]["key"].as_str(), exceeded[0]["limit"].as_i64(), exceeded[0]["current"].as_i64(), exceeded[0]["parked"].as_i64()), (Some("tenant:acme"), Some(2), Some(2), Some(3)));
+    let released = rate_limit_events(s, "rate_limit.released").await;
+    assert_eq!(released.len(), 3, "{released:?}");
+    assert!(released.iter().all(|e| e["strategy"] == "concurrency" && e["job_id"].is_string()));
+}
+
+#[tokio::test]
+async fn slots_go_to_the_highest_priority_across_queues() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let holder = s.enqueue(keyed("a", "api.stripe.com", Some(1), 0)).await.unwrap().job;
+    assert!(!holder.rate_limited);
+    let mut low = keyed("a", "api.stripe.com", None, 1);
+    low.priority = -5;
+    let low = s.enqueue(low).await.unwrap().job;
+    assert!(low.rate_limited, "a job naming no concurrency keeps the key's limit");
+    // A higher-priority job takes the slot of the admitted job no worker has claimed yet,
+    // although it came later and to another queue.
+    let mut high = keyed("b", "api.stripe.com", None, 2);
+    high.priority = 50;
+    let high = s.enqueue(high).await.unwrap().job;
+    assert!(!high.rate_limited);
+    assert!(s.job(holder.id).await.unwrap().rate_limited, "held back for the higher priority");
+    assert!(s.claim(&request("w", &["a"], 5)).await.unwrap().is_empty());
+    let claimed = s.claim(&request("w", &["b"], 5)).await.unwrap();
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![high.id]);
+    // A running job keeps its slot whatever comes; when it ends, the next in priority order.
+    let mut urgent = keyed("b", "api.stripe.com", None, 3);
+    urgent.priority = 100;
+    assert!(s.enqueue(urgent).await.unwrap().job.rate_limited);
+    s.complete_batch(&[done(&claimed[0])]).await.unwrap();
+    assert_eq!(s.claim(&request("w", &["b"], 5)).await.unwrap().len(), 1, "the urgent one");
+    assert!(s.claim(&request("w", &["a"], 5)).await.unwrap().is_empty(), "the others still wait");
+    assert_eq!(slots(s, "api.stripe.com").await, (1, 0, 2));
+}
+
+/// Six claimers with pools of their own (as separate workers would be) race over two queues
+/// holding one key's jobs, completing each job a moment after claiming it. A watcher samples
+/// the running count throughout: it never passes the limit, and every job runs.
+#[tokio::test]
+async fn the_limit_holds_across_concurrent_claimers_and_completions() {
+    let db = TestDb::new().await;
+    let jobs: Vec<NewJob> = (0..60).map(|i| keyed(if i % 2 == 0 { "x" } else { "y" }, "tenant:busy", Some(3), i)).collect();
+    db.store.enqueue_batch(jobs).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let store = Store::connect(&db.url, 1).await.unwrap();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut most = 0i64;
+            while !stop.load(Ordering::SeqCst) {
+                let holding: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE rate_limit_key = 'tenant:busy' AND state IN ('active', 'available') AND NOT rate_limited")
+                    .fetch_one(store.pool())
+                    .await
+                    .unwrap();
+                most = most.max(holding);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            most
+        })
+    };
+    let mut claimers = Vec::new();
+    for w in 0..6 {
+        let store = Store::connect(&db.url, 2).await.unwrap();
+        claimers.push(tokio::spawn(async move {
+            let mut ran = Vec::new();
+            let until = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < until {
+                let claimed = store.claim(&request(&format!("w{w}"), &["x", "y"], 2)).await.unwrap();
+                if claimed.is_empty() {
+                    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state <> 'completed'").fetch_one(store.pool()).await.unwrap();
+                    if left == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    continue;
+                }
+                tokio::time::sleep(Duration::from_millis(4)).await;
+                let done: Vec<Completion> = claimed.iter().map(done).collect();
+                assert_eq!(store.complete_batch(&done).await.unwrap().len(), claimed.len());
+                ran.extend(claimed.iter().map(|j| j.id));
+            }
+            ran
+        }));
+    }
+    let mut ran: Vec<Uuid> = Vec::new();
+    for c in claimers {
+        ran.extend(c.await.unwrap());
+    }
+    stop.store(true, Ordering::SeqCst);
+    let most = watcher.await.unwrap();
+    assert_eq!(ran.len(), 60, "every job ran");
+    assert_eq!(ran.iter().collect::<HashSet<_>>().len(), 60, "once each");
+    assert!(most <= 3, "at most three held a slot at once, saw {most}");
+    assert!(most >= 2, "the watcher saw the key busy ({most})");
+}
+
+#[tokio::test]
+async fn an_override_holds_a_key_back_and_its_end_lets_it_go() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let ops = Actor::new("ops");
+    s.enqueue_batch((0..4).map(|i| keyed("q", "partner-api", Some(2), i)).collect()).await.unwrap();
+    assert_eq!(slots(s, "partner-api").await, (0, 2, 2));
+
+    // Incident: stop the key. Admitted jobs no worker has claimed are held back too.
+    let paused = s.override_rate_limit("partner-api", Some(&RateLimitOverride { concurrency: 0, expires_at: None }), &ops).await.unwrap();
+    assert_eq!((paused.in_force, paused.concurrency, paused.waiting), (Some(0), Some(2), 4));
+    assert!(s.claim(&request("w", &["q"], 10)).await.unwrap().is_empty());
+
+    // Lifted: the enqueued limit is back, and two are admitted at once.
+    let lifted = s.override_rate_limit("partner-api", None, &ops).await.unwrap();
+    assert_eq!((lifted.in_force, lifted.admitted, lifted.waiting, lifted.override_limit), (Some(2), 2, 2, None));
+
+    // A raise that expires: in force while it lasts, then the sweep finds nothing to undo
+    // (running jobs finish) and the key's own limit applies to the next admissions.
+    let soon = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(1500);
+    let raised = s.override_rate_limit("partner-api", Some(&RateLimitOverride { concurrency: 0, expires_at: Some(soon) }), &ops).await.unwrap();
+    assert_eq!((raised.in_force, raised.admitted), (Some(0), 0));
+    assert_eq!(s.settle_rate_limits(100).await.unwrap(), 0, "no room while the override lasts");
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    // The override ended with no statement of its own: the sweep admits into the room.
+    assert_eq!(s.settle_rate_limits(100).await.unwrap(), 1);
+    assert_eq!(slots(s, "partner-api").await, (0, 2, 2));
+    assert_eq!(s.claim(&request("w", &["q"], 10)).await.unwrap().len(), 2);
+
+    // Refused with the field named, and nothing changed.
+    for (key, o, field) in [
+        ("queue:q", RateLimitOverride { concurrency: 1, expires_at: None }, "key"),
+        ("bad key", RateLimitOverride { concurrency: 1, expires_at: None }, "key"),
+        ("partner-api", RateLimitOverride { concurrency: 1, expires_at: Some(jiff::Timestamp::now() - jiff::SignedDuration::from_secs(5)) }, "expires_at"),
+    ] {
+        match s.override_rate_limit(key, Some(&o), &ops).await {
+            Err(e) => assert_eq!(field_of(&e), Some(field), "{key}: {e}"),
+            Ok(k) => panic!("{key}: accepted {k:?}"),
+        }
+    }
+    assert_eq!(s.rate_limit_key("partner-api").await.unwrap().unwrap().override_limit, None);
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'rate_limit.override'").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(audited, 3);
+}
+
+#[tokio::test]
+async fn bad_rate_limits_are_refused_with_their_field_and_store_nothing() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    for (key, concurrency) in [("", None), ("-lead", None), ("has space", None), ("queue:emails", Some(1)), ("ok", Some(2_000_000))] {
+        let err = s.enqueue(keyed("q", key, concurrency, 0)).await.expect_err(key);
+        let field = if key == "ok" { "options.rate_limit.concurrency" } else { "options.rate_limit.key" };
+        assert_eq!(field_of(&err), Some(field), "{key:?}: {err}");
+    }
+    // One bad job fails its whole batch, keys and all.
+    let batch = vec![keyed("q", "good-key", Some(1), 0), keyed("q", "bad key", Some(1), 1)];
+    assert_eq!(s.enqueue_batch(batch).await.err().as_ref().and_then(field_of), Some("jobs[1].options.rate_limit.key"));
+    let stored: i64 = sqlx::query_scalar("SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM rate_limit_keys)").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(stored, 0);
+}
+
+/// A retry's backoff is its own: the retried job comes back through admission when it is due.
+#[tokio::test]
+async fn a_retried_job_waits_for_a_slot_again() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let patch = PolicyPatch::from_json(&json!({"initial_interval": "PT0.001S", "jitter": false})).unwrap();
+    let first = s.enqueue(keyed("q", "k1", Some(1), 0).retry(patch)).await.unwrap().job;
+    let second = s.enqueue(keyed("q", "k1", Some(1), 1)).await.unwrap().job;
+    let claimed = s.claim(&request("w", &["q"], 5)).await.unwrap();
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![first.id]);
+    let failure = Failure { id: first.id, attempt: Some(1), worker_id: Some("w".into()), outcome: Outcome::Retry(HandlerError::new("x.y", "no")), error_code: None };
+    s.fail(&failure).await.unwrap();
+    // The second took the freed slot; the first, due again, waits behind it.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    s.promote_due(100).await.unwrap();
+    let first_now = s.job(first.id).await.unwrap();
+    assert_eq!((first_now.state, first_now.rate_limited), (JobState::Available, true));
+    let claimed = s.claim(&request("w", &["q"], 5)).await.unwrap();
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![second.id]);
+}
+
+/// The completion that frees a slot, cut off before Postgres saw it: nothing moved, the slot
+/// is still held. Its answer lost after it committed: the slot was freed and the next job
+/// admitted once, and the worker's retry of the write changes nothing.
+#[tokio::test]
+async fn a_completion_cut_off_at_either_side_of_its_commit_admits_exactly_once() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    let s = &db.store;
+    s.enqueue_batch((0..3).map(|i| keyed("q", "k", Some(1), i)).collect()).await.unwrap();
+    let job = s.claim(&request("w", &["q"], 5)).await.unwrap().remove(0);
+    let fragment = "SET state = 'completed', completed_at = now()";
+
+    let dropped = proxy.inject(Fault::once(fragment, FaultPoint::BeforeSend));
+    assert!(through.complete_batch(&[done(&job)]).await.is_err());
+    assert_eq!(dropped.count(), 1);
+    assert_eq!(slots(s, "k").await, (1, 0, 2), "nothing moved");
+
+    let lost = proxy.inject(Fault::once(fragment, FaultPoint::AfterCommit));
+    assert!(through.complete_batch(&[done(&job)]).await.is_err(), "the answer was lost");
+    assert_eq!(lost.count(), 1);
+    assert_eq!(slots(s, "k").await, (0, 1, 1), "freed and refilled once");
+    proxy.clear();
+    assert!(through.complete_batch(&[done(&job)]).await.unwrap().is_empty(), "the retry finds it done");
+    assert_eq!(slots(s, "k").await, (0, 1, 1));
+    assert_eq!(rate_limit_events(s, "rate_limit.released").await.len(), 1);
+}
+
+/// A keyed enqueue and an override, each cut off at its COMMIT: rolled back whole, the key's
+/// limit with it.
+#[tokio::test]
+async fn a_keyed_enqueue_or_override_cut_off_at_its_commit_leaves_nothing_behind() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    let s = &db.store;
+    s.enqueue(keyed("q", "k", Some(1), 0)).await.unwrap();
+
+    let dropped = proxy.inject(Fault::once("COMMIT", FaultPoint::BeforeSend));
+    assert!(through.enqueue(keyed("q", "k", Some(7), 1)).await.is_err());
+    assert_eq!(dropped.count(), 1);
+    let k = s.rate_limit_key("k").await.unwrap().unwrap();
+    assert_eq!((k.concurrency, k.admitted, k.waiting), (Some(1), 1, 0), "neither the job nor its limit");
+
+    let dropped = proxy.inject(Fault::once("COMMIT", FaultPoint::BeforeSend));
+    assert!(through.override_rate_limit("k", Some(&RateLimitOverride { concurrency: 0, expires_at: None }), &Actor::new("ops")).await.is_err());
+    assert_eq!(dropped.count(), 1);
+    let k = s.rate_limit_key("k").await.unwrap().unwrap();
+    assert_eq!((k.override_limit, k.admitted), (None, 1), "the admitted job was not held back");
+    proxy.clear();
+    through.enqueue(keyed("q", "k", Some(7), 1)).await.unwrap();
+    assert_eq!(s.rate_limit_key("k").await.unwrap().unwrap().admitted, 2);
+}
