@@ -14,8 +14,10 @@
 -- rows under the key's row lock, with a fresh snapshot, as the queue limit counts its
 -- active jobs). A claim moves a job from one holding state to the other and takes no lock.
 --
--- A limit lowered below what holds already (an operator's override) parks admitted jobs not
--- yet claimed; jobs already running finish. A key with no row, or with no limit, admits all.
+-- A limit lowered below what holds already (an operator's override, or one ending) parks
+-- admitted jobs not yet claimed; jobs already running finish. A key with no row, or with no
+-- limit, admits all. An admitted job keeps its slot until it runs or leaves `available`, in a
+-- paused queue too: pausing a queue does not hand its slots to another queue's jobs.
 ALTER TABLE jobs
     ADD COLUMN rate_limit_key text,
     ADD COLUMN rate_limited boolean NOT NULL DEFAULT false;
@@ -72,9 +74,12 @@ DECLARE
 BEGIN
     SELECT rebound_rate_limit_in_force(r) INTO lim FROM rate_limit_keys r WHERE r.key = k FOR UPDATE;
     -- Counted after the lock, with this statement's fresh snapshot (VOLATILE): every other
-    -- settling of the key has committed or not started.
-    SELECT count(*) INTO held FROM jobs
-    WHERE rate_limit_key = k AND state IN ('available', 'active') AND NOT rate_limited;
+    -- settling of the key has committed or not started. (READ COMMITTED, as every
+    -- transaction of the store is: a REPEATABLE READ snapshot would not see them.)
+    IF lim IS NOT NULL THEN
+        SELECT count(*) INTO held FROM jobs
+        WHERE rate_limit_key = k AND state IN ('available', 'active') AND NOT rate_limited;
+    END IF;
     IF lim IS NOT NULL AND held > lim THEN
         WITH parked AS (
             UPDATE jobs SET rate_limited = true
@@ -113,6 +118,23 @@ BEGIN
     END IF;
 END $$;
 
+-- Ends the overrides whose time is up and brings their keys to the limit in force again (a
+-- raise that ended holds back what it admitted and no worker has claimed yet), all in one
+-- transaction, keys in order. Returns how many ended. Run by the maintenance sweep.
+CREATE FUNCTION rebound_rate_limit_end_overrides() RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    ended text[];
+    k text;
+BEGIN
+    ended := ARRAY(SELECT key FROM rate_limit_keys WHERE override_expires_at <= now() ORDER BY key FOR UPDATE);
+    UPDATE rate_limit_keys SET override_concurrency = NULL, override_expires_at = NULL, updated_at = now()
+    WHERE key = ANY(ended);
+    FOREACH k IN ARRAY ended LOOP
+        PERFORM rebound_rate_limit_settle(k);
+    END LOOP;
+    RETURN cardinality(ended);
+END $$;
+
 -- The statement triggers: the keys whose holding changed, in key order (so two statements
 -- settling the same keys take their rows in the same order). A statement with no keyed job
 -- pays one pass over its transition table.
@@ -120,7 +142,8 @@ CREATE FUNCTION rebound_rate_limits_inserted() RETURNS trigger LANGUAGE plpgsql 
 DECLARE
     k text;
 BEGIN
-    FOR k IN SELECT DISTINCT rate_limit_key FROM rl_new WHERE rate_limit_key IS NOT NULL AND state = 'available' ORDER BY 1 LOOP
+    -- Every keyed row, not only available ones: an enqueue may have lowered its key's limit.
+    FOR k IN SELECT DISTINCT rate_limit_key FROM rl_new WHERE rate_limit_key IS NOT NULL ORDER BY 1 LOOP
         PERFORM rebound_rate_limit_settle(k);
     END LOOP;
     RETURN NULL;
@@ -133,12 +156,16 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM rl_new WHERE rate_limit_key IS NOT NULL) THEN
         RETURN NULL;
     END IF;
-    -- A claim (available to active) leaves the count as it was; parking and admitting change
-    -- no state, so they do not come back here.
+    -- The keys of rows that took or gave up a slot, or entered `available` (a row parked
+    -- before, cancelled and retried, comes back still marked waiting). A claim (available to
+    -- active) holds its slot throughout, and parking and admitting change no state: neither
+    -- comes back here. A job leaving one non-holding state for another (pending to
+    -- cancelled, say) takes no key lock.
     FOR k IN
         SELECT DISTINCT n.rate_limit_key FROM rl_new n JOIN rl_old o ON o.id = n.id
         WHERE n.rate_limit_key IS NOT NULL AND n.state IS DISTINCT FROM o.state
-          AND NOT (o.state = 'available' AND n.state = 'active')
+          AND ((n.state = 'available' AND o.state <> 'active')
+               OR (o.state IN ('available', 'active') AND NOT o.rate_limited AND n.state NOT IN ('available', 'active')))
         ORDER BY 1
     LOOP
         PERFORM rebound_rate_limit_settle(k);
@@ -160,11 +187,13 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER jobs_rate_limits_inserted AFTER INSERT ON jobs
+-- Named to fire after every other trigger on `jobs` (they fire in name order): a statement
+-- that moves a workflow takes its workflow locks (…_workflow_lock_order.sql) before any key.
+CREATE TRIGGER jobs_zz_rate_limits_inserted AFTER INSERT ON jobs
     REFERENCING NEW TABLE AS rl_new FOR EACH STATEMENT EXECUTE FUNCTION rebound_rate_limits_inserted();
-CREATE TRIGGER jobs_rate_limits_updated AFTER UPDATE ON jobs
+CREATE TRIGGER jobs_zz_rate_limits_updated AFTER UPDATE ON jobs
     REFERENCING OLD TABLE AS rl_old NEW TABLE AS rl_new FOR EACH STATEMENT EXECUTE FUNCTION rebound_rate_limits_updated();
-CREATE TRIGGER jobs_rate_limits_deleted AFTER DELETE ON jobs
+CREATE TRIGGER jobs_zz_rate_limits_deleted AFTER DELETE ON jobs
     REFERENCING OLD TABLE AS rl_old FOR EACH STATEMENT EXECUTE FUNCTION rebound_rate_limits_deleted();
 
 -- Emptying `jobs` empties its logs (as in …_dead_letter_events.sql), this one too.

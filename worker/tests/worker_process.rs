@@ -469,3 +469,54 @@ async fn a_worker_started_before_its_database_logs_every_wait_and_lives_on() {
     assert_eq!(status.code(), Some(0), "{}", worker.log_text());
     hangups.abort();
 }
+
+/// Keyed concurrency through the worker binary: twelve jobs of one key with a limit of two,
+/// under a worker allowed eight at once. The handler logs when each run starts and ends: never
+/// more than two overlap, all twelve run once, and unkeyed jobs on the same queue are not held.
+#[tokio::test]
+async fn a_rate_limit_key_caps_how_many_of_its_jobs_run_at_once() {
+    let db = TestDb::new().await;
+    let scratch = Scratch::new("keyed");
+    let log = scratch.file("runs.log");
+    let handler = |job_type: &str| {
+        format!(
+            r#"[handlers."{job_type}"]
+kind = "exec"
+command = ["sh", "-c", "echo \"$REBOUND_JOB_ID start $(date +%s%N)\" >> '{log}'; sleep 0.3; echo \"$REBOUND_JOB_ID end $(date +%s%N)\" >> '{log}'"]
+"#,
+            log = log.display()
+        )
+    };
+    let config = fast_config("", "default = 8", &format!("{}{}", handler("keyed.call"), handler("free.call")));
+    let mut jobs: Vec<NewJob> = (0..12).map(|i| NewJob::new("keyed.call", json!([i])).rate_limit("partner:w", Some(2))).collect();
+    jobs.extend((0..6).map(|i| NewJob::new("free.call", json!([i]))));
+    let enqueued = db.store.enqueue_batch(jobs).await.unwrap();
+    let keyed: HashSet<Uuid> = enqueued.iter().filter(|e| e.job.rate_limit_key.is_some()).map(|e| e.job.id).collect();
+    let mut worker = WorkerProcess::start(&db.url, &config, &[]);
+    eventually("18 completed jobs", LONG, || async { (count_in_state(&db.store, "completed").await == 18).then_some(()) }).await;
+    worker.signal("TERM");
+    worker.exit_within(Duration::from_secs(30)).await.expect("worker exits");
+
+    // Replay the log: the most keyed runs open at once, and the most runs of any kind.
+    let mut events: Vec<(u128, i32, bool)> = lines(&log)
+        .iter()
+        .map(|l| {
+            let parts: Vec<&str> = l.split(' ').collect();
+            let id: Uuid = parts[0].parse().unwrap();
+            (parts[2].parse::<u128>().unwrap(), if parts[1] == "start" { 1 } else { -1 }, keyed.contains(&id))
+        })
+        .collect();
+    events.sort_by_key(|e| (e.0, e.1));
+    let (mut open_keyed, mut open_all, mut most_keyed, mut most_all) = (0, 0, 0, 0);
+    for (_, delta, is_keyed) in &events {
+        open_all += delta;
+        if *is_keyed {
+            open_keyed += delta;
+        }
+        most_keyed = most_keyed.max(open_keyed);
+        most_all = most_all.max(open_all);
+    }
+    assert_eq!(events.len(), 36, "every run started and ended once");
+    assert_eq!(most_keyed, 2, "the key's limit, reached and never passed");
+    assert!(most_all > 2, "unkeyed jobs ran beside them ({most_all} at once)");
+}

@@ -201,6 +201,11 @@ mod detail {
         if let Some(k) = &job.unique_key {
             envelope.push(("Unique key".into(), k.clone()));
         }
+        if let Some(k) = &job.rate_limit_key {
+            // Available but not picked up: say why, or an operator looks for a missing worker.
+            let waiting = job.rate_limited && job.state == JobState::Available;
+            envelope.push(("Rate-limit key".into(), if waiting { format!("{k} (waiting for a free slot)") } else { k.clone() }));
+        }
 
         let attempt_views = attempts
             .iter()

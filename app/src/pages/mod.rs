@@ -10,6 +10,7 @@ pub mod overview;
 pub mod policies;
 pub mod policy_editor;
 pub mod queues;
+pub mod rate_limit_keys;
 pub mod replay_rules;
 pub mod workers;
 pub mod workflows;

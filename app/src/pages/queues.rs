@@ -1,4 +1,5 @@
-//! Queues: depth by state, paused or not, and pause/resume.
+//! Queues: depth by state, paused or not, and pause/resume; below them the rate-limit keys
+//! jobs share (see [`super::rate_limit_keys`]).
 
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -318,6 +319,7 @@ pub fn QueuesPage() -> impl IntoView {
                 }
             })}
         </Transition>
+        <super::rate_limit_keys::RateLimitKeys tick=tick can_act=can_act/>
     }
 }
 

@@ -221,6 +221,10 @@ impl Store {
             return Ok(out);
         }
         let mut tx = self.begin().await?;
+        // Every key the batch names, locked once in key order before the first insert: each
+        // insert would otherwise lock its own in the batch's order, which two batches naming
+        // the same keys in turn could hold crosswise.
+        record_rate_limit_keys(&mut tx, jobs.iter()).await?;
         let out = {
             let mut out = Vec::with_capacity(jobs.len());
             for (i, (job, max)) in jobs.iter().zip(&checked).enumerate() {

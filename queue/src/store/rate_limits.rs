@@ -160,7 +160,10 @@ impl Store {
         let rows = sqlx::query(
             "SELECT q.*,
                     (SELECT count(*) FROM jobs j WHERE j.queue = q.name AND j.state = 'active') AS active,
-                    (SELECT count(*) FROM jobs j WHERE j.queue = q.name AND j.state = 'available') AS waiting,
+                    -- Two reads, each on its partial index: jobs claimable, and jobs waiting
+                    -- for a slot of their rate-limit key.
+                    (SELECT count(*) FROM jobs j WHERE j.queue = q.name AND j.state = 'available' AND NOT j.rate_limited)
+                      + (SELECT count(*) FROM jobs j WHERE j.queue = q.name AND j.state = 'available' AND j.rate_limited) AS waiting,
                     CASE WHEN q.rate_window_start > now() - q.rate_period_ms * interval '1 millisecond' THEN q.rate_window_used ELSE 0 END AS rate_used,
                     CASE WHEN q.rate_window_start > now() - q.rate_period_ms * interval '1 millisecond'
                          THEN q.rate_window_start + q.rate_period_ms * interval '1 millisecond' END AS rate_resets_at,
@@ -191,7 +194,10 @@ impl Store {
 
     /// When the queue's oldest waiting job became available.
     pub async fn oldest_available_at(&self, queue: &str) -> Result<Option<Timestamp>, StoreError> {
-        let row = sqlx::query("SELECT min(COALESCE(enqueued_at, scheduled_at)) AS t FROM jobs WHERE queue = $1 AND state = 'available'")
+        let row = sqlx::query(
+            "SELECT LEAST((SELECT min(COALESCE(enqueued_at, scheduled_at)) FROM jobs WHERE queue = $1 AND state = 'available' AND NOT rate_limited),
+                          (SELECT min(COALESCE(enqueued_at, scheduled_at)) FROM jobs WHERE queue = $1 AND state = 'available' AND rate_limited)) AS t",
+        )
             .bind(queue)
             .fetch_one(&self.pool)
             .await?;
@@ -333,15 +339,17 @@ impl Store {
         self.rate_limit_key(key).await?.ok_or_else(|| StoreError::Missing { what: format!("rate-limit key {key}") })
     }
 
-    /// The sweep: settles every key with jobs waiting and a slot free, one key per
+    /// The sweep: ends the overrides whose time is up (bringing their keys to the limit in
+    /// force again), then settles every key with jobs waiting and a slot free, one key per
     /// transaction. The statements that move keyed jobs settle their keys themselves; this
-    /// catches what they could not (a waiting job another transaction held at that moment,
-    /// an override that expired). Returns how many keys it settled.
+    /// catches what they could not (a waiting job another transaction held at that moment).
+    /// Returns how many keys it settled.
     pub async fn settle_rate_limits(&self, batch: i64) -> Result<u64, StoreError> {
+        let ended: i32 = sqlx::query_scalar("SELECT rebound_rate_limit_end_overrides()").fetch_one(&self.pool).await?;
         let keys: Vec<String> = sqlx::query_scalar(KEYS_TO_SETTLE).bind(batch.max(1)).fetch_all(&self.pool).await?;
         for key in &keys {
             sqlx::query("SELECT rebound_rate_limit_settle($1)").bind(key).execute(&self.pool).await?;
         }
-        Ok(keys.len() as u64)
+        Ok(keys.len() as u64 + u64::try_from(ended).unwrap_or(0))
     }
 }

@@ -1,0 +1,164 @@
+//! Rate-limit keys on the Queues page: every key jobs share (`options.rate_limit`), how many of
+//! its jobs run, hold a slot and wait, and an operator's override of its limit (stop a key
+//! during an incident, or raise it for a while) with a form that works without JavaScript.
+
+use leptos::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::auth::CsrfField;
+use crate::error::AppError;
+use crate::feedback::{ActionResult, ErrorBox};
+
+/// Keys shown at most; the OJS API (`GET /ojs/v1/rate-limits`) pages through all of them.
+#[cfg(feature = "ssr")]
+const SHOWN: usize = 200;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeyRow {
+    pub key: String,
+    /// "3", "none", or "0 (override until 14:05, in 20m; jobs set 3)".
+    pub limit: String,
+    pub overridden: bool,
+    pub running: i64,
+    pub admitted: i64,
+    pub waiting: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeyList {
+    pub rows: Vec<KeyRow>,
+    /// How many keys there are in all.
+    pub total: usize,
+}
+
+#[server(endpoint = "rate_limit_keys")]
+pub async fn rate_limit_keys() -> Result<KeyList, AppError> {
+    crate::auth::signed_in()?;
+    let store = crate::state::store()?;
+    let now = store.now().await?;
+    let names = store.rate_limit_key_names().await?;
+    let total = names.len();
+    let shown: Vec<String> = names.into_iter().take(SHOWN).collect();
+    let rows = store
+        .rate_limit_keys(&shown)
+        .await?
+        .into_iter()
+        .map(|k| {
+            let own = k.concurrency.map_or_else(|| "none".to_string(), |c| c.to_string());
+            let limit = match &k.override_limit {
+                Some(o) => {
+                    let until = o.expires_at.map(|t| {
+                        let w = crate::time_text::When::of(t, now);
+                        format!(" until {}, {}", w.at, w.relative)
+                    });
+                    format!("{} (override{}; jobs set {own})", o.concurrency, until.unwrap_or_default())
+                }
+                None => own,
+            };
+            KeyRow { key: k.key, limit, overridden: k.override_limit.is_some(), running: k.active, admitted: k.admitted, waiting: k.waiting }
+        })
+        .collect();
+    Ok(KeyList { rows, total })
+}
+
+/// Overrides a key's limit (`concurrency` a whole number, `until` empty for no end, or an
+/// RFC 3339 time, or `+` and an ISO-8601 duration such as `+PT1H`), or with `concurrency`
+/// empty removes the override.
+#[server(endpoint = "set_rate_limit_override")]
+pub async fn set_rate_limit_override(csrf: String, key: String, concurrency: String, until: String) -> Result<String, AppError> {
+    use rebound_queue::store::RateLimitOverride;
+    let actor = crate::auth::authorize_mutation(&csrf)?;
+    let invalid = |field: &str, reason: String| AppError::Invalid { field: field.into(), reason };
+    let concurrency = concurrency.trim();
+    let until = until.trim();
+    let limit = if concurrency.is_empty() {
+        if !until.is_empty() {
+            return Err(invalid("concurrency", "is required with an end time".into()));
+        }
+        None
+    } else {
+        let n = concurrency.parse::<u32>().map_err(|_| invalid("concurrency", format!("must be a whole number, got {}", crate::error::quoted(concurrency))))?;
+        let expires_at = if until.is_empty() {
+            None
+        } else {
+            let now = jiff::Timestamp::now();
+            let parsed = match until.strip_prefix('+') {
+                Some(d) => rebound_queue::policy::iso8601::parse(d).and_then(|d| {
+                    jiff::SignedDuration::try_from(d).ok().and_then(|d| now.checked_add(d).ok()).ok_or_else(|| "is too far ahead".to_string())
+                }),
+                None => until.parse::<jiff::Timestamp>().map_err(|e| e.to_string()),
+            };
+            Some(parsed.map_err(|r| invalid("until", format!("{} is not a time or +duration: {r}", crate::error::quoted(until))))?)
+        };
+        Some(RateLimitOverride { concurrency: n, expires_at })
+    };
+    let store = crate::state::store()?;
+    let saved = store.override_rate_limit(&key, limit.as_ref(), &actor).await?;
+    Ok(match saved.in_force {
+        Some(l) => format!("Key {} now admits {l} at once ({} running, {} waiting).", saved.key, saved.active, saved.waiting),
+        None => format!("Key {} has no limit now: every waiting job was admitted.", saved.key),
+    })
+}
+
+/// The keys' table, under the queues.
+#[component]
+pub fn RateLimitKeys(tick: Signal<u64>, can_act: Signal<bool>) -> impl IntoView {
+    let set = ServerAction::<SetRateLimitOverride>::new();
+    let data = Resource::new(move || (tick.get(), set.version().get()), |_| rate_limit_keys());
+    view! {
+        <h2>"Rate-limit keys"</h2>
+        <p class="muted">"Jobs that name a key share its limit across queues; the rest wait, available, until a slot frees."</p>
+        <ActionResult action=set/>
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match data.await {
+                    Ok(list) if list.rows.is_empty() => view! { <p class="muted">"No job has named a rate-limit key."</p> }.into_any(),
+                    Ok(list) => {
+                        let more = (list.total > list.rows.len()).then(|| format!("The first {} of {} keys; GET /ojs/v1/rate-limits lists them all.", list.rows.len(), list.total));
+                        view! {
+                            <table class="rate-limit-keys">
+                                <thead>
+                                    <tr><th>"Key"</th><th>"Limit"</th><th class="num">"Running"</th><th class="num">"Admitted"</th><th class="num">"Waiting"</th><th>"Override"</th></tr>
+                                </thead>
+                                <tbody>
+                                    {list.rows.into_iter().map(|k| {
+                                        let key = k.key.clone();
+                                        view! {
+                                        <tr class:overridden=k.overridden>
+                                            <td>{k.key.clone()}</td>
+                                            <td>{k.limit.clone()}</td>
+                                            <td class="num">{k.running}</td>
+                                            <td class="num">{k.admitted}</td>
+                                            <td class="num">{k.waiting}</td>
+                                            <td>
+                                                <ActionForm action=set>
+                                                    <CsrfField/>
+                                                    <input type="hidden" name="key" value=k.key.clone()/>
+                                                    <label>"At most " <input type="text" name="concurrency" size="4" placeholder="—"/></label>
+                                                    <label>" until " <input type="text" name="until" size="10" placeholder="+PT1H"/></label>
+                                                    <button type="submit" disabled=move || !can_act.get()>"Override"</button>
+                                                </ActionForm>
+                                                {k.overridden.then(move || view! {
+                                                    <ActionForm action=set>
+                                                        <CsrfField/>
+                                                        <input type="hidden" name="key" value=key/>
+                                                        <input type="hidden" name="concurrency" value=""/>
+                                                        <input type="hidden" name="until" value=""/>
+                                                        <button type="submit" disabled=move || !can_act.get()>"Clear override"</button>
+                                                    </ActionForm>
+                                                })}
+                                            </td>
+                                        </tr>
+                                    }}).collect_view()}
+                                </tbody>
+                            </table>
+                            {more.map(|m| view! { <p class="muted">{m}</p> })}
+                        }
+                        .into_any()
+                    }
+                    Err(e) => view! { <ErrorBox error=e/> }.into_any(),
+                }
+            })}
+        </Transition>
+    }
+}
