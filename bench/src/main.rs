@@ -82,6 +82,10 @@ struct Args {
     /// Also print how the worker batched its claims and writes.
     #[arg(long)]
     detail: bool,
+    /// SQL run once after the schema is migrated, for A/B measurements of the schema's parts
+    /// (e.g. dropping a trigger to see what it costs).
+    #[arg(long)]
+    after_migrate: Option<String>,
 }
 
 struct Figure {
@@ -131,6 +135,10 @@ async fn throughput(args: Args) -> anyhow::Result<()> {
     let url = format!("postgres://{}@{}:{}/{db}", admin.get_username(), admin.get_host(), admin.get_port());
     let store = Store::connect(&url, 20).await?;
     store.migrate().await?;
+    if let Some(sql) = &args.after_migrate {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone())).execute(store.pool()).await.context("running --after-migrate")?;
+        println!("rebound-bench: ran after migrating: {sql}");
+    }
     let sync_commit: String = sqlx::query_scalar("SHOW synchronous_commit").fetch_one(store.pool()).await?;
     let concurrency = args.concurrency.unwrap_or(work::DEFAULT_CONCURRENCY);
     println!(
