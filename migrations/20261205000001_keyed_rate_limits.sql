@@ -39,6 +39,9 @@ CREATE TABLE rate_limit_keys (
     concurrency          integer CHECK (concurrency >= 0),
     override_concurrency integer CHECK (override_concurrency >= 0),
     override_expires_at  timestamptz,
+    -- A handler said the resource behind the key refuses calls until then (a failure whose
+    -- error carries `rate_limit_until`, ojs-rate-limiting §9): nothing is admitted meanwhile.
+    held_until           timestamptz,
     created_at           timestamptz NOT NULL DEFAULT now(),
     updated_at           timestamptz NOT NULL DEFAULT now()
 );
@@ -50,14 +53,16 @@ CREATE TABLE rate_limit_events (
     id    bigserial PRIMARY KEY,
     at    timestamptz NOT NULL DEFAULT now(),
     key   text NOT NULL,
-    type  text NOT NULL CHECK (type IN ('rate_limit.exceeded', 'rate_limit.released')),
+    type  text NOT NULL CHECK (type IN ('rate_limit.exceeded', 'rate_limit.released', 'rate_limit.dynamic_adjusted')),
     data  jsonb NOT NULL
 );
 CREATE INDEX rate_limit_events_at ON rate_limit_events (at);
 
--- The limit in force for a key row: the override while it lasts, else the enqueued one.
+-- The limit in force for a key row: none while a handler's hold lasts, else the override
+-- while it lasts, else the enqueued one.
 CREATE FUNCTION rebound_rate_limit_in_force(r rate_limit_keys) RETURNS integer LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN r.override_concurrency IS NOT NULL AND (r.override_expires_at IS NULL OR r.override_expires_at > now())
+    SELECT CASE WHEN r.held_until > now() THEN 0
+                WHEN r.override_concurrency IS NOT NULL AND (r.override_expires_at IS NULL OR r.override_expires_at > now())
                 THEN r.override_concurrency ELSE r.concurrency END
 $$;
 
@@ -118,16 +123,21 @@ BEGIN
     END IF;
 END $$;
 
--- Ends the overrides whose time is up and brings their keys to the limit in force again (a
--- raise that ended holds back what it admitted and no worker has claimed yet), all in one
--- transaction, keys in order. Returns how many ended. Run by the maintenance sweep.
+-- Ends the overrides and handlers' holds whose time is up and brings their keys to the limit
+-- in force again (a raise that ended holds back what it admitted and no worker has claimed
+-- yet; a hold that ended admits), all in one transaction, keys in order. Returns how many
+-- keys changed. Run by the maintenance sweep.
 CREATE FUNCTION rebound_rate_limit_end_overrides() RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     ended text[];
     k text;
 BEGIN
-    ended := ARRAY(SELECT key FROM rate_limit_keys WHERE override_expires_at <= now() ORDER BY key FOR UPDATE);
-    UPDATE rate_limit_keys SET override_concurrency = NULL, override_expires_at = NULL, updated_at = now()
+    ended := ARRAY(SELECT key FROM rate_limit_keys WHERE override_expires_at <= now() OR held_until <= now() ORDER BY key FOR UPDATE);
+    UPDATE rate_limit_keys
+    SET override_concurrency = CASE WHEN override_expires_at <= now() THEN NULL ELSE override_concurrency END,
+        override_expires_at = CASE WHEN override_expires_at <= now() THEN NULL ELSE override_expires_at END,
+        held_until = CASE WHEN held_until <= now() THEN NULL ELSE held_until END,
+        updated_at = now()
     WHERE key = ANY(ended);
     FOREACH k IN ARRAY ended LOOP
         PERFORM rebound_rate_limit_settle(k);
@@ -195,6 +205,48 @@ CREATE TRIGGER jobs_zz_rate_limits_updated AFTER UPDATE ON jobs
     REFERENCING OLD TABLE AS rl_old NEW TABLE AS rl_new FOR EACH STATEMENT EXECUTE FUNCTION rebound_rate_limits_updated();
 CREATE TRIGGER jobs_zz_rate_limits_deleted AFTER DELETE ON jobs
     REFERENCING OLD TABLE AS rl_old FOR EACH STATEMENT EXECUTE FUNCTION rebound_rate_limits_deleted();
+
+-- Dynamic limits (ojs-rate-limiting §9, RL-R003): a failed execution of a keyed job whose
+-- error carries `rate_limit_until` (an upstream's 429 said when to come back) holds its key
+-- until then, at most a day ahead: nothing more of the key is admitted, admitted jobs not yet
+-- claimed are held back, and `rate_limit.dynamic_adjusted` says so. A trigger on the history
+-- row, so it lands with the failure, from any writer (the API's nack, a Rust handler's
+-- `HandlerError` details). A value that is not a time is ignored rather than failing the
+-- write that records the failure.
+CREATE FUNCTION rebound_rate_limit_until(details jsonb) RETURNS timestamptz LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (details->>'rate_limit_until')::timestamptz;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION rebound_rate_limits_held() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM ra_new WHERE error_details ? 'rate_limit_until') THEN
+        RETURN NULL;
+    END IF;
+    FOR r IN
+        SELECT j.rate_limit_key AS key, LEAST(max(rebound_rate_limit_until(a.error_details)), now() + interval '1 day') AS until,
+               (array_agg(a.error_type ORDER BY a.id DESC))[1] AS reason
+        FROM ra_new a JOIN jobs j ON j.id = a.job_id
+        WHERE a.error_details ? 'rate_limit_until' AND j.rate_limit_key IS NOT NULL
+        GROUP BY 1
+        HAVING max(rebound_rate_limit_until(a.error_details)) > now()
+        ORDER BY 1
+    LOOP
+        INSERT INTO rate_limit_keys AS k (key, held_until) VALUES (r.key, r.until)
+        ON CONFLICT (key) DO UPDATE SET held_until = GREATEST(k.held_until, EXCLUDED.held_until), updated_at = now();
+        INSERT INTO rate_limit_events (key, type, data)
+        VALUES (r.key, 'rate_limit.dynamic_adjusted', jsonb_build_object('key', r.key, 'until', r.until, 'reason', r.reason));
+        PERFORM rebound_rate_limit_settle(r.key);
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER job_attempts_rate_limits_held AFTER INSERT ON job_attempts
+    REFERENCING NEW TABLE AS ra_new FOR EACH STATEMENT EXECUTE FUNCTION rebound_rate_limits_held();
 
 -- Emptying `jobs` empties its logs (as in …_dead_letter_events.sql), this one too.
 CREATE OR REPLACE FUNCTION job_counts_truncated() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -239,6 +239,7 @@ pub async fn measure(pool: &PgPool, dash: &Dashboard, n: usize) -> anyhow::Resul
         ("jobs, deep page (keyset)", deep.iter().map(|id| format!("/jobs?after={id}")).collect()),
         ("jobs, state=completed", same("/jobs?state=completed")),
         ("jobs, state=available", same("/jobs?state=available")),
+        ("jobs, queue+state=available", same("/jobs?queue=billing&state=available")),
         ("jobs, type+state", same("/jobs?job_type=pay.charge&state=retryable")),
         ("jobs, queue+state", same("/jobs?queue=billing&state=discarded")),
         ("jobs, queue+type+state", same("/jobs?queue=mail&job_type=sync.crm&state=completed")),

@@ -338,3 +338,44 @@ async fn a_keyed_enqueue_or_override_cut_off_at_its_commit_leaves_nothing_behind
     through.enqueue(keyed("q", "k", Some(7), 1)).await.unwrap();
     assert_eq!(s.rate_limit_key("k").await.unwrap().unwrap().admitted, 2);
 }
+
+/// A handler's failure saying when the upstream takes calls again (`rate_limit_until`, §9)
+/// holds its key until then: nothing more is admitted, an admitted job not yet claimed is held
+/// back, `rate_limit.dynamic_adjusted` says so, and the sweep lets the key go when the time is
+/// up. A value that is not a time changes nothing (and does not fail the failure's write).
+#[tokio::test]
+async fn a_failure_with_rate_limit_until_holds_its_key_until_then() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    s.enqueue_batch((0..4).map(|i| keyed("q", "upstream", Some(2), i)).collect()).await.unwrap();
+    let running = s.claim(&request("w", &["q"], 1)).await.unwrap().remove(0);
+    assert_eq!(slots(s, "upstream").await, (1, 1, 2));
+
+    let fail_with = |job: &Job, details: serde_json::Value| Failure {
+        id: job.id,
+        attempt: Some(job.attempt),
+        worker_id: Some("w".into()),
+        outcome: Outcome::Retry(HandlerError::new("http.429", "slow down").with_details(details)),
+        error_code: None,
+    };
+    let until = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(1500);
+    s.fail(&fail_with(&running, json!({"rate_limit_until": until.to_string()}))).await.unwrap();
+    let held = s.rate_limit_key("upstream").await.unwrap().unwrap();
+    assert_eq!((held.in_force, held.held_until.is_some(), held.active, held.admitted, held.waiting), (Some(0), true, 0, 0, 3), "{held:?}");
+    assert!(s.claim(&request("w", &["q"], 5)).await.unwrap().is_empty());
+    let adjusted = rate_limit_events(s, "rate_limit.dynamic_adjusted").await;
+    assert_eq!((adjusted.len(), adjusted[0]["reason"].as_str()), (1, Some("http.429")), "{adjusted:?}");
+
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    assert!(s.settle_rate_limits(100).await.unwrap() >= 1);
+    assert_eq!(slots(s, "upstream").await, (0, 2, 1), "let go: the limit of two again");
+    assert_eq!(s.rate_limit_key("upstream").await.unwrap().unwrap().held_until, None);
+
+    // Garbage, or a time already past: recorded as details, the key untouched.
+    let next = s.claim(&request("w", &["q"], 1)).await.unwrap().remove(0);
+    s.fail(&fail_with(&next, json!({"rate_limit_until": "when pigs fly"}))).await.unwrap();
+    let past = s.claim(&request("w", &["q"], 1)).await.unwrap().remove(0);
+    s.fail(&fail_with(&past, json!({"rate_limit_until": "2001-01-01T00:00:00Z"}))).await.unwrap();
+    assert_eq!(s.rate_limit_key("upstream").await.unwrap().unwrap().held_until, None);
+    assert_eq!(rate_limit_events(s, "rate_limit.dynamic_adjusted").await.len(), 1);
+}

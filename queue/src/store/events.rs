@@ -508,13 +508,14 @@ pub struct WorkflowEvent {
 const WORKFLOW_EVENTS_NEWEST_FIRST: &str = subject_events_sql!("workflow_events", "workflow_id", "at DESC, id DESC");
 const WORKFLOW_EVENTS_AFTER: &str = subject_events_sql!("workflow_events", "workflow_id", "id");
 
-/// Rate-limit event types [`Store::rate_limit_events`] knows (ojs-rate-limiting §11.1; keyed
-/// concurrency limits only, so neither `rate_limit.dropped` nor `rate_limit.dynamic_adjusted`).
-pub const RATE_LIMIT_EVENT_TYPES: [&str; 2] = ["rate_limit.exceeded", "rate_limit.released"];
+/// Rate-limit event types [`Store::rate_limit_events`] knows (ojs-rate-limiting §11.1; no
+/// `rate_limit.dropped`: `on_limit: drop` is not offered).
+pub const RATE_LIMIT_EVENT_TYPES: [&str; 3] = ["rate_limit.exceeded", "rate_limit.released", "rate_limit.dynamic_adjusted"];
 
 /// A statement left jobs of a rate-limit key waiting for a slot (`rate_limit.exceeded`: one per
-/// statement and key), or a waiting job was admitted (`rate_limit.released`: one per job),
-/// logged by the statements that did it (see migrations/…_keyed_rate_limits.sql).
+/// statement and key), a waiting job was admitted (`rate_limit.released`: one per job), or a
+/// handler's failure held the key (`rate_limit.dynamic_adjusted`), logged by the statements
+/// that did it (see migrations/…_keyed_rate_limits.sql).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RateLimitEvent {
     /// Unique, stable, and a cursor like [`JobEvent::id`].
@@ -525,7 +526,8 @@ pub struct RateLimitEvent {
     pub key: String,
     /// The event's OJS data, always with `key` and `strategy` (`concurrency`): `limit`,
     /// `current` (the slots held) and `parked` (how many jobs were left waiting) when
-    /// exceeded; `job_id`, `queue` and `job_type` when released.
+    /// exceeded; `job_id`, `queue` and `job_type` when released; `until` and `reason` (the
+    /// error type) when dynamically adjusted.
     pub data: Value,
 }
 

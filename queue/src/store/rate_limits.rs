@@ -222,6 +222,9 @@ pub struct KeyedRateLimit {
     pub concurrency: Option<u32>,
     /// An operator's override, while it lasts.
     pub override_limit: Option<RateLimitOverride>,
+    /// Until when a handler's failure (`rate_limit_until`) holds the key: nothing is
+    /// admitted before then.
+    pub held_until: Option<Timestamp>,
     /// The limit in force now; `None`: every job of the key is admitted.
     pub in_force: Option<u32>,
     /// Jobs of the key running now.
@@ -242,6 +245,7 @@ impl KeyedRateLimit {
 
 const KEY_STATES: &str = "
 SELECT r.key, r.concurrency, r.override_concurrency, r.override_expires_at, r.updated_at,
+       CASE WHEN r.held_until > now() THEN r.held_until END AS held_until,
        rebound_rate_limit_in_force(r) AS in_force,
        (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = r.key AND j.state = 'active' AND NOT j.rate_limited) AS active,
        (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = r.key AND j.state = 'available' AND NOT j.rate_limited) AS admitted,
@@ -260,6 +264,7 @@ fn key_state_from_row(r: &PgRow) -> Result<KeyedRateLimit, StoreError> {
         key: r.try_get("key")?,
         concurrency: count(r.try_get("concurrency")?),
         override_limit,
+        held_until: ts_opt(r, "held_until")?,
         in_force: count(r.try_get("in_force")?),
         active: r.try_get("active")?,
         admitted: r.try_get("admitted")?,

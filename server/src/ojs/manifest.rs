@@ -89,10 +89,11 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
                                 "GET /rate-limits (queue and keyed limits by key), GET/PUT /rate-limits/queue:<name>, GET /rate-limits/{key} (RL-005: concurrency limit/active/admitted/available, waiting_count, override)",
                                 "PUT /rate-limits/{key}: an operator's override of a keyed limit ({concurrency, expires_at}; {} removes it; a lowered limit holds back admitted jobs not yet claimed)",
                                 "PUT /admin/queues/{name}/rate-limit",
-                                "rate_limit.exceeded (per statement and key that left jobs waiting: key, strategy, limit, current, parked) and rate_limit.released (per admitted job: key, strategy, job_id) (RL-006)"],
+                                "rate_limit.exceeded (per statement and key that left jobs waiting: key, strategy, limit, current, parked) and rate_limit.released (per admitted job: key, strategy, job_id) (RL-006)",
+                                "dynamic limits (RL-R003): a nack whose error carries rate_limit_until (or a Rust handler's error details with it) holds the job's key until then, at most a day: nothing admitted, admitted jobs not yet claimed held back; rate_limit.dynamic_adjusted (key, until, reason)"],
                 "not_implemented": ["per-key rate and throttle windows (a job's rate_limit.rate/throttle is refused: 422 unsupported; set them on the queue)",
                                     "temporary overrides of queue limits (expires_at on a queue limit: 422 unsupported)",
-                                    "on_limit reschedule/drop (422 unsupported)", "dynamic limits (rate_limit_until)", "rate_limit.dropped, rate_limit.dynamic_adjusted", "X-RateLimit-* headers"],
+                                    "on_limit reschedule/drop (422 unsupported)", "rate_limit.dropped", "X-RateLimit-* headers"],
             },
             "events": {
                 "implemented": ["job.enqueued, job.scheduled, job.started, job.heartbeat (worker and API heartbeats, with visible_until), job.progress, job.completed, job.failed, job.retrying, job.discarded, job.expired, job.cancelled",

@@ -120,8 +120,14 @@ fn keyed_json(k: &KeyedRateLimit) -> Value {
         "limit": { "concurrency": k.concurrency },
         "updated_at": k.updated_at.to_string(),
     });
-    if let (Some(o), Some(m)) = (&k.override_limit, v.as_object_mut()) {
-        m.insert("override".into(), json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }));
+    if let Some(m) = v.as_object_mut() {
+        if let Some(o) = &k.override_limit {
+            m.insert("override".into(), json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }));
+        }
+        // A handler's `rate_limit_until` (§9): nothing is admitted before it.
+        if let Some(t) = k.held_until {
+            m.insert("held_until".into(), Value::String(t.to_string()));
+        }
     }
     v
 }

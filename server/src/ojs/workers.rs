@@ -140,11 +140,20 @@ fn handler_error(e: &Fields<'_>) -> Result<(HandlerError, String), ApiError> {
         return Err(e.error("code", "must be 1 to 200 characters"));
     }
     let message = e.required_str("message")?;
-    let details = match e.get("details") {
+    let mut details = match e.get("details") {
         None => None,
         Some(d @ Value::Object(_)) => Some(d.clone()),
         Some(other) => return Err(e.error("details", format!("must be a JSON object, got {}", json_kind(other)))),
     };
+    // ojs-rate-limiting §9: the upstream said when to come back. Kept with the error's
+    // details, where the store reads it to hold the job's rate-limit key until then.
+    if let Some(until) = e.str("rate_limit_until")? {
+        let t = super::envelope::parse_time(until, jiff::Timestamp::now()).map_err(|r| e.error("rate_limit_until", r))?;
+        let d = details.get_or_insert_with(|| json!({}));
+        if let Some(m) = d.as_object_mut() {
+            m.insert("rate_limit_until".into(), Value::String(t.to_string()));
+        }
+    }
     let error = HandlerError {
         error_type: error_type.unwrap_or(code).to_owned(),
         message: message.to_owned(),
