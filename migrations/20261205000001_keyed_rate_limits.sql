@@ -159,26 +159,47 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- Dynamic limits (ojs-rate-limiting §9, RL-R003) are applied here too: a keyed job whose
+-- failure this statement recorded with `rate_limit_until` in its error's details (an
+-- upstream's 429 said when to come back; from the API's nack or a Rust handler's
+-- `HandlerError`) holds its key until then, at most a day ahead: nothing more of the key is
+-- admitted, admitted jobs not yet claimed are held back, and `rate_limit.dynamic_adjusted`
+-- says so. In the same pass as the slots, so each key is locked once, in key order.
 CREATE FUNCTION rebound_rate_limits_updated() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    k text;
+    r record;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM rl_new WHERE rate_limit_key IS NOT NULL) THEN
         RETURN NULL;
     END IF;
     -- The keys of rows that took or gave up a slot, or entered `available` (a row parked
-    -- before, cancelled and retried, comes back still marked waiting). A claim (available to
-    -- active) holds its slot throughout, and parking and admitting change no state: neither
-    -- comes back here. A job leaving one non-holding state for another (pending to
-    -- cancelled, say) takes no key lock.
-    FOR k IN
-        SELECT DISTINCT n.rate_limit_key FROM rl_new n JOIN rl_old o ON o.id = n.id
-        WHERE n.rate_limit_key IS NOT NULL AND n.state IS DISTINCT FROM o.state
-          AND ((n.state = 'available' AND o.state <> 'active')
-               OR (o.state IN ('available', 'active') AND NOT o.rate_limited AND n.state NOT IN ('available', 'active')))
+    -- before, cancelled and retried, comes back still marked waiting), or failed with a
+    -- `rate_limit_until`. A claim (available to active) holds its slot throughout, and parking
+    -- and admitting change no state: neither comes back here. A job leaving one non-holding
+    -- state for another (pending to cancelled, say) takes no key lock.
+    FOR r IN
+        SELECT n.rate_limit_key AS key,
+               -- (LEAST skips a NULL: with no time given it would hold the key for a day.)
+               CASE WHEN max(rebound_rate_limit_until(n.last_error->'details')) FILTER (WHERE n.last_error IS DISTINCT FROM o.last_error) IS NOT NULL
+                    THEN LEAST(max(rebound_rate_limit_until(n.last_error->'details')) FILTER (WHERE n.last_error IS DISTINCT FROM o.last_error),
+                               now() + interval '1 day') END AS until,
+               (array_agg(n.last_error->>'type') FILTER (WHERE n.last_error->'details' ? 'rate_limit_until'))[1] AS reason
+        FROM rl_new n JOIN rl_old o ON o.id = n.id
+        WHERE n.rate_limit_key IS NOT NULL
+          AND ((n.state IS DISTINCT FROM o.state
+                AND ((n.state = 'available' AND o.state <> 'active')
+                     OR (o.state IN ('available', 'active') AND NOT o.rate_limited AND n.state NOT IN ('available', 'active'))))
+               OR (n.last_error IS DISTINCT FROM o.last_error AND n.last_error->'details' ? 'rate_limit_until'))
+        GROUP BY 1
         ORDER BY 1
     LOOP
-        PERFORM rebound_rate_limit_settle(k);
+        IF r.until > now() THEN
+            INSERT INTO rate_limit_keys AS k (key, held_until) VALUES (r.key, r.until)
+            ON CONFLICT (key) DO UPDATE SET held_until = GREATEST(k.held_until, EXCLUDED.held_until), updated_at = now();
+            INSERT INTO rate_limit_events (key, type, data)
+            VALUES (r.key, 'rate_limit.dynamic_adjusted', jsonb_build_object('key', r.key, 'until', r.until, 'reason', r.reason));
+        END IF;
+        PERFORM rebound_rate_limit_settle(r.key);
     END LOOP;
     RETURN NULL;
 END $$;
@@ -206,47 +227,14 @@ CREATE TRIGGER jobs_zz_rate_limits_updated AFTER UPDATE ON jobs
 CREATE TRIGGER jobs_zz_rate_limits_deleted AFTER DELETE ON jobs
     REFERENCING OLD TABLE AS rl_old FOR EACH STATEMENT EXECUTE FUNCTION rebound_rate_limits_deleted();
 
--- Dynamic limits (ojs-rate-limiting §9, RL-R003): a failed execution of a keyed job whose
--- error carries `rate_limit_until` (an upstream's 429 said when to come back) holds its key
--- until then, at most a day ahead: nothing more of the key is admitted, admitted jobs not yet
--- claimed are held back, and `rate_limit.dynamic_adjusted` says so. A trigger on the history
--- row, so it lands with the failure, from any writer (the API's nack, a Rust handler's
--- `HandlerError` details). A value that is not a time is ignored rather than failing the
--- write that records the failure.
+-- A `rate_limit_until` as a time, or NULL for a value that is not one: a handler's odd value
+-- must not fail the write that records its failure.
 CREATE FUNCTION rebound_rate_limit_until(details jsonb) RETURNS timestamptz LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN (details->>'rate_limit_until')::timestamptz;
 EXCEPTION WHEN others THEN
     RETURN NULL;
 END $$;
-
-CREATE FUNCTION rebound_rate_limits_held() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    r record;
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM ra_new WHERE error_details ? 'rate_limit_until') THEN
-        RETURN NULL;
-    END IF;
-    FOR r IN
-        SELECT j.rate_limit_key AS key, LEAST(max(rebound_rate_limit_until(a.error_details)), now() + interval '1 day') AS until,
-               (array_agg(a.error_type ORDER BY a.id DESC))[1] AS reason
-        FROM ra_new a JOIN jobs j ON j.id = a.job_id
-        WHERE a.error_details ? 'rate_limit_until' AND j.rate_limit_key IS NOT NULL
-        GROUP BY 1
-        HAVING max(rebound_rate_limit_until(a.error_details)) > now()
-        ORDER BY 1
-    LOOP
-        INSERT INTO rate_limit_keys AS k (key, held_until) VALUES (r.key, r.until)
-        ON CONFLICT (key) DO UPDATE SET held_until = GREATEST(k.held_until, EXCLUDED.held_until), updated_at = now();
-        INSERT INTO rate_limit_events (key, type, data)
-        VALUES (r.key, 'rate_limit.dynamic_adjusted', jsonb_build_object('key', r.key, 'until', r.until, 'reason', r.reason));
-        PERFORM rebound_rate_limit_settle(r.key);
-    END LOOP;
-    RETURN NULL;
-END $$;
-
-CREATE TRIGGER job_attempts_rate_limits_held AFTER INSERT ON job_attempts
-    REFERENCING NEW TABLE AS ra_new FOR EACH STATEMENT EXECUTE FUNCTION rebound_rate_limits_held();
 
 -- Emptying `jobs` empties its logs (as in …_dead_letter_events.sql), this one too.
 CREATE OR REPLACE FUNCTION job_counts_truncated() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -285,7 +285,11 @@ pub fn validate_rate_limit_key(key: &str, field: &str) -> Result<(), JobValidati
     if !ok {
         return Err(JobValidationError::new(
             field,
-            format!("{key:?} is not a valid rate-limit key: letters, digits, '.', '_', ':' and '-', starting with a letter or digit, at most {MAX_RATE_LIMIT_KEY} characters"),
+            // At most 64 characters of it back: an oversized key is not echoed whole.
+            format!(
+                "{:?} is not a valid rate-limit key: letters, digits, '.', '_', ':' and '-', starting with a letter or digit, at most {MAX_RATE_LIMIT_KEY} characters",
+                key.chars().take(64).collect::<String>()
+            ),
         ));
     }
     if key.starts_with("queue:") {

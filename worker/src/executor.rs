@@ -172,6 +172,11 @@ impl Executor {
         if !matches!(outcome, Outcome::Retry(_)) || self.registry.lookup(&job.job_type).is_none() {
             return None;
         }
+        // The upstream said when it takes calls again (ojs-rate-limiting §9): the failure goes
+        // to the store, which holds the job's rate-limit key until then, not straight back in.
+        if outcome.error().and_then(|e| e.details.as_ref()).is_some_and(|d| d.get("rate_limit_until").is_some()) {
+            return None;
+        }
         let layers = p.policies.current()?;
         let (policy, decision) = layers.decide(&job.job_type, job.retry.as_ref(), job.attempt, outcome, Timestamp::now(), &mut fastrand::Rng::new());
         // The store's rule too: a sub-millisecond backoff is no backoff.

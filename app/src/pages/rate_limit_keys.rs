@@ -45,15 +45,19 @@ pub async fn rate_limit_keys() -> Result<KeyList, AppError> {
         .into_iter()
         .map(|k| {
             let own = k.concurrency.map_or_else(|| "none".to_string(), |c| c.to_string());
-            let limit = match &k.override_limit {
-                Some(o) => {
+            let limit = match (&k.held_until, &k.override_limit) {
+                (Some(t), _) => {
+                    let w = crate::time_text::When::of(*t, now);
+                    format!("0 (held until {}, {}: a handler's rate_limit_until; jobs set {own})", w.at, w.relative)
+                }
+                (None, Some(o)) => {
                     let until = o.expires_at.map(|t| {
                         let w = crate::time_text::When::of(t, now);
                         format!(" until {}, {}", w.at, w.relative)
                     });
                     format!("{} (override{}; jobs set {own})", o.concurrency, until.unwrap_or_default())
                 }
-                None => own,
+                (None, None) => own,
             };
             KeyRow { key: k.key, limit, overridden: k.override_limit.is_some(), running: k.active, admitted: k.admitted, waiting: k.waiting }
         })
@@ -93,10 +97,14 @@ pub async fn set_rate_limit_override(csrf: String, key: String, concurrency: Str
         Some(RateLimitOverride { concurrency: n, expires_at })
     };
     let store = crate::state::store()?;
-    let saved = store.override_rate_limit(&key, limit.as_ref(), &actor).await?;
+    // The store names the end `expires_at`, as the API does; this form calls it `until`.
+    let saved = store.override_rate_limit(&key, limit.as_ref(), &actor).await.map_err(|e| match AppError::from(e) {
+        AppError::Invalid { field, reason } if field == "expires_at" => AppError::Invalid { field: "until".into(), reason },
+        other => other,
+    })?;
     Ok(match saved.in_force {
         Some(l) => format!("Key {} now admits {l} at once ({} running, {} waiting).", saved.key, saved.active, saved.waiting),
-        None => format!("Key {} has no limit now: every waiting job was admitted.", saved.key),
+        None => format!("Key {} has no limit now: its waiting jobs are admitted.", saved.key),
     })
 }
 
