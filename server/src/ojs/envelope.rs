@@ -123,13 +123,7 @@ pub fn parse_new_job(f: &Fields<'_>, now: Timestamp) -> Result<NewJob, ApiError>
 /// windows (`rate`, `throttle`) and an `on_limit` other than `wait` are refused rather than
 /// accepted and not enforced: a client would believe its job limited.
 fn parse_rate_limit(r: &Fields<'_>) -> Result<JobRateLimit, ApiError> {
-    for windowed in ["rate", "throttle", "max_per_second"] {
-        if r.get(windowed).is_some_and(|v| !v.is_null()) {
-            return Err(unsupported(format!("per-key rate windows ({})", r.name(windowed)))
-                .detail("field", r.name(windowed))
-                .hint("keyed limits are concurrency limits here; limit the job's queue for rates: PUT /ojs/v1/admin/queues/{name}/rate-limit"));
-        }
-    }
+    super::rate_limits::refuse_key_windows(r)?;
     match r.str("on_limit")? {
         None | Some("wait") => {}
         Some(other) => {

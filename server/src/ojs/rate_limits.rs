@@ -176,14 +176,24 @@ async fn set(state: &AppState, caller: &Caller, queue: &str, body: &JsonObject) 
     Ok(Json(json!({ "key": format!("queue:{queue}"), "queue": queue, "rate_limit": saved.map(|l| l.to_json()) })))
 }
 
+/// Refuses per-key `rate`, `throttle` and `max_per_second` windows, in a job's `rate_limit` or
+/// a key's override: keyed limits are concurrency limits here, and a window accepted and not
+/// enforced would leave its client believing it limited.
+pub fn refuse_key_windows(f: &Fields<'_>) -> Result<(), ApiError> {
+    for windowed in ["rate", "throttle", "max_per_second"] {
+        if f.get(windowed).is_some_and(|v| !v.is_null()) {
+            return Err(unsupported(format!("per-key rate windows ({})", f.name(windowed)))
+                .detail("field", f.name(windowed))
+                .hint("keyed limits are concurrency limits here; limit the queue for rates: PUT /ojs/v1/admin/queues/{name}/rate-limit"));
+        }
+    }
+    Ok(())
+}
+
 /// An override of a keyed limit: `{"concurrency": n, "expires_at": "…"}`; `{}` or a null
 /// `concurrency` removes the override.
 fn parse_override(f: &Fields<'_>) -> Result<Option<RateLimitOverride>, ApiError> {
-    for windowed in ["rate", "throttle", "max_per_second"] {
-        if f.get(windowed).is_some_and(|v| !v.is_null()) {
-            return Err(unsupported(format!("per-key rate windows ({windowed})")).detail("field", windowed));
-        }
-    }
+    refuse_key_windows(f)?;
     f.only(&["concurrency", "expires_at", "rate", "throttle", "max_per_second"])?;
     let Some(concurrency) = f.i64_in("concurrency", 0, i64::from(rebound_queue::job::MAX_RATE_LIMIT_CONCURRENCY))? else {
         if f.get("expires_at").is_some_and(|v| !v.is_null()) {
