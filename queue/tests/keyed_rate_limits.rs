@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rebound_queue::outcome::HandlerError;
-use rebound_queue::store::{Actor, ClaimRequest, Completion, EventFilter, Failure, RateLimitOverride};
+use rebound_queue::store::{Actor, ClaimRequest, Completion, EventFilter, Failure, JobSelection, RateLimitOverride, RedriveBudget, RedriveOptions};
 use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, TestDb};
 use rebound_queue::{Job, JobState, NewJob, Outcome, PolicyPatch, Store, StoreError};
 use serde_json::json;
@@ -378,4 +378,72 @@ async fn a_failure_with_rate_limit_until_holds_its_key_until_then() {
     s.fail(&fail_with(&past, json!({"rate_limit_until": "2001-01-01T00:00:00Z"}))).await.unwrap();
     assert_eq!(s.rate_limit_key("upstream").await.unwrap().unwrap().held_until, None);
     assert_eq!(rate_limit_events(s, "rate_limit.dynamic_adjusted").await.len(), 1);
+}
+
+/// A key's row goes once no job names it, nothing is in force on it and nothing touched it for
+/// the completed jobs' retention; a key whose jobs are still kept (a dead letter that could be
+/// re-driven), an override with no end, or a key an enqueue touches while the pruner waits for
+/// its row, stays.
+#[tokio::test]
+async fn keys_are_pruned_once_no_job_names_them() {
+    use rebound_queue::store::PruneConfig;
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let ops = Actor::new("ops");
+    s.enqueue_batch(vec![keyed("q", "finished", Some(1), 1), keyed("q", "waiting", Some(1), 2), keyed("dlq", "dead", Some(1), 3)]).await.unwrap();
+    s.override_rate_limit("stopped", Some(&RateLimitOverride { concurrency: 0, expires_at: None }), &ops).await.unwrap();
+    s.override_rate_limit("lapsed", Some(&RateLimitOverride { concurrency: 0, expires_at: Some(jiff::Timestamp::now() + jiff::SignedDuration::from_millis(300)) }), &ops)
+        .await
+        .unwrap();
+    let finished = s.claim(&request("w", &["q"], 1)).await.unwrap().remove(0);
+    s.complete(&done(&finished)).await.unwrap();
+    let dead = s.claim(&request("w", &["dlq"], 1)).await.unwrap().remove(0);
+    s.fail(&Failure { id: dead.id, attempt: Some(dead.attempt), worker_id: Some("w".into()), outcome: Outcome::DeadLetter(HandlerError::new("x", "no")), error_code: None })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let names = |s: &Store| {
+        let s = s.clone();
+        async move { s.rate_limit_key_names(None, 100).await.unwrap() }
+    };
+    // Within the retention, nothing goes.
+    assert_eq!(s.prune(&PruneConfig::default()).await.unwrap().rate_limit_keys, 0);
+    let instant = PruneConfig { completed_after: Duration::ZERO, ..Default::default() };
+    let report = s.prune(&instant).await.unwrap();
+    assert_eq!((report.completed, report.rate_limit_keys), (1, 2), "{report:?}");
+    assert_eq!(names(s).await, ["dead", "stopped", "waiting"], "the finished job's key and the lapsed override went");
+    assert_eq!(s.rate_limit_key_names(Some("dead"), 1).await.unwrap(), ["stopped"]);
+    assert_eq!(s.rate_limit_key_count(Some("stopped")).await.unwrap(), (3, 2));
+
+    // The waiting key's job finishes and is pruned, but an enqueue naming the key holds its row
+    // while the pruner comes: the pruner read the key as a candidate before the enqueue's job
+    // was visible, and must not delete it. (With no retention the enqueue's own touch does not
+    // make the key young again: only the job it adds can keep it.)
+    let job = s.claim(&request("w", &["q"], 1)).await.unwrap().remove(0);
+    s.complete(&done(&job)).await.unwrap();
+    let mut enqueue = s.pool().begin().await.unwrap();
+    sqlx::query("UPDATE rate_limit_keys SET updated_at = now() WHERE key = 'waiting'").execute(&mut *enqueue).await.unwrap();
+    sqlx::query("INSERT INTO jobs (id, type, queue, args, state, rate_limit_key) VALUES ($1, 'rl.keyed', 'q', '[]', 'available', 'waiting')")
+        .bind(Uuid::now_v7())
+        .execute(&mut *enqueue)
+        .await
+        .unwrap();
+    let pruner = {
+        let s = s.clone();
+        let cfg = instant.clone();
+        tokio::spawn(async move { s.prune(&cfg).await })
+    };
+    db.until_a_statement_waits_for_a_lock().await;
+    enqueue.commit().await.unwrap();
+    let report = pruner.await.unwrap().unwrap();
+    assert_eq!((report.completed, report.rate_limit_keys), (1, 0), "{report:?}");
+    assert_eq!(names(s).await, ["dead", "stopped", "waiting"]);
+    assert_eq!(slots(s, "waiting").await, (0, 1, 0), "the new job holds a slot under the kept limit");
+
+    // The dead letter comes back under its key's limit.
+    let opts = RedriveOptions { budget: RedriveBudget::Fresh, stagger: None, actor: ops.clone(), reason: None };
+    assert_eq!(s.redrive(&JobSelection::Ids(vec![dead.id]), &opts).await.unwrap(), 1);
+    let back = s.rate_limit_key("dead").await.unwrap().unwrap();
+    assert_eq!((back.in_force, back.admitted), (Some(1), 1), "{back:?}");
 }

@@ -11,7 +11,7 @@ use crate::feedback::{ActionResult, ErrorBox};
 
 /// Keys shown at most; the OJS API (`GET /ojs/v1/rate-limits`) pages through all of them.
 #[cfg(feature = "ssr")]
-const SHOWN: usize = 200;
+const SHOWN: i64 = 200;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KeyRow {
@@ -36,9 +36,9 @@ pub async fn rate_limit_keys() -> Result<KeyList, AppError> {
     crate::auth::signed_in()?;
     let store = crate::state::store()?;
     let now = store.now().await?;
-    let names = store.rate_limit_key_names().await?;
-    let total = names.len();
-    let shown: Vec<String> = names.into_iter().take(SHOWN).collect();
+    let (total, _) = store.rate_limit_key_count(None).await?;
+    let total = usize::try_from(total).unwrap_or(0);
+    let shown = store.rate_limit_key_names(None, SHOWN).await?;
     let rows = store
         .rate_limit_keys(&shown)
         .await?

@@ -98,6 +98,9 @@ pub struct PruneReport {
     /// Rows of `rate_limit_events` (`rate_limit.*` events), aged out with the completed jobs'
     /// retention.
     pub rate_limit_events: u64,
+    /// Rate-limit keys no job names any more, with no override or hold in force, untouched
+    /// for the completed jobs' retention.
+    pub rate_limit_keys: u64,
 }
 
 // A retention delete of `$table`'s rows older than `$1` ms by its `at`, `$2` at most, oldest
@@ -432,6 +435,7 @@ impl Store {
         let dead_letter_events = self.delete_aged(aged_by_at!("dead_letter_log"), cfg.completed_after, cfg.batch).await?;
         let workflow_events = self.delete_aged(aged_by_at!("workflow_events"), cfg.completed_after, cfg.batch).await?;
         let rate_limit_events = self.delete_aged(aged_by_at!("rate_limit_events"), cfg.completed_after, cfg.batch).await?;
+        let rate_limit_keys = self.prune_rate_limit_keys(cfg.completed_after, cfg.batch).await?;
         // A finished workflow is kept as long as its failed jobs are (the longer retention):
         // its page explains them. Nested ones go with the outermost (the foreign key cascades).
         let workflows = self
@@ -458,7 +462,48 @@ impl Store {
             workflows,
             workflow_events,
             rate_limit_events,
+            rate_limit_keys,
         })
+    }
+
+    /// Deletes up to `batch` rate-limit keys no job names, with no override or hold in force,
+    /// untouched for `after`. A key's row outlives every job that names it, so a job coming
+    /// back (re-driven, retried) finds its limit.
+    async fn prune_rate_limit_keys(&self, after: Duration, batch: i64) -> Result<u64, StoreError> {
+        let mut tx = self.begin().await?;
+        // Locked in key order, as every other writer of these rows locks them (no deadlock);
+        // an enqueue naming a key takes its row before inserting its jobs and holds it to its
+        // commit. So once locked, a second statement's fresh snapshot sees every job named
+        // under a key so far, though the candidates were read before they were visible.
+        let candidates: Vec<String> = sqlx::query_scalar(
+            "SELECT key FROM rate_limit_keys WHERE key = ANY(ARRAY(
+                 SELECT k.key FROM rate_limit_keys k
+                 WHERE k.updated_at < now() - $1 * interval '1 millisecond'
+                   AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.rate_limit_key = k.key)
+                 ORDER BY k.updated_at LIMIT $2))
+             ORDER BY key FOR UPDATE",
+        )
+        .bind(millis(after))
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        let n = if candidates.is_empty() {
+            0
+        } else {
+            sqlx::query(
+                "DELETE FROM rate_limit_keys k
+                 WHERE k.key = ANY($1)
+                   AND (k.held_until IS NULL OR k.held_until <= now())
+                   AND (k.override_concurrency IS NULL OR k.override_expires_at <= now())
+                   AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.rate_limit_key = k.key)",
+            )
+            .bind(&candidates)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+        };
+        tx.commit().await?;
+        Ok(n)
     }
 
     /// Runs a retention delete whose `$1` is the age (ms) past which rows go and `$2` the

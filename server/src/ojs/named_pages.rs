@@ -54,15 +54,36 @@ impl NamedPage {
     /// This page of `items` (sorted by `name`, unique), and its `pagination` object.
     pub fn cut<T>(&self, items: Vec<T>, name: impl Fn(&T) -> &str) -> (Vec<T>, Value) {
         let total = items.len();
+        self.cut_window(items, 0, total, name)
+    }
+
+    /// Where a list too long to read whole must be read from for this page: after the cursor,
+    /// or from the start; and how many of a sorted source's names from there are enough to
+    /// fill it (the page's own, or, for an offset, all up to its end).
+    pub fn window(&self) -> (Option<&str>, usize) {
+        match &self.start {
+            Start::After(last) => (Some(last.as_str()), self.limit),
+            Start::Offset(o) => (None, o.saturating_add(self.limit)),
+        }
+    }
+
+    /// [`NamedPage::cut`] of a list read in part, as [`NamedPage::window`] says: `items` are
+    /// sorted and hold the page, `before` is how many of the whole list's `total` sort at or
+    /// before the cursor (and are not in `items`).
+    pub fn cut_window<T>(&self, items: Vec<T>, before: usize, total: usize, name: impl Fn(&T) -> &str) -> (Vec<T>, Value) {
         let skip = match &self.start {
             Start::After(last) => items.partition_point(|i| name(i) <= last.as_str()),
+            Start::Offset(o) => (*o).min(items.len()),
+        };
+        let position = match &self.start {
+            Start::After(_) => before + skip,
             Start::Offset(o) => (*o).min(total),
         };
         let page: Vec<T> = items.into_iter().skip(skip).take(self.limit).collect();
-        let has_more = skip + page.len() < total;
+        let has_more = position + page.len() < total;
         // `page` and `per_page` as well, for the admin API's clients, which page that way.
-        let mut pagination = json!({ "total": total, "has_more": has_more, "limit": self.limit, "offset": skip,
-                                     "per_page": self.limit, "page": skip / self.limit.max(1) + 1 });
+        let mut pagination = json!({ "total": total, "has_more": has_more, "limit": self.limit, "offset": position,
+                                     "per_page": self.limit, "page": position / self.limit.max(1) + 1 });
         if let (true, Some(last), Some(p)) = (has_more, page.last(), pagination.as_object_mut()) {
             p.insert("next_cursor".into(), Value::String(name(last).to_owned()));
         }
@@ -103,6 +124,35 @@ mod tests {
         let fewer: Vec<String> = all.iter().filter(|s| *s != "q049").cloned().collect();
         let (page, _) = NamedPage::from_query(&query(&[("cursor", "q049")])).unwrap().cut(fewer, |s| s);
         assert_eq!(page[0], "q050");
+    }
+
+    /// A list read in part (two sources, one read whole, one only as far as the window says)
+    /// pages exactly as the whole list does.
+    #[test]
+    fn a_window_pages_as_the_whole_list() {
+        let whole: Vec<String> = (0..40).map(|i| if i % 7 == 0 { format!("queue:{i:03}") } else { format!("k{i:03}") }).collect();
+        let mut sorted = whole.clone();
+        sorted.sort();
+        let (few, many): (Vec<String>, Vec<String>) = sorted.iter().cloned().partition(|n| n.starts_with("queue:"));
+        let mut requests: Vec<Vec<(&str, String)>> = vec![vec![], vec![("limit", "7".into())]];
+        for o in [0, 3, 13, 35, 39, 40, 90] {
+            requests.push(vec![("limit", "6".into()), ("offset", o.to_string())]);
+        }
+        for c in ["k001", "k013", "k039", "queue:007", "queue:035", "a", "z"] {
+            requests.push(vec![("limit", "5".into()), ("cursor", c.to_string())]);
+        }
+        for r in requests {
+            let pairs: Vec<(&str, &str)> = r.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let page = NamedPage::from_query(&query(&pairs)).unwrap();
+            let expected = page.cut(sorted.clone(), |s| s);
+            let (after, wanted) = page.window();
+            let past = |n: &String| after.is_none_or(|c| n.as_str() > c);
+            let mut items: Vec<String> = few.iter().filter(|n| past(n)).cloned().collect();
+            items.extend(many.iter().filter(|n| past(n)).take(wanted).cloned());
+            items.sort();
+            let before = sorted.iter().filter(|n| !past(n)).count();
+            assert_eq!(page.cut_window(items, before, sorted.len(), |s| s), expected, "{r:?}");
+        }
     }
 
     #[test]

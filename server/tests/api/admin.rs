@@ -615,6 +615,24 @@ async fn keyed_rate_limits_over_http() {
     s.call("PUT", "/ojs/v1/admin/queues/ka/rate-limit", Some(json!({"concurrency": 3}))).await;
     let keys: Vec<String> = s.get("/ojs/v1/rate-limits").await.body["items"].as_array().map(|a| a.iter().filter_map(|i| i["key"].as_str().map(str::to_owned)).collect()).unwrap_or_default();
     assert_eq!(keys, vec!["queue:ka", "tenant:acme"]);
+    // Pages of queue and keyed limits together, the keys read from the database page by page.
+    for key in ["a-key", "zeta"] {
+        assert_eq!(s.call("PUT", &format!("/ojs/v1/rate-limits/{key}"), Some(json!({"concurrency": 5}))).await.status, StatusCode::OK);
+    }
+    let (mut walked, mut cursor) = (Vec::new(), String::new());
+    loop {
+        let r = s.get(&format!("/ojs/v1/rate-limits?limit=2{cursor}")).await;
+        assert_eq!(r.body["pagination"]["total"].as_i64(), Some(4), "{}", r.text);
+        walked.extend(r.body["items"].as_array().into_iter().flatten().filter_map(|i| i["key"].as_str().map(str::to_owned)));
+        match r.body["pagination"]["next_cursor"].as_str() {
+            Some(c) => cursor = format!("&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(walked, ["a-key", "queue:ka", "tenant:acme", "zeta"]);
+    let r = s.get("/ojs/v1/rate-limits?limit=2&offset=1").await;
+    let page: Vec<&str> = r.body["items"].as_array().into_iter().flatten().filter_map(|i| i["key"].as_str()).collect();
+    assert_eq!((page, r.body["pagination"]["has_more"].as_bool()), (vec!["queue:ka", "tenant:acme"], Some(true)), "{}", r.text);
     let r = s.call("PUT", "/ojs/v1/rate-limits/tenant:acme", Some(json!({}))).await;
     assert!(r.body.get("override").is_none(), "{}", r.text);
 

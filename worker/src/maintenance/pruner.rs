@@ -42,7 +42,7 @@ impl Pruner {
     fn hit_limit(&self, r: &PruneReport) -> bool {
         let batch = self.retention.batch.max(1) as u64;
         r.completed >= batch || r.discarded >= batch || r.dead_letters >= batch || r.audit >= batch || r.cron_runs >= batch || r.transitions >= batch || r.heartbeats >= batch || r.progress >= batch || r.worker_events >= batch || r.dead_letter_events >= batch
-            || r.workflows >= batch || r.workflow_events >= batch || r.rate_limit_events >= batch
+            || r.workflows >= batch || r.workflow_events >= batch || r.rate_limit_events >= batch || r.rate_limit_keys >= batch
     }
 }
 
@@ -60,7 +60,7 @@ impl MaintenanceService for Pruner {
         if report != PruneReport::default() {
             tracing::info!(completed = report.completed, discarded = report.discarded, dead_letters = report.dead_letters,
                 workers = report.workers, audit = report.audit, cron_runs = report.cron_runs, transitions = report.transitions, heartbeats = report.heartbeats, progress = report.progress, worker_events = report.worker_events,
-                dead_letter_events = report.dead_letter_events, workflows = report.workflows, workflow_events = report.workflow_events, rate_limit_events = report.rate_limit_events, "pruned old jobs");
+                dead_letter_events = report.dead_letter_events, workflows = report.workflows, workflow_events = report.workflow_events, rate_limit_events = report.rate_limit_events, rate_limit_keys = report.rate_limit_keys, "pruned old jobs");
         }
         if self.snapshot_sweep_due() {
             let swept = store.prune_policy_snapshots().await?;
