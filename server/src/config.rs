@@ -66,6 +66,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub migrate: bool,
 
+    /// Serve `/metrics` without a bearer token even when the API requires one (a scraper on a
+    /// network only it reaches). Otherwise it names every job type and queue to whoever asks,
+    /// so it asks for a token as the API does (Prometheus: `authorization: {credentials: …}`).
+    #[arg(long, env = "REBOUND_PUBLIC_METRICS")]
+    pub public_metrics: bool,
+
     /// Largest accepted request body, in bytes (OJS requires envelopes up to 1 MiB).
     #[arg(long, env = "REBOUND_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -174,6 +180,8 @@ fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServerConfig {
     pub api_auth: ApiAuth,
+    /// See [`ServeArgs::public_metrics`].
+    pub public_metrics: bool,
     pub test_mode: bool,
     pub visibility_timeout: Duration,
     pub max_body_bytes: usize,
@@ -196,6 +204,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             api_auth: ApiAuth::Token,
+            public_metrics: false,
             test_mode: false,
             visibility_timeout: Duration::from_secs(300),
             max_body_bytes: 4 * 1024 * 1024,
@@ -214,6 +223,7 @@ impl From<&ServeArgs> for ServerConfig {
     fn from(a: &ServeArgs) -> Self {
         ServerConfig {
             api_auth: a.api_auth,
+            public_metrics: a.public_metrics,
             test_mode: a.test_mode,
             visibility_timeout: a.visibility_timeout,
             max_body_bytes: a.max_body_bytes,

@@ -117,10 +117,17 @@ fn request_span<B>(req: &Request<B>) -> tracing::Span {
 /// `max_body_bytes` (with its own error body), the dashboard to
 /// [`dashboard_guard::MAX_FORM_BYTES`]; the probes, metrics and static files never read one.
 pub fn router(state: AppState) -> Router {
+    // Metrics name every job type and queue: behind the API's token unless told otherwise.
+    let metrics = Router::new().route("/metrics", get(metrics::serve_metrics));
+    let metrics = if state.config.public_metrics {
+        metrics
+    } else {
+        metrics.route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_token))
+    };
     let app = Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
-        .route("/metrics", get(metrics::serve_metrics))
+        .merge(metrics)
         .with_state(state.clone())
         .nest("/ojs", ojs::router(state.clone()));
     let tasks = state.request_tasks.clone();

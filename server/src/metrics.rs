@@ -5,7 +5,8 @@
 //! by state comes from the store at scrape time, so it is the same whoever did the work.
 //! A small hand-rolled registry: a handful of label sets, no need for a metrics framework.
 //!
-//! Labels come from what clients send (job type, queue) and `/metrics` needs no credentials, so
+//! Labels come from what clients send (job type, queue) and `/metrics` may be served without
+//! credentials (`--public-metrics`, or `--api-auth none`), so
 //! the label sets are bounded: past [`MAX_LABEL_SETS`] distinct (type, queue) pairs, and as
 //! many queues for the latency histogram, new ones are counted under [`OTHER_LABEL`].
 

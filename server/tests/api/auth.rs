@@ -74,7 +74,7 @@ async fn requests_without_a_valid_token_get_401() {
 #[tokio::test]
 async fn discovery_and_probes_need_no_token() {
     let s = token_server().await;
-    for path in ["/ojs/manifest", "/ojs/v1/health", "/healthz", "/readyz", "/metrics"] {
+    for path in ["/ojs/manifest", "/ojs/v1/health", "/healthz", "/readyz"] {
         let r = s.get(path).await;
         assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text);
     }
@@ -82,6 +82,25 @@ async fn discovery_and_probes_need_no_token() {
     assert!(r.body["extensions"].as_array().is_some_and(|e| e.contains(&json!("auth:bearer"))));
     // An unknown route is 404, not 401: authentication applies to real endpoints only.
     assert_eq!(s.get("/ojs/v1/nope").await.status, StatusCode::NOT_FOUND);
+}
+
+/// Metrics name every job type and queue: a token, as for the API, unless `--public-metrics`.
+#[tokio::test]
+async fn metrics_need_a_token_unless_made_public() {
+    let s = token_server().await;
+    s.db.store.enqueue(rebound_queue::NewJob::new("secret.payroll", json!([])).queue("hr")).await.expect("enqueue");
+    let r = s.get("/metrics").await;
+    assert_eq!((r.status, r.header("www-authenticate").is_some()), (StatusCode::UNAUTHORIZED, true), "{}", r.text);
+    assert!(!r.text.contains("queue=\"hr\""), "{}", r.text);
+    let token = generate_token().expect("randomness");
+    s.db.store.create_token("prometheus", &hash_token(&token), &Actor::new("test")).await.expect("create token");
+    let r = s.raw("GET", "/metrics", &[("authorization", &format!("Bearer {token}"))], Vec::new()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.text.contains("queue=\"hr\""), "{}", r.text);
+
+    let public = TestServer::with_config(ServerConfig { api_auth: ApiAuth::Token, public_metrics: true, ..ServerConfig::default() }).await;
+    assert_eq!(public.get("/metrics").await.status, StatusCode::OK);
+    assert_eq!(public.get("/ojs/v1/queues").await.status, StatusCode::UNAUTHORIZED, "the API still needs its token");
 }
 
 #[tokio::test]
