@@ -257,9 +257,10 @@ pub struct NewJob {
     pub rate_limit: Option<JobRateLimit>,
 }
 
-/// A job's keyed concurrency limit (an OJS `RateLimitPolicy` with its `key`): at most
-/// `concurrency` jobs of the key, in any queue, are active or about to be at once; the rest
-/// wait, `available`, and are admitted highest priority first as slots free up.
+/// A job's keyed limit (an OJS `RateLimitPolicy` with its `key`): at most `concurrency` jobs
+/// of the key, in any queue, are active or about to be at once, and at most `rate.limit` of
+/// them start per `rate.period`; the rest wait, `available`, and are admitted highest
+/// priority first as slots free up and windows open.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobRateLimit {
     /// `^[a-zA-Z0-9][a-zA-Z0-9._:-]*$`, at most [`MAX_RATE_LIMIT_KEY`] bytes. Keys beginning
@@ -268,6 +269,9 @@ pub struct JobRateLimit {
     /// Sets the key's limit (the newest enqueue naming one wins); `None` leaves it as it is.
     /// 0 holds every job of the key.
     pub concurrency: Option<u32>,
+    /// Sets the key's rate window (fixed windows, starts counted at admission; the newest
+    /// enqueue naming one wins); `None` leaves it as it is. A limit of 0 holds every job.
+    pub rate: Option<crate::store::Window>,
 }
 
 /// The longest rate-limit key.
@@ -376,7 +380,16 @@ impl NewJob {
 
     /// Shares the concurrency limit of rate-limit `key` (setting it to `concurrency`, if given).
     pub fn rate_limit(mut self, key: impl Into<String>, concurrency: Option<u32>) -> Self {
-        self.rate_limit = Some(JobRateLimit { key: key.into(), concurrency });
+        self.rate_limit = Some(JobRateLimit { key: key.into(), concurrency, rate: None });
+        self
+    }
+
+    /// Shares the rate window of rate-limit `key`, setting it to at most `limit` starts per
+    /// `period` (and keeps a concurrency [`NewJob::rate_limit`] set for the same key).
+    pub fn rate_limit_window(mut self, key: impl Into<String>, limit: u32, period: std::time::Duration) -> Self {
+        let key = key.into();
+        let concurrency = self.rate_limit.take().filter(|r| r.key == key).and_then(|r| r.concurrency);
+        self.rate_limit = Some(JobRateLimit { key, concurrency, rate: Some(crate::store::Window { limit, period }) });
         self
     }
 
@@ -412,6 +425,15 @@ impl NewJob {
             validate_rate_limit_key(&limit.key, "options.rate_limit.key")?;
             if limit.concurrency.is_some_and(|c| c > MAX_RATE_LIMIT_CONCURRENCY) {
                 return Err(JobValidationError::new("options.rate_limit.concurrency", format!("must be at most {MAX_RATE_LIMIT_CONCURRENCY}")));
+            }
+            if let Some(w) = &limit.rate {
+                if w.limit > MAX_RATE_LIMIT_CONCURRENCY {
+                    return Err(JobValidationError::new("options.rate_limit.rate.limit", format!("must be at most {MAX_RATE_LIMIT_CONCURRENCY}")));
+                }
+                if w.period < std::time::Duration::from_millis(1) {
+                    return Err(JobValidationError::new("options.rate_limit.rate.period", "must be at least a millisecond"));
+                }
+                bounds::check_interval(w.period).map_err(|reason| JobValidationError::new("options.rate_limit.rate.period", reason))?;
             }
         }
         self.check_storable()

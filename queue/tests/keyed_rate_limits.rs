@@ -257,6 +257,14 @@ async fn bad_rate_limits_are_refused_with_their_field_and_store_nothing() {
         let field = if key == "ok" { "options.rate_limit.concurrency" } else { "options.rate_limit.key" };
         assert_eq!(field_of(&err), Some(field), "{key:?}: {err}");
     }
+    for (limit, period, field) in [
+        (2_000_000, Duration::from_secs(1), "options.rate_limit.rate.limit"),
+        (5, Duration::from_micros(100), "options.rate_limit.rate.period"),
+        (5, Duration::from_secs(400 * 24 * 3600), "options.rate_limit.rate.period"),
+    ] {
+        let err = s.enqueue(NewJob::new("rl.keyed", json!([])).rate_limit_window("ok", limit, period)).await.expect_err(field);
+        assert_eq!(field_of(&err), Some(field), "{limit} per {period:?}: {err}");
+    }
     // One bad job fails its whole batch, keys and all.
     let batch = vec![keyed("q", "good-key", Some(1), 0), keyed("q", "bad key", Some(1), 1)];
     assert_eq!(s.enqueue_batch(batch).await.err().as_ref().and_then(field_of), Some("jobs[1].options.rate_limit.key"));
@@ -294,7 +302,14 @@ async fn a_completion_cut_off_at_either_side_of_its_commit_admits_exactly_once()
     let proxy = FaultProxy::in_front_of(&db.url).await;
     let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
     let s = &db.store;
-    s.enqueue_batch((0..3).map(|i| keyed("q", "k", Some(1), i)).collect()).await.unwrap();
+    // A rate window beside the slot: each admission is counted in it exactly once too.
+    let hour = Duration::from_secs(3600);
+    s.enqueue_batch((0..3).map(|i| keyed("q", "k", Some(1), i).rate_limit_window("k", 10, hour)).collect()).await.unwrap();
+    let used = |s: &Store| {
+        let s = s.clone();
+        async move { s.rate_limit_key("k").await.unwrap().map(|k| k.rate_used) }
+    };
+    assert_eq!(used(s).await, Some(1));
     let job = s.claim(&request("w", &["q"], 5)).await.unwrap().remove(0);
     let fragment = "SET state = 'completed', completed_at = now()";
 
@@ -302,6 +317,7 @@ async fn a_completion_cut_off_at_either_side_of_its_commit_admits_exactly_once()
     assert!(through.complete_batch(&[done(&job)]).await.is_err());
     assert_eq!(dropped.count(), 1);
     assert_eq!(slots(s, "k").await, (1, 0, 2), "nothing moved");
+    assert_eq!(used(s).await, Some(1));
 
     let lost = proxy.inject(Fault::once(fragment, FaultPoint::AfterCommit));
     assert!(through.complete_batch(&[done(&job)]).await.is_err(), "the answer was lost");
@@ -310,6 +326,7 @@ async fn a_completion_cut_off_at_either_side_of_its_commit_admits_exactly_once()
     proxy.clear();
     assert!(through.complete_batch(&[done(&job)]).await.unwrap().is_empty(), "the retry finds it done");
     assert_eq!(slots(s, "k").await, (0, 1, 1));
+    assert_eq!(used(s).await, Some(2), "the admission counted once");
     assert_eq!(rate_limit_events(s, "rate_limit.released").await.len(), 1);
 }
 
@@ -446,4 +463,65 @@ async fn keys_are_pruned_once_no_job_names_them() {
     assert_eq!(s.redrive(&JobSelection::Ids(vec![dead.id]), &opts).await.unwrap(), 1);
     let back = s.rate_limit_key("dead").await.unwrap().unwrap();
     assert_eq!((back.in_force, back.admitted), (Some(1), 1), "{back:?}");
+}
+
+/// A key's rate window (RL-R001) lets at most its limit of jobs start per period, across
+/// queues, with or without a concurrency beside it: the rest wait, and the sweep admits the
+/// next window's share once the period is over. A retry is a start of its own.
+#[tokio::test]
+async fn a_rate_window_admits_its_limit_per_period() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let period = Duration::from_millis(1500);
+    let windowed = |queue: &str, n: i64| NewJob::new("rl.keyed", json!([n])).queue(queue).rate_limit_window("smtp", 3, period);
+    s.enqueue_batch((0..5).map(|n| windowed(if n % 2 == 0 { "a" } else { "b" }, n)).collect()).await.unwrap();
+    s.enqueue(windowed("a", 5)).await.unwrap();
+    let k = s.rate_limit_key("smtp").await.unwrap().unwrap();
+    assert_eq!((k.rate.map(|w| w.limit), k.rate_used, k.admitted, k.waiting, k.in_force), (Some(3), 3, 3, 3, None), "{k:?}");
+    assert!(k.rate_window_resets_at.is_some());
+    let exceeded = rate_limit_events(s, "rate_limit.exceeded").await;
+    let mut parked: Vec<_> = exceeded.iter().map(|e| (e["strategy"].as_str(), e["parked"].as_i64())).collect();
+    parked.sort();
+    assert_eq!(parked, [(Some("rate"), Some(1)), (Some("rate"), Some(2))], "{exceeded:?}");
+
+    // Finishing them frees no start: the window is spent.
+    let first = s.claim(&request("w", &["a", "b"], 10)).await.unwrap();
+    assert_eq!(first.len(), 3);
+    for job in &first {
+        s.complete(&done(job)).await.unwrap();
+    }
+    assert_eq!(slots(s, "smtp").await, (0, 0, 3));
+    assert_eq!(s.settle_rate_limits(100).await.unwrap(), 0, "no room before the window ends");
+
+    // The next window: the sweep admits three more, highest priority first.
+    tokio::time::sleep(period + Duration::from_millis(100)).await;
+    assert_eq!(s.settle_rate_limits(100).await.unwrap(), 1);
+    assert_eq!(slots(s, "smtp").await, (0, 3, 0));
+    let k = s.rate_limit_key("smtp").await.unwrap().unwrap();
+    assert_eq!((k.rate_used, k.waiting), (3, 0));
+    for job in &s.claim(&request("w", &["a", "b"], 10)).await.unwrap() {
+        s.complete(&done(job)).await.unwrap();
+    }
+
+    // With a concurrency too, both hold: one at a time, and a retry counts as a start again.
+    tokio::time::sleep(period + Duration::from_millis(100)).await;
+    let patch = PolicyPatch::from_json(&json!({"initial_interval": "PT0.001S", "jitter": false})).unwrap();
+    s.put_policy("rl.keyed", &patch, &Actor::new("ops"), None).await.unwrap();
+    let both = |n: i64| NewJob::new("rl.keyed", json!([n])).queue("a").rate_limit("smtp", Some(1)).rate_limit_window("smtp", 2, period);
+    s.enqueue_batch((10..14).map(both).collect()).await.unwrap();
+    let k = s.rate_limit_key("smtp").await.unwrap().unwrap();
+    assert_eq!((k.concurrency, k.rate.map(|w| w.limit)), (Some(1), Some(2)), "the newest enqueue set both: {k:?}");
+    let running = s.claim(&request("w", &["a", "b"], 10)).await.unwrap();
+    assert_eq!(running.len(), 1, "the concurrency of one");
+    s.fail(&Failure { id: running[0].id, attempt: Some(running[0].attempt), worker_id: Some("w".into()), outcome: Outcome::Retry(HandlerError::new("smtp.busy", "421")), error_code: None })
+        .await
+        .unwrap();
+    let next = s.claim(&request("w", &["a", "b"], 10)).await.unwrap();
+    assert_eq!(next.len(), 1, "the second start of the window");
+    s.complete(&done(&next[0])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.promote_due(100).await.unwrap();
+    assert!(s.claim(&request("w", &["a", "b"], 10)).await.unwrap().is_empty(), "two starts spent: the retry waits too");
+    let k = s.rate_limit_key("smtp").await.unwrap().unwrap();
+    assert_eq!((k.rate_used, k.active, k.admitted), (2, 0, 0), "{k:?}");
 }

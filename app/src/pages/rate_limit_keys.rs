@@ -59,6 +59,14 @@ pub async fn rate_limit_keys() -> Result<KeyList, AppError> {
                 }
                 (None, None) => own,
             };
+            // The key's rate window beside its concurrency: "3 · 100 per PT1M (40 this window)".
+            let limit = match &k.rate {
+                Some(w) => {
+                    let rate = format!("{} per {} ({} this window)", w.limit, rebound_queue::policy::iso8601::format(w.period), k.rate_used);
+                    if limit == "none" { rate } else { format!("{limit} · {rate}") }
+                }
+                None => limit,
+            };
             KeyRow { key: k.key, limit, overridden: k.override_limit.is_some(), running: k.active, admitted: k.admitted, waiting: k.waiting }
         })
         .collect();

@@ -280,22 +280,35 @@ fn prefix_index(e: StoreError, i: usize) -> StoreError {
 /// concurrency sets it; a key none sets keeps what it had (none: no limit). In key order, so
 /// that two batches naming the same keys lock them alike.
 async fn record_rate_limit_keys<'a>(conn: &mut PgConnection, jobs: impl Iterator<Item = &'a NewJob>) -> Result<(), StoreError> {
-    let (mut keys, mut limits): (Vec<&str>, Vec<Option<i32>>) = (Vec::new(), Vec::new());
-    for limit in jobs.filter_map(|j| j.rate_limit.as_ref()) {
-        keys.push(&limit.key);
-        limits.push(limit.concurrency.map(|c| i32::try_from(c).unwrap_or(i32::MAX)));
-    }
+    let whole = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+    let named: Vec<_> = jobs.filter_map(|j| j.rate_limit.as_ref()).collect();
+    let keys: Vec<&str> = named.iter().map(|l| l.key.as_str()).collect();
+    let limits: Vec<Option<i32>> = named.iter().map(|l| l.concurrency.map(whole)).collect();
+    let rates: Vec<Option<i32>> = named.iter().map(|l| l.rate.map(|w| whole(w.limit))).collect();
+    let periods: Vec<Option<i64>> = named.iter().map(|l| l.rate.map(|w| millis(w.period).max(1))).collect();
     if keys.is_empty() {
         return Ok(());
     }
+    // Per key, the newest job naming a concurrency sets it, and the newest naming a rate sets
+    // that (the window's count goes on; a new period applies from the window's start).
     sqlx::query(
-        "INSERT INTO rate_limit_keys (key, concurrency)
-         SELECT DISTINCT ON (key) key, concurrency FROM unnest($1::text[], $2::int4[]) WITH ORDINALITY AS t(key, concurrency, n)
-         ORDER BY key, concurrency IS NULL, n DESC
-         ON CONFLICT (key) DO UPDATE SET concurrency = COALESCE(EXCLUDED.concurrency, rate_limit_keys.concurrency), updated_at = now()",
+        "INSERT INTO rate_limit_keys (key, concurrency, rate_max, rate_period_ms)
+         SELECT key,
+                (array_agg(concurrency ORDER BY n DESC) FILTER (WHERE concurrency IS NOT NULL))[1],
+                (array_agg(rate_max ORDER BY n DESC) FILTER (WHERE rate_max IS NOT NULL))[1],
+                (array_agg(rate_period_ms ORDER BY n DESC) FILTER (WHERE rate_max IS NOT NULL))[1]
+         FROM unnest($1::text[], $2::int4[], $3::int4[], $4::int8[]) WITH ORDINALITY AS t(key, concurrency, rate_max, rate_period_ms, n)
+         GROUP BY key ORDER BY key
+         ON CONFLICT (key) DO UPDATE
+         SET concurrency = COALESCE(EXCLUDED.concurrency, rate_limit_keys.concurrency),
+             rate_max = COALESCE(EXCLUDED.rate_max, rate_limit_keys.rate_max),
+             rate_period_ms = COALESCE(EXCLUDED.rate_period_ms, rate_limit_keys.rate_period_ms),
+             updated_at = now()",
     )
     .bind(&keys)
     .bind(&limits)
+    .bind(&rates)
+    .bind(&periods)
     .execute(&mut *conn)
     .await?;
     Ok(())

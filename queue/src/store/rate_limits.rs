@@ -233,6 +233,12 @@ pub struct KeyedRateLimit {
     pub admitted: i64,
     /// Jobs `available` but waiting for a slot.
     pub waiting: i64,
+    /// The key's rate window (the newest enqueue naming one set it): at most `limit` jobs
+    /// admitted, so started, per `period`.
+    pub rate: Option<Window>,
+    /// Admissions counted in the current window, and when it ends (`None`: no window open).
+    pub rate_used: i64,
+    pub rate_window_resets_at: Option<Timestamp>,
     pub updated_at: Timestamp,
 }
 
@@ -247,6 +253,10 @@ const KEY_STATES: &str = "
 SELECT r.key, r.concurrency, r.override_concurrency, r.override_expires_at, r.updated_at,
        CASE WHEN r.held_until > now() THEN r.held_until END AS held_until,
        rebound_rate_limit_in_force(r) AS in_force,
+       r.rate_max, r.rate_period_ms,
+       COALESCE(r.rate_max - rebound_rate_limit_window_room(r), 0)::bigint AS rate_used,
+       CASE WHEN rebound_rate_limit_window_room(r) < r.rate_max
+            THEN r.rate_window_start + r.rate_period_ms * interval '1 millisecond' END AS rate_window_resets_at,
        (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = r.key AND j.state = 'active' AND NOT j.rate_limited) AS active,
        (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = r.key AND j.state = 'available' AND NOT j.rate_limited) AS admitted,
        (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = r.key AND j.state = 'available' AND j.rate_limited) AS waiting
@@ -269,11 +279,18 @@ fn key_state_from_row(r: &PgRow) -> Result<KeyedRateLimit, StoreError> {
         active: r.try_get("active")?,
         admitted: r.try_get("admitted")?,
         waiting: r.try_get("waiting")?,
+        rate: match (r.try_get::<Option<i32>, _>("rate_max")?, r.try_get::<Option<i64>, _>("rate_period_ms")?) {
+            (Some(m), Some(p)) => Some(Window { limit: u32::try_from(m).unwrap_or(0), period: Duration::from_millis(p.unsigned_abs()) }),
+            _ => None,
+        },
+        rate_used: r.try_get("rate_used")?,
+        rate_window_resets_at: ts_opt(r, "rate_window_resets_at")?,
         updated_at: super::ts(r, "updated_at")?,
     })
 }
 
-/// Keys with jobs waiting and, by a read without locks, a free slot: the sweep settles these.
+/// Keys with jobs waiting and, by a read without locks, a free slot and room in their rate
+/// window: the sweep settles these (a window that ended leaves its waiting jobs to it).
 /// The distinct waiting keys are read by skipping along `jobs_rate_waiting`, one probe each.
 const KEYS_TO_SETTLE: &str = "
 WITH RECURSIVE waiting AS (
@@ -289,6 +306,7 @@ WHERE w.key IS NOT NULL
   AND (rebound_rate_limit_in_force(r) IS NULL
        OR (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = w.key AND j.state IN ('available', 'active') AND NOT j.rate_limited)
           < rebound_rate_limit_in_force(r))
+  AND (rebound_rate_limit_window_room(r) IS NULL OR rebound_rate_limit_window_room(r) > 0)
 LIMIT $1";
 
 impl Store {

@@ -119,11 +119,11 @@ pub fn parse_new_job(f: &Fields<'_>, now: Timestamp) -> Result<NewJob, ApiError>
     Ok(job)
 }
 
-/// A job's `rate_limit` (ojs-rate-limiting §6): its `key` and the key's `concurrency`. Per-key
-/// windows (`rate`, `throttle`) and an `on_limit` other than `wait` are refused rather than
+/// A job's `rate_limit` (ojs-rate-limiting §6): its `key`, the key's `concurrency` and `rate`
+/// window. Per-key throttles and an `on_limit` other than `wait` are refused rather than
 /// accepted and not enforced: a client would believe its job limited.
 fn parse_rate_limit(r: &Fields<'_>) -> Result<JobRateLimit, ApiError> {
-    super::rate_limits::refuse_key_windows(r)?;
+    super::rate_limits::refuse_key_windows(r, &["throttle", "max_per_second"])?;
     match r.str("on_limit")? {
         None | Some("wait") => {}
         Some(other) => {
@@ -134,7 +134,8 @@ fn parse_rate_limit(r: &Fields<'_>) -> Result<JobRateLimit, ApiError> {
     let key = r.required_str("key")?;
     validate_rate_limit_key(key, &r.name("key")).map_err(|e| r.error("key", e.reason))?;
     let concurrency = r.i64_in("concurrency", 0, i64::from(MAX_RATE_LIMIT_CONCURRENCY))?.map(|c| u32::try_from(c).unwrap_or(0));
-    Ok(JobRateLimit { key: key.to_owned(), concurrency })
+    let rate = super::rate_limits::key_window(r)?;
+    Ok(JobRateLimit { key: key.to_owned(), concurrency, rate })
 }
 
 /// A job timeout: positive and at most [`bounds::MAX_TIMEOUT`].

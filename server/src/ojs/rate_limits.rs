@@ -128,6 +128,17 @@ fn keyed_json(k: &KeyedRateLimit) -> Value {
         if let Some(t) = k.held_until {
             m.insert("held_until".into(), Value::String(t.to_string()));
         }
+        if let Some(w) = &k.rate {
+            let limit = json!({ "limit": w.limit, "period": iso8601::format(w.period) });
+            if let Some(l) = m.get_mut("limit").and_then(Value::as_object_mut) {
+                l.insert("rate".into(), limit);
+            }
+            m.insert("rate".into(), json!({
+                "limit": w.limit, "period": iso8601::format(w.period), "current_count": k.rate_used,
+                "window_resets_at": k.rate_window_resets_at.map(|t| t.to_string()),
+                "algorithm": "fixed_window",
+            }));
+        }
     }
     v
 }
@@ -187,24 +198,36 @@ async fn set(state: &AppState, caller: &Caller, queue: &str, body: &JsonObject) 
     Ok(Json(json!({ "key": format!("queue:{queue}"), "queue": queue, "rate_limit": saved.map(|l| l.to_json()) })))
 }
 
-/// Refuses per-key `rate`, `throttle` and `max_per_second` windows, in a job's `rate_limit` or
-/// a key's override: keyed limits are concurrency limits here, and a window accepted and not
-/// enforced would leave its client believing it limited.
-pub fn refuse_key_windows(f: &Fields<'_>) -> Result<(), ApiError> {
-    for windowed in ["rate", "throttle", "max_per_second"] {
+/// Refuses the per-key windows named in `windowed` (of `rate`, `throttle` and
+/// `max_per_second`), in a job's `rate_limit` or a key's override: a window accepted and not
+/// enforced would leave its client believing it limited. Keys have concurrency and `rate`
+/// windows (set by their jobs); throttles are the queue's.
+pub fn refuse_key_windows(f: &Fields<'_>, windowed: &[&str]) -> Result<(), ApiError> {
+    for windowed in windowed {
         if f.get(windowed).is_some_and(|v| !v.is_null()) {
-            return Err(unsupported(format!("per-key rate windows ({})", f.name(windowed)))
+            return Err(unsupported(format!("per-key {} here ({})", if *windowed == "rate" { "rate overrides" } else { "throttles" }, f.name(windowed)))
                 .detail("field", f.name(windowed))
-                .hint("keyed limits are concurrency limits here; limit the queue for rates: PUT /ojs/v1/admin/queues/{name}/rate-limit"));
+                .hint("a key's rate window is set by its jobs' rate_limit.rate; throttle the queue: PUT /ojs/v1/admin/queues/{name}/rate-limit"));
         }
     }
     Ok(())
 }
 
+/// A job's per-key rate window, `rate: {limit, period}` (RL-R001).
+pub fn key_window(f: &Fields<'_>) -> Result<Option<Window>, ApiError> {
+    let w = window(f, "rate")?;
+    if let Some(w) = &w
+        && w.limit > rebound_queue::job::MAX_RATE_LIMIT_CONCURRENCY
+    {
+        return Err(ApiError::invalid_field(&f.name("rate.limit"), format!("must be at most {}", rebound_queue::job::MAX_RATE_LIMIT_CONCURRENCY)));
+    }
+    Ok(w)
+}
+
 /// An override of a keyed limit: `{"concurrency": n, "expires_at": "…"}`; `{}` or a null
 /// `concurrency` removes the override.
 fn parse_override(f: &Fields<'_>) -> Result<Option<RateLimitOverride>, ApiError> {
-    refuse_key_windows(f)?;
+    refuse_key_windows(f, &["rate", "throttle", "max_per_second"])?;
     f.only(&["concurrency", "expires_at", "rate", "throttle", "max_per_second"])?;
     let Some(concurrency) = f.i64_in("concurrency", 0, i64::from(rebound_queue::job::MAX_RATE_LIMIT_CONCURRENCY))? else {
         if f.get("expires_at").is_some_and(|v| !v.is_null()) {

@@ -663,4 +663,23 @@ async fn keyed_rate_limits_over_http() {
     assert!(types.iter().filter(|t| **t == "rate_limit.released").count() >= 2, "the ack's admission, and the hold's end: {}", events.text);
     assert_eq!(types.iter().filter(|t| **t == "rate_limit.dynamic_adjusted").count(), 1, "{}", events.text);
     assert!(events.body["events"].as_array().is_some_and(|a| a.iter().all(|e| e["subject"] == "tenant:acme" && e["data"]["key"] == "tenant:acme")));
+
+    // A key's rate window (RL-R001): two starts per hour, the third job waits for the next.
+    for i in 0..3 {
+        let job = s.enqueue(json!({"type": "rl.windowed", "args": [i], "options": {"queue": "kw", "rate_limit": {"key": "mailer", "rate": {"limit": 2, "period": "PT1H"}}}})).await;
+        assert_eq!(job.get("rate_limited").is_some(), i == 2, "{job}");
+    }
+    let r = s.get("/ojs/v1/rate-limits/mailer").await;
+    assert_eq!((r.body["rate"]["limit"].as_i64(), r.body["rate"]["period"].as_str(), r.body["rate"]["current_count"].as_i64(), r.body["waiting_count"].as_i64()),
+        (Some(2), Some("PT1H"), Some(2), Some(1)), "{}", r.text);
+    assert!(r.body["rate"]["window_resets_at"].is_string(), "{}", r.text);
+    assert_eq!(r.body["limit"]["rate"], json!({"limit": 2, "period": "PT1H"}), "{}", r.text);
+    for _ in 0..2 {
+        let job = s.fetch("kw").await;
+        assert_eq!(s.post("/ojs/v1/workers/ack", json!({"job_id": job["id"]})).await.status, StatusCode::OK);
+    }
+    assert_eq!(s.fetch("kw").await, Value::Null, "the window is spent, however many finished");
+    // An override is of the concurrency; a rate in it is refused, not ignored.
+    let r = s.call("PUT", "/ojs/v1/rate-limits/mailer", Some(json!({"concurrency": 1, "rate": {"limit": 5, "period": "PT1M"}}))).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::UNPROCESSABLE_ENTITY, Some("rate")), "{}", r.text);
 }

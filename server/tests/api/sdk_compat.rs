@@ -158,14 +158,14 @@ async fn unsupported_features_answer_422_unsupported() {
         assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")), "{method} {path}: {}", r.text);
         r.assert_ojs_error(path);
     }
-    // A job's own rate window would be accepted and not enforced (keyed limits are
-    // concurrency limits): refused, nothing stored.
+    // A job's own throttle would be accepted and not enforced (keys have concurrency and rate
+    // windows; throttles are the queue's): refused, nothing stored.
     let before = s.job_count().await;
     let r = s.post("/ojs/v1/jobs", json!({"type": "rl.job", "args": [], "options": {"rate_limit": {"key": "tenant-1", "max_per_second": 5}}})).await;
     assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")), "{}", r.text);
     assert_eq!(r.body["error"]["details"]["field"], "options.rate_limit.max_per_second", "{}", r.text);
-    let r = s.post("/ojs/v1/jobs", json!({"type": "rl.job", "args": [], "rate_limit": {"key": "tenant-1", "rate": {"limit": 5, "period": "PT1S"}}})).await;
-    assert_eq!((r.status, r.body["error"]["details"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("rate_limit.rate")), "at the top level too: {}", r.text);
+    let r = s.post("/ojs/v1/jobs", json!({"type": "rl.job", "args": [], "rate_limit": {"key": "tenant-1", "throttle": {"limit": 5, "period": "PT1S"}}})).await;
+    assert_eq!((r.status, r.body["error"]["details"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("rate_limit.throttle")), "at the top level too: {}", r.text);
     let r = s.post("/ojs/v1/jobs", json!({"type": "rl.job", "args": [], "options": {"rate_limit": {"key": "tenant-1", "concurrency": 1, "on_limit": "drop"}}})).await;
     assert_eq!((r.status, r.body["error"]["details"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("options.rate_limit.on_limit")), "{}", r.text);
     assert_eq!(s.job_count().await, before);

@@ -1,0 +1,169 @@
+-- Per-key rate windows (ojs-rate-limiting RL-R001): a job enqueued with
+-- `rate_limit: {key, rate: {limit, period}}` lets at most `limit` jobs of its key start per
+-- `period`, across queues and processes, beside (or instead of) the key's concurrency.
+--
+-- Counted at admission, as the key's slots are (see …_keyed_rate_limits.sql): an admitted job
+-- is claimable at once, so it is counted as a start when it is admitted, in the same statement
+-- and under the key's row lock, never at claim time (claims take no key lock). A job counts
+-- again each time it is admitted again (a retry, a re-drive); one held back again before any
+-- worker claimed it (a lowered limit) gives its count back. Windows are fixed windows, as a
+-- queue's are: a window begins at the first admission after the last one ended, and the jobs
+-- it left waiting are admitted by the maintenance sweep within a tick of its end.
+ALTER TABLE rate_limit_keys
+    ADD COLUMN rate_max integer CHECK (rate_max >= 0),
+    ADD COLUMN rate_period_ms bigint CHECK (rate_period_ms > 0),
+    ADD COLUMN rate_window_start timestamptz,
+    ADD COLUMN rate_window_used integer NOT NULL DEFAULT 0,
+    ADD CONSTRAINT rate_limit_keys_rate_whole CHECK ((rate_max IS NULL) = (rate_period_ms IS NULL));
+
+-- The starts a key's rate window still allows (NULL: no window); a window whose period has
+-- passed allows them all again.
+CREATE FUNCTION rebound_rate_limit_window_room(r rate_limit_keys) RETURNS integer LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN r.rate_max IS NULL THEN NULL
+                WHEN r.rate_window_start IS NULL OR r.rate_window_start <= now() - r.rate_period_ms * interval '1 millisecond' THEN r.rate_max
+                ELSE GREATEST(r.rate_max - r.rate_window_used, 0) END
+$$;
+
+-- As before (…_keyed_rate_limits.sql), and the rate window too: `entered` is how many of the
+-- key's jobs the calling statement made hold a slot without this function admitting them
+-- (inserted, or come back to `available`, not marked waiting): they are counted in the window,
+-- and held back again, lowest priority first, if the window cannot take them.
+DROP FUNCTION rebound_rate_limit_settle(text);
+CREATE FUNCTION rebound_rate_limit_settle(k text, entered bigint DEFAULT 0) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    r rate_limit_keys;
+    lim integer;
+    held bigint;
+    moved bigint;
+    queues bigint;
+    fresh boolean;
+    used bigint;
+    over_slots bigint;
+    over_rate bigint;
+BEGIN
+    -- No row: no limit (r stays all NULL).
+    SELECT * INTO r FROM rate_limit_keys WHERE key = k FOR UPDATE;
+    lim := rebound_rate_limit_in_force(r);
+    IF r.rate_max IS NOT NULL THEN
+        fresh := r.rate_window_start IS NULL OR r.rate_window_start <= now() - r.rate_period_ms * interval '1 millisecond';
+        used := CASE WHEN fresh THEN 0 ELSE r.rate_window_used END + entered;
+    END IF;
+    -- Counted after the lock, with this statement's fresh snapshot (VOLATILE): every other
+    -- settling of the key has committed or not started. (READ COMMITTED, as every
+    -- transaction of the store is: a REPEATABLE READ snapshot would not see them.)
+    IF lim IS NOT NULL THEN
+        SELECT count(*) INTO held FROM jobs
+        WHERE rate_limit_key = k AND state IN ('available', 'active') AND NOT rate_limited;
+    END IF;
+    over_slots := COALESCE(held - lim, 0);
+    over_rate := COALESCE(used - r.rate_max, 0);
+    IF over_slots > 0 OR over_rate > 0 THEN
+        WITH parked AS (
+            UPDATE jobs SET rate_limited = true
+            WHERE id = ANY(ARRAY(
+                SELECT id FROM jobs
+                WHERE rate_limit_key = k AND state = 'available' AND NOT rate_limited
+                ORDER BY priority, scheduled_at DESC, id DESC
+                LIMIT GREATEST(over_slots, over_rate)
+                FOR UPDATE SKIP LOCKED))
+            RETURNING id
+        )
+        SELECT count(*) INTO moved FROM parked;
+        IF moved > 0 THEN
+            INSERT INTO rate_limit_events (key, type, data)
+            VALUES (k, 'rate_limit.exceeded',
+                    CASE WHEN over_rate >= over_slots
+                         THEN jsonb_build_object('key', k, 'strategy', 'rate', 'limit', r.rate_max, 'current', used - moved,
+                                                 'parked', moved, 'window_resets_at',
+                                                 CASE WHEN fresh THEN now() ELSE r.rate_window_start END + r.rate_period_ms * interval '1 millisecond')
+                         ELSE jsonb_build_object('key', k, 'strategy', 'concurrency', 'limit', lim, 'current', held - moved, 'parked', moved) END);
+        END IF;
+        -- Held back before any worker claimed them: they did not start.
+        used := GREATEST(used - moved, 0);
+    ELSIF (lim IS NULL OR held < lim) AND (r.rate_max IS NULL OR used < r.rate_max) THEN
+        WITH admitted AS (
+            UPDATE jobs SET rate_limited = false
+            WHERE id = ANY(ARRAY(
+                SELECT id FROM jobs
+                WHERE rate_limit_key = k AND state = 'available' AND rate_limited
+                ORDER BY priority DESC, scheduled_at, id
+                -- LEAST passes over a NULL: no limit of that kind.
+                LIMIT LEAST(lim - held, r.rate_max - used)
+                FOR UPDATE SKIP LOCKED))
+            RETURNING id, queue, type
+        ), logged AS (
+            INSERT INTO rate_limit_events (key, type, data)
+            SELECT k, 'rate_limit.released',
+                   jsonb_build_object('key', k, 'strategy', CASE WHEN r.rate_max IS NOT NULL AND lim IS NULL THEN 'rate' ELSE 'concurrency' END,
+                                      'job_id', a.id, 'queue', a.queue, 'job_type', a.type)
+            FROM admitted a
+        ), notified AS (
+            -- Wakes the workers of the queues that got claimable work.
+            SELECT pg_notify('rebound_jobs', q.queue) FROM (SELECT DISTINCT queue FROM admitted) q
+        )
+        SELECT (SELECT count(*) FROM admitted), (SELECT count(*) FROM notified) INTO moved, queues;
+        used := used + moved;
+    END IF;
+    -- A window begins at the first start counted after the last one ended.
+    IF r.rate_max IS NOT NULL AND (used <> r.rate_window_used OR (fresh AND used > 0)) THEN
+        UPDATE rate_limit_keys
+        SET rate_window_used = used,
+            rate_window_start = CASE WHEN NOT fresh THEN rate_window_start WHEN used > 0 THEN now() END
+        WHERE key = k;
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION rebound_rate_limits_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    -- Every keyed row, not only available ones: an enqueue may have lowered its key's limit.
+    FOR r IN
+        SELECT rate_limit_key AS key, count(*) FILTER (WHERE state = 'available' AND NOT rate_limited) AS entered
+        FROM rl_new WHERE rate_limit_key IS NOT NULL GROUP BY 1 ORDER BY 1
+    LOOP
+        PERFORM rebound_rate_limit_settle(r.key, r.entered);
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION rebound_rate_limits_updated() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM rl_new WHERE rate_limit_key IS NOT NULL) THEN
+        RETURN NULL;
+    END IF;
+    -- The keys of rows that took or gave up a slot, or entered `available` (a row parked
+    -- before, cancelled and retried, comes back still marked waiting), or failed with a
+    -- `rate_limit_until`. A claim (available to active) holds its slot throughout, and parking
+    -- and admitting change no state: neither comes back here. A job leaving one non-holding
+    -- state for another (pending to cancelled, say) takes no key lock. `entered`: the rows
+    -- that came back to `available` holding a slot, to be counted in the key's rate window.
+    FOR r IN
+        SELECT n.rate_limit_key AS key,
+               -- (LEAST skips a NULL: with no time given it would hold the key for a day.)
+               CASE WHEN max(rebound_rate_limit_until(n.last_error->'details')) FILTER (WHERE n.last_error IS DISTINCT FROM o.last_error) IS NOT NULL
+                    THEN LEAST(max(rebound_rate_limit_until(n.last_error->'details')) FILTER (WHERE n.last_error IS DISTINCT FROM o.last_error),
+                               now() + interval '1 day') END AS until,
+               (array_agg(n.last_error->>'type') FILTER (WHERE n.last_error->'details' ? 'rate_limit_until'))[1] AS reason,
+               count(*) FILTER (WHERE n.state IS DISTINCT FROM o.state AND n.state = 'available' AND o.state <> 'active' AND NOT n.rate_limited) AS entered
+        FROM rl_new n JOIN rl_old o ON o.id = n.id
+        WHERE n.rate_limit_key IS NOT NULL
+          AND ((n.state IS DISTINCT FROM o.state
+                AND ((n.state = 'available' AND o.state <> 'active')
+                     OR (o.state IN ('available', 'active') AND NOT o.rate_limited AND n.state NOT IN ('available', 'active'))))
+               OR (n.last_error IS DISTINCT FROM o.last_error AND n.last_error->'details' ? 'rate_limit_until'))
+        GROUP BY 1
+        ORDER BY 1
+    LOOP
+        IF r.until > now() THEN
+            INSERT INTO rate_limit_keys AS k (key, held_until) VALUES (r.key, r.until)
+            ON CONFLICT (key) DO UPDATE SET held_until = GREATEST(k.held_until, EXCLUDED.held_until), updated_at = now();
+            INSERT INTO rate_limit_events (key, type, data)
+            VALUES (r.key, 'rate_limit.dynamic_adjusted', jsonb_build_object('key', r.key, 'until', r.until, 'reason', r.reason));
+        END IF;
+        PERFORM rebound_rate_limit_settle(r.key, r.entered);
+    END LOOP;
+    RETURN NULL;
+END $$;
