@@ -10,7 +10,7 @@ use rebound_queue::testing::TestDb;
 use rebound_queue::{JobState, NewJob, PolicyPatch, Store};
 use serde_json::json;
 use sqlx::Row;
-use support::{Scratch, WorkerProcess, eventually, fast_config, lines, recording_handler};
+use support::{Recorder, Scratch, WorkerProcess, eventually, fast_config, lines, recording_handler};
 use uuid::Uuid;
 
 const LONG: Duration = Duration::from_secs(90);
@@ -519,4 +519,35 @@ command = ["sh", "-c", "echo \"$REBOUND_JOB_ID start $(date +%s%N)\" >> '{log}';
     assert_eq!(events.len(), 36, "every run started and ended once");
     assert_eq!(most_keyed, 2, "the key's limit, reached and never passed");
     assert!(most_all > 2, "unkeyed jobs ran beside them ({most_all} at once)");
+}
+
+/// An upstream's 429 with `Retry-After`, answered to the built-in `http` handler, holds the
+/// job's rate-limit key until then (ojs-rate-limiting §9): the key's other jobs, enqueued
+/// meanwhile, wait for it instead of each collecting a 429, and all of them run afterwards.
+#[tokio::test]
+async fn a_429_with_retry_after_holds_its_rate_limit_key() {
+    let db = TestDb::new().await;
+    let recorder = Recorder::start().await;
+    let config = fast_config("", "default = 8", &recorder.handler("partner.call"));
+    let call = |args: serde_json::Value| NewJob::new("partner.call", json!([args])).rate_limit("partner:h", Some(4));
+    let first = db.store.enqueue(call(json!({"too_many_once": 2}))).await.unwrap().job.id;
+    let mut worker = WorkerProcess::start(&db.url, &config, &[]);
+    let held = eventually("the 429 to hold the key", LONG, || async {
+        db.store.rate_limit_key("partner:h").await.ok().flatten().and_then(|k| k.held_until)
+    })
+    .await;
+    let refused_at = recorder.executions_at().first().map(|c| c.2).expect("the first call");
+    let others: HashSet<Uuid> = db.store.enqueue_batch((0..5).map(|i| call(json!({"n": i}))).collect()).await.unwrap().iter().map(|e| e.job.id).collect();
+    eventually("all six completed", LONG, || async { (count_in_state(&db.store, "completed").await == 6).then_some(()) }).await;
+    worker.signal("TERM");
+    worker.exit_within(Duration::from_secs(30)).await.expect("worker exits");
+
+    let calls = recorder.executions_at();
+    assert_eq!(calls.len(), 7, "the 429, its job again, and the five others once each: {calls:?}");
+    assert_eq!(calls.iter().filter(|c| c.0 == first).count(), 2);
+    let earliest = calls.iter().filter(|c| others.contains(&c.0)).map(|c| c.2).min().expect("the others ran");
+    // Retry-After is whole seconds from when the worker read the answer, after it was sent.
+    assert!(earliest.duration_since(refused_at) >= Duration::from_millis(1900), "the key held for {:?} (until {held})", earliest.duration_since(refused_at));
+    let adjusted = db.store.rate_limit_events(&rebound_queue::store::EventFilter { types: vec!["rate_limit.dynamic_adjusted".into()], limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(adjusted.len(), 1, "{adjusted:?}");
 }

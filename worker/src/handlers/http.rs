@@ -4,7 +4,10 @@
 //! retried as `http.5xx`; other 4xx are non-retryable `http.4xx` (the request itself is wrong,
 //! sending it again will not help). Connection failures and timeouts are retried as
 //! `http.timeout`. A `Retry-After` header on a retryable answer (seconds or an HTTP date)
-//! snoozes the job until then without spending an attempt.
+//! snoozes the job until then without spending an attempt. On a 429 it also says the upstream
+//! takes no calls until then (`rate_limit_until` in the error's details, ojs-rate-limiting §9):
+//! a job with a rate-limit key holds the key that long, so its other jobs wait too instead of
+//! each collecting a 429 of its own.
 //!
 //! The job id is sent as `Idempotency-Key` so a receiver can ignore a repeated delivery
 //! (delivery is at least once).
@@ -139,11 +142,15 @@ pub fn outcome_for_response(status: u16, retry_after: Option<&str>, body: &[u8],
     }
     let tail = body_tail(body);
     let message = if tail.is_empty() { format!("HTTP {status}") } else { format!("HTTP {status}: {tail}") };
-    let details = json!({ "status": status, "body_tail": tail, "retry_after": retry_after });
+    let mut details = json!({ "status": status, "body_tail": tail, "retry_after": retry_after });
     let retryable = status == 408 || status == 429 || (500..600).contains(&status);
     if retryable {
+        let at = retry_after.and_then(|v| parse_retry_after(v, now));
+        if let (429, Some(at), Some(d)) = (status, at, details.as_object_mut()) {
+            d.insert("rate_limit_until".into(), Value::String(at.to_string()));
+        }
         let error = HandlerError::new("http.5xx", message).with_details(details);
-        return Err(match retry_after.and_then(|v| parse_retry_after(v, now)) {
+        return Err(match at {
             Some(at) => Outcome::RetryAfter { at, error: Some(error) },
             None => Outcome::Retry(error),
         });
@@ -214,6 +221,18 @@ mod tests {
                 assert_eq!(e.error_type, "http.5xx");
                 assert_eq!(e.message, "HTTP 503: busy");
             }
+            other => panic!("{other:?}"),
+        }
+        // A 429's Retry-After also says when the upstream takes calls again (its key is held).
+        match outcome_for_response(429, Some("30"), b"", now()) {
+            Err(Outcome::RetryAfter { at, error: Some(e) }) => {
+                let until = e.details.as_ref().and_then(|d| d["rate_limit_until"].as_str()).map(str::to_owned);
+                assert_eq!(until, Some(at.to_string()));
+            }
+            other => panic!("{other:?}"),
+        }
+        match outcome_for_response(503, Some("30"), b"", now()) {
+            Err(Outcome::RetryAfter { error: Some(e), .. }) => assert!(e.details.as_ref().is_some_and(|d| d.get("rate_limit_until").is_none())),
             other => panic!("{other:?}"),
         }
         // Retry-After on a non-retryable answer does not make it retryable.

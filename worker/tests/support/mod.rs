@@ -178,12 +178,15 @@ command = ["sh", "-c", "sleep {sleep}; echo \"$REBOUND_JOB_ID $REBOUND_JOB_ATTEM
     )
 }
 
+type Calls = std::sync::Arc<std::sync::Mutex<Vec<(uuid::Uuid, i32, std::time::Instant)>>>;
+
 /// An HTTP endpoint for the `http` handler that records every execution it is sent and answers
 /// as the job's args ask: `{"fail_attempts": n, "sleep_ms": m}` fails (500) attempts 1..=n and
-/// completes later ones, each after `m` ms.
+/// completes later ones, each after `m` ms; `{"too_many_once": s}` answers a job's first call
+/// 429 with `Retry-After: s`.
 pub struct Recorder {
     pub url: String,
-    calls: std::sync::Arc<std::sync::Mutex<Vec<(uuid::Uuid, i32)>>>,
+    calls: Calls,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -191,20 +194,29 @@ impl Recorder {
     pub async fn start() -> Recorder {
         use axum::Json;
         use axum::extract::State;
-        use axum::http::StatusCode;
-        type Calls = std::sync::Arc<std::sync::Mutex<Vec<(uuid::Uuid, i32)>>>;
-        async fn run(State(calls): State<Calls>, Json(job): Json<serde_json::Value>) -> (StatusCode, Json<serde_json::Value>) {
+        use axum::http::{HeaderMap, HeaderValue, StatusCode};
+        async fn run(State(calls): State<Calls>, Json(job): Json<serde_json::Value>) -> (StatusCode, HeaderMap, Json<serde_json::Value>) {
             let id: uuid::Uuid = job["id"].as_str().and_then(|s| s.parse().ok()).unwrap_or_default();
             let attempt = job["attempt"].as_i64().unwrap_or(0) as i32;
-            calls.lock().unwrap().push((id, attempt));
+            let first = {
+                let mut calls = calls.lock().unwrap();
+                let first = !calls.iter().any(|c| c.0 == id);
+                calls.push((id, attempt, std::time::Instant::now()));
+                first
+            };
             let args = &job["args"][0];
             if let Some(ms) = args["sleep_ms"].as_u64() {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
             }
+            if let (true, Some(s)) = (first, args["too_many_once"].as_u64()) {
+                let mut headers = HeaderMap::new();
+                headers.insert("retry-after", HeaderValue::from(s));
+                return (StatusCode::TOO_MANY_REQUESTS, headers, Json(serde_json::json!({"error": "slow down"})));
+            }
             if i64::from(attempt) <= args["fail_attempts"].as_i64().unwrap_or(0) {
-                (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({"error": "asked to fail"})))
+                (StatusCode::INTERNAL_SERVER_ERROR, HeaderMap::new(), Json(serde_json::json!({"error": "asked to fail"})))
             } else {
-                (StatusCode::OK, Json(serde_json::json!({"ok": true})))
+                (StatusCode::OK, HeaderMap::new(), Json(serde_json::json!({"ok": true})))
             }
         }
         let calls: Calls = Default::default();
@@ -224,6 +236,11 @@ impl Recorder {
 
     /// Every execution so far, as (job id, attempt), in the order they started.
     pub fn executions(&self) -> Vec<(uuid::Uuid, i32)> {
+        self.calls.lock().unwrap().iter().map(|c| (c.0, c.1)).collect()
+    }
+
+    /// Every execution so far with when it reached the endpoint, in that order.
+    pub fn executions_at(&self) -> Vec<(uuid::Uuid, i32, std::time::Instant)> {
         self.calls.lock().unwrap().clone()
     }
 }
