@@ -13,3 +13,6 @@ CREATE INDEX jobs_rate_keyed ON jobs (rate_limit_key, state, rate_limited) WHERE
 
 -- The pruner's candidates, stalest first.
 CREATE INDEX rate_limit_keys_updated ON rate_limit_keys (updated_at);
+-- Lists of keys page by byte order, as the API merges them with queue names sorted in Rust
+-- (the database's collation may sort otherwise).
+CREATE INDEX rate_limit_keys_bytes ON rate_limit_keys ((key COLLATE "C"));

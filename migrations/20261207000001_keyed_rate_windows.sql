@@ -5,10 +5,12 @@
 -- Counted at admission, as the key's slots are (see …_keyed_rate_limits.sql): an admitted job
 -- is claimable at once, so it is counted as a start when it is admitted, in the same statement
 -- and under the key's row lock, never at claim time (claims take no key lock). A job counts
--- again each time it is admitted again (a retry, a re-drive); one held back again before any
--- worker claimed it (a lowered limit) gives its count back. Windows are fixed windows, as a
--- queue's are: a window begins at the first admission after the last one ended, and the jobs
--- it left waiting are admitted by the maintenance sweep within a tick of its end.
+-- again each time it becomes claimable again (a retry, immediate or not, a re-drive, a job
+-- handed back); one held back again before any worker claimed it (a lowered limit) gives its
+-- count back, and a window that begins counts the admitted jobs no worker has claimed yet, so
+-- admissions never pile up across windows. Windows are fixed windows, as a queue's are: a
+-- window begins at the first admission after the last one ended, and the jobs it left waiting
+-- are admitted by the maintenance sweep within a tick of its end.
 ALTER TABLE rate_limit_keys
     ADD COLUMN rate_max integer CHECK (rate_max >= 0),
     ADD COLUMN rate_period_ms bigint CHECK (rate_period_ms > 0),
@@ -20,33 +22,42 @@ ALTER TABLE rate_limit_keys
 -- passed allows them all again.
 CREATE FUNCTION rebound_rate_limit_window_room(r rate_limit_keys) RETURNS integer LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN r.rate_max IS NULL THEN NULL
-                WHEN r.rate_window_start IS NULL OR r.rate_window_start <= now() - r.rate_period_ms * interval '1 millisecond' THEN r.rate_max
+                WHEN r.rate_window_start IS NULL OR r.rate_window_start <= statement_timestamp() - r.rate_period_ms * interval '1 millisecond' THEN r.rate_max
                 ELSE GREATEST(r.rate_max - r.rate_window_used, 0) END
 $$;
 
--- As before (…_keyed_rate_limits.sql), and the rate window too: `entered` is how many of the
--- key's jobs the calling statement made hold a slot without this function admitting them
--- (inserted, or come back to `available`, not marked waiting): they are counted in the window,
--- and held back again, lowest priority first, if the window cannot take them.
+-- As before (…_keyed_rate_limits.sql), and the rate window too. `entered`: the key's jobs the
+-- calling statement made claimable without this function admitting them (inserted, come back
+-- to `available` from any other state, not marked waiting). If the key has jobs waiting
+-- already, they first join the line (rate_limited), so whatever room there is goes to the
+-- highest priority of all, not to whoever arrived last. Windows are timed by the statement's
+-- clock (a long transaction must not shorten them).
 DROP FUNCTION rebound_rate_limit_settle(text);
-CREATE FUNCTION rebound_rate_limit_settle(k text, entered bigint DEFAULT 0) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+CREATE FUNCTION rebound_rate_limit_settle(k text, entered uuid[] DEFAULT '{}') RETURNS void LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     r rate_limit_keys;
     lim integer;
     held bigint;
     moved bigint;
+    queued bigint := 0;
     queues bigint;
     fresh boolean;
     used bigint;
     over_slots bigint;
     over_rate bigint;
+    left_waiting bigint;
+    displaced bigint := 0;
+    best record;
+    worst record;
 BEGIN
     -- No row: no limit (r stays all NULL).
     SELECT * INTO r FROM rate_limit_keys WHERE key = k FOR UPDATE;
     lim := rebound_rate_limit_in_force(r);
-    IF r.rate_max IS NOT NULL THEN
-        fresh := r.rate_window_start IS NULL OR r.rate_window_start <= now() - r.rate_period_ms * interval '1 millisecond';
-        used := CASE WHEN fresh THEN 0 ELSE r.rate_window_used END + entered;
+    -- (The entered rows are this statement's own: locked by it already.)
+    IF cardinality(entered) > 0 AND (lim IS NOT NULL OR r.rate_max IS NOT NULL)
+       AND EXISTS (SELECT 1 FROM jobs WHERE rate_limit_key = k AND state = 'available' AND rate_limited) THEN
+        UPDATE jobs SET rate_limited = true WHERE id = ANY(entered) AND state = 'available' AND NOT rate_limited;
+        GET DIAGNOSTICS queued = ROW_COUNT;
     END IF;
     -- Counted after the lock, with this statement's fresh snapshot (VOLATILE): every other
     -- settling of the key has committed or not started. (READ COMMITTED, as every
@@ -54,6 +65,15 @@ BEGIN
     IF lim IS NOT NULL THEN
         SELECT count(*) INTO held FROM jobs
         WHERE rate_limit_key = k AND state IN ('available', 'active') AND NOT rate_limited;
+    END IF;
+    IF r.rate_max IS NOT NULL THEN
+        fresh := r.rate_window_start IS NULL OR r.rate_window_start <= statement_timestamp() - r.rate_period_ms * interval '1 millisecond';
+        IF fresh THEN
+            -- Admitted and not yet claimed (the entered ones among them): they start in this one.
+            SELECT count(*) INTO used FROM jobs WHERE rate_limit_key = k AND state = 'available' AND NOT rate_limited;
+        ELSE
+            used := r.rate_window_used + cardinality(entered) - queued;
+        END IF;
     END IF;
     over_slots := COALESCE(held - lim, 0);
     over_rate := COALESCE(used - r.rate_max, 0);
@@ -75,7 +95,7 @@ BEGIN
                     CASE WHEN over_rate >= over_slots
                          THEN jsonb_build_object('key', k, 'strategy', 'rate', 'limit', r.rate_max, 'current', used - moved,
                                                  'parked', moved, 'window_resets_at',
-                                                 CASE WHEN fresh THEN now() ELSE r.rate_window_start END + r.rate_period_ms * interval '1 millisecond')
+                                                 CASE WHEN fresh THEN statement_timestamp() ELSE r.rate_window_start END + r.rate_period_ms * interval '1 millisecond')
                          ELSE jsonb_build_object('key', k, 'strategy', 'concurrency', 'limit', lim, 'current', held - moved, 'parked', moved) END);
         END IF;
         -- Held back before any worker claimed them: they did not start.
@@ -97,6 +117,8 @@ BEGIN
                    jsonb_build_object('key', k, 'strategy', CASE WHEN r.rate_max IS NOT NULL AND lim IS NULL THEN 'rate' ELSE 'concurrency' END,
                                       'job_id', a.id, 'queue', a.queue, 'job_type', a.type)
             FROM admitted a
+            -- An entered job put in line and admitted at once never waited.
+            WHERE NOT a.id = ANY(entered)
         ), notified AS (
             -- Wakes the workers of the queues that got claimable work.
             SELECT pg_notify('rebound_jobs', q.queue) FROM (SELECT DISTINCT queue FROM admitted) q
@@ -104,11 +126,44 @@ BEGIN
         SELECT (SELECT count(*) FROM admitted), (SELECT count(*) FROM notified) INTO moved, queues;
         used := used + moved;
     END IF;
+    -- Put in line, an entered job may still outrank an admitted one no worker has claimed
+    -- yet: they change places, one pair at a time (usually none: admission goes in line order).
+    IF queued > 0 THEN
+        FOR i IN 1..queued LOOP
+            SELECT id, priority, scheduled_at, queue, type INTO best FROM jobs
+            WHERE rate_limit_key = k AND state = 'available' AND rate_limited
+            ORDER BY priority DESC, scheduled_at, id LIMIT 1 FOR UPDATE SKIP LOCKED;
+            EXIT WHEN NOT FOUND;
+            SELECT id, priority, scheduled_at INTO worst FROM jobs
+            WHERE rate_limit_key = k AND state = 'available' AND NOT rate_limited
+            ORDER BY priority, scheduled_at DESC, id DESC LIMIT 1 FOR UPDATE SKIP LOCKED;
+            EXIT WHEN NOT FOUND OR ROW(best.priority, worst.scheduled_at, worst.id) <= ROW(worst.priority, best.scheduled_at, best.id);
+            UPDATE jobs SET rate_limited = (id = worst.id) WHERE id IN (best.id, worst.id);
+            PERFORM pg_notify('rebound_jobs', best.queue);
+            IF NOT best.id = ANY(entered) THEN
+                INSERT INTO rate_limit_events (key, type, data)
+                VALUES (k, 'rate_limit.released', jsonb_build_object('key', k, 'strategy', 'priority', 'job_id', best.id,
+                                                                     'queue', best.queue, 'job_type', best.type));
+            END IF;
+            IF NOT worst.id = ANY(entered) THEN
+                displaced := displaced + 1;
+            END IF;
+        END LOOP;
+        -- Entered jobs put in line and left there, and admitted ones they displaced: this
+        -- statement made them wait.
+        SELECT count(*) + displaced INTO left_waiting FROM jobs WHERE id = ANY(entered) AND rate_limited;
+        IF left_waiting > 0 THEN
+            INSERT INTO rate_limit_events (key, type, data)
+            VALUES (k, 'rate_limit.exceeded',
+                    jsonb_build_object('key', k, 'strategy', CASE WHEN r.rate_max IS NOT NULL AND (lim IS NULL OR held < lim) THEN 'rate' ELSE 'concurrency' END,
+                                       'limit', COALESCE(lim, r.rate_max), 'current', COALESCE(held, used), 'parked', left_waiting));
+        END IF;
+    END IF;
     -- A window begins at the first start counted after the last one ended.
     IF r.rate_max IS NOT NULL AND (used <> r.rate_window_used OR (fresh AND used > 0)) THEN
         UPDATE rate_limit_keys
         SET rate_window_used = used,
-            rate_window_start = CASE WHEN NOT fresh THEN rate_window_start WHEN used > 0 THEN now() END
+            rate_window_start = CASE WHEN NOT fresh THEN rate_window_start WHEN used > 0 THEN statement_timestamp() END
         WHERE key = k;
     END IF;
 END $$;
@@ -119,7 +174,7 @@ DECLARE
 BEGIN
     -- Every keyed row, not only available ones: an enqueue may have lowered its key's limit.
     FOR r IN
-        SELECT rate_limit_key AS key, count(*) FILTER (WHERE state = 'available' AND NOT rate_limited) AS entered
+        SELECT rate_limit_key AS key, COALESCE(array_agg(id) FILTER (WHERE state = 'available' AND NOT rate_limited), '{}') AS entered
         FROM rl_new WHERE rate_limit_key IS NOT NULL GROUP BY 1 ORDER BY 1
     LOOP
         PERFORM rebound_rate_limit_settle(r.key, r.entered);
@@ -134,12 +189,13 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM rl_new WHERE rate_limit_key IS NOT NULL) THEN
         RETURN NULL;
     END IF;
-    -- The keys of rows that took or gave up a slot, or entered `available` (a row parked
-    -- before, cancelled and retried, comes back still marked waiting), or failed with a
-    -- `rate_limit_until`. A claim (available to active) holds its slot throughout, and parking
-    -- and admitting change no state: neither comes back here. A job leaving one non-holding
-    -- state for another (pending to cancelled, say) takes no key lock. `entered`: the rows
-    -- that came back to `available` holding a slot, to be counted in the key's rate window.
+    -- The keys of rows that took or gave up a slot, or entered `available` from any other
+    -- state (a row parked before, cancelled and retried, comes back still marked waiting; an
+    -- active one retried at once or handed back holds its slot throughout, but will start
+    -- again: it counts in the key's rate window again), or failed with a `rate_limit_until`.
+    -- A claim (available to active) holds its slot throughout, and parking and admitting
+    -- change no state: neither comes back here. A job leaving one non-holding state for
+    -- another (pending to cancelled, say) takes no key lock.
     FOR r IN
         SELECT n.rate_limit_key AS key,
                -- (LEAST skips a NULL: with no time given it would hold the key for a day.)
@@ -147,11 +203,11 @@ BEGIN
                     THEN LEAST(max(rebound_rate_limit_until(n.last_error->'details')) FILTER (WHERE n.last_error IS DISTINCT FROM o.last_error),
                                now() + interval '1 day') END AS until,
                (array_agg(n.last_error->>'type') FILTER (WHERE n.last_error->'details' ? 'rate_limit_until'))[1] AS reason,
-               count(*) FILTER (WHERE n.state IS DISTINCT FROM o.state AND n.state = 'available' AND o.state <> 'active' AND NOT n.rate_limited) AS entered
+               COALESCE(array_agg(n.id) FILTER (WHERE n.state IS DISTINCT FROM o.state AND n.state = 'available' AND NOT n.rate_limited), '{}') AS entered
         FROM rl_new n JOIN rl_old o ON o.id = n.id
         WHERE n.rate_limit_key IS NOT NULL
           AND ((n.state IS DISTINCT FROM o.state
-                AND ((n.state = 'available' AND o.state <> 'active')
+                AND (n.state = 'available'
                      OR (o.state IN ('available', 'active') AND NOT o.rate_limited AND n.state NOT IN ('available', 'active'))))
                OR (n.last_error IS DISTINCT FROM o.last_error AND n.last_error->'details' ? 'rate_limit_until'))
         GROUP BY 1

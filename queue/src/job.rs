@@ -144,7 +144,8 @@ pub struct Job {
     pub last_error: Option<Value>,
     pub retry_delay_ms: Option<i64>,
     pub updated_at: Timestamp,
-    /// The rate-limit key whose concurrency limit the job shares (OJS `rate_limit.key`).
+    /// The rate-limit key whose limits (concurrency, rate window) the job shares (OJS
+    /// `rate_limit.key`).
     pub rate_limit_key: Option<String>,
     /// `available` but waiting for a slot of its key: no claim takes it until it is admitted.
     pub rate_limited: bool,
@@ -378,9 +379,12 @@ impl NewJob {
         self
     }
 
-    /// Shares the concurrency limit of rate-limit `key` (setting it to `concurrency`, if given).
+    /// Shares the concurrency limit of rate-limit `key` (setting it to `concurrency`, if given;
+    /// and keeps a window [`NewJob::rate_limit_window`] set for the same key).
     pub fn rate_limit(mut self, key: impl Into<String>, concurrency: Option<u32>) -> Self {
-        self.rate_limit = Some(JobRateLimit { key: key.into(), concurrency, rate: None });
+        let key = key.into();
+        let rate = self.rate_limit.take().filter(|r| r.key == key).and_then(|r| r.rate);
+        self.rate_limit = Some(JobRateLimit { key, concurrency, rate });
         self
     }
 

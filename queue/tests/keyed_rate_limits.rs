@@ -397,27 +397,40 @@ async fn a_failure_with_rate_limit_until_holds_its_key_until_then() {
     assert_eq!(rate_limit_events(s, "rate_limit.dynamic_adjusted").await.len(), 1);
 }
 
-/// A key's row goes once no job names it, nothing is in force on it and nothing touched it for
-/// the completed jobs' retention; a key whose jobs are still kept (a dead letter that could be
-/// re-driven), an override with no end, or a key an enqueue touches while the pruner waits for
-/// its row, stays.
+/// A key's row goes once no job names it, nothing is in force on it (an override, a hold, a
+/// rate window) and nothing touched it for the completed jobs' retention; a key whose jobs are
+/// still kept (a dead letter that could be re-driven), an override with no end, a window still
+/// open, or a key an enqueue holds while the pruner passes, stays. Keys that must stay do not
+/// keep the pruner from the ones that can go.
 #[tokio::test]
 async fn keys_are_pruned_once_no_job_names_them() {
     use rebound_queue::store::PruneConfig;
     let db = TestDb::new().await;
     let s = &db.store;
     let ops = Actor::new("ops");
-    s.enqueue_batch(vec![keyed("q", "finished", Some(1), 1), keyed("q", "waiting", Some(1), 2), keyed("dlq", "dead", Some(1), 3)]).await.unwrap();
+    let hour = Duration::from_secs(3600);
+    s.enqueue_batch(vec![
+        keyed("q", "finished", Some(1), 1),
+        keyed("q", "waiting", Some(1), 2),
+        keyed("dlq", "dead", Some(1), 3),
+        keyed("w", "windowed", None, 4).rate_limit_window("windowed", 5, hour),
+    ])
+    .await
+    .unwrap();
     s.override_rate_limit("stopped", Some(&RateLimitOverride { concurrency: 0, expires_at: None }), &ops).await.unwrap();
     s.override_rate_limit("lapsed", Some(&RateLimitOverride { concurrency: 0, expires_at: Some(jiff::Timestamp::now() + jiff::SignedDuration::from_millis(300)) }), &ops)
         .await
         .unwrap();
     let finished = s.claim(&request("w", &["q"], 1)).await.unwrap().remove(0);
     s.complete(&done(&finished)).await.unwrap();
+    let windowed = s.claim(&request("w", &["w"], 1)).await.unwrap().remove(0);
+    s.complete(&done(&windowed)).await.unwrap();
     let dead = s.claim(&request("w", &["dlq"], 1)).await.unwrap().remove(0);
     s.fail(&Failure { id: dead.id, attempt: Some(dead.attempt), worker_id: Some("w".into()), outcome: Outcome::DeadLetter(HandlerError::new("x", "no")), error_code: None })
         .await
         .unwrap();
+    // The stalest rows are the ones that must stay: a pass of one still finds the others.
+    sqlx::query("UPDATE rate_limit_keys SET updated_at = updated_at - interval '1 day' WHERE key IN ('stopped', 'windowed', 'dead')").execute(s.pool()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
 
     let names = |s: &Store| {
@@ -426,17 +439,21 @@ async fn keys_are_pruned_once_no_job_names_them() {
     };
     // Within the retention, nothing goes.
     assert_eq!(s.prune(&PruneConfig::default()).await.unwrap().rate_limit_keys, 0);
-    let instant = PruneConfig { completed_after: Duration::ZERO, ..Default::default() };
-    let report = s.prune(&instant).await.unwrap();
-    assert_eq!((report.completed, report.rate_limit_keys), (1, 2), "{report:?}");
-    assert_eq!(names(s).await, ["dead", "stopped", "waiting"], "the finished job's key and the lapsed override went");
+    let instant = PruneConfig { completed_after: Duration::ZERO, batch: 1, ..Default::default() };
+    let mut gone = 0;
+    for _ in 0..4 {
+        gone += s.prune(&instant).await.unwrap().rate_limit_keys;
+    }
+    assert_eq!(gone, 2);
+    assert_eq!(names(s).await, ["dead", "stopped", "waiting", "windowed"], "the finished job's key and the lapsed override went");
     assert_eq!(s.rate_limit_key_names(Some("dead"), 1).await.unwrap(), ["stopped"]);
-    assert_eq!(s.rate_limit_key_count(Some("stopped")).await.unwrap(), (3, 2));
+    assert_eq!(s.rate_limit_key_count(Some("stopped")).await.unwrap(), (4, 2));
+    // Its window over, the windowed key goes too.
+    sqlx::query("UPDATE rate_limit_keys SET rate_window_start = rate_window_start - interval '2 hours' WHERE key = 'windowed'").execute(s.pool()).await.unwrap();
+    assert_eq!(s.prune(&instant).await.unwrap().rate_limit_keys, 1);
 
-    // The waiting key's job finishes and is pruned, but an enqueue naming the key holds its row
-    // while the pruner comes: the pruner read the key as a candidate before the enqueue's job
-    // was visible, and must not delete it. (With no retention the enqueue's own touch does not
-    // make the key young again: only the job it adds can keep it.)
+    // The waiting key's job finishes and is pruned, while an enqueue naming the key holds its
+    // row: the pruner passes it over, and the job the enqueue adds keeps it afterwards.
     let job = s.claim(&request("w", &["q"], 1)).await.unwrap().remove(0);
     s.complete(&done(&job)).await.unwrap();
     let mut enqueue = s.pool().begin().await.unwrap();
@@ -446,15 +463,10 @@ async fn keys_are_pruned_once_no_job_names_them() {
         .execute(&mut *enqueue)
         .await
         .unwrap();
-    let pruner = {
-        let s = s.clone();
-        let cfg = instant.clone();
-        tokio::spawn(async move { s.prune(&cfg).await })
-    };
-    db.until_a_statement_waits_for_a_lock().await;
-    enqueue.commit().await.unwrap();
-    let report = pruner.await.unwrap().unwrap();
+    let report = s.prune(&PruneConfig { batch: 10, ..instant.clone() }).await.unwrap();
     assert_eq!((report.completed, report.rate_limit_keys), (1, 0), "{report:?}");
+    enqueue.commit().await.unwrap();
+    assert_eq!(s.prune(&instant).await.unwrap().rate_limit_keys, 0);
     assert_eq!(names(s).await, ["dead", "stopped", "waiting"]);
     assert_eq!(slots(s, "waiting").await, (0, 1, 0), "the new job holds a slot under the kept limit");
 
@@ -465,20 +477,30 @@ async fn keys_are_pruned_once_no_job_names_them() {
     assert_eq!((back.in_force, back.admitted), (Some(1), 1), "{back:?}");
 }
 
+/// Ends `key`'s rate window now, as if its period had passed.
+async fn end_window(store: &Store, key: &str) {
+    sqlx::query("UPDATE rate_limit_keys SET rate_window_start = rate_window_start - rate_period_ms * interval '1 millisecond' WHERE key = $1")
+        .bind(key)
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
+
 /// A key's rate window (RL-R001) lets at most its limit of jobs start per period, across
 /// queues, with or without a concurrency beside it: the rest wait, and the sweep admits the
-/// next window's share once the period is over. A retry is a start of its own.
+/// next window's share once the period is over. Jobs admitted and never claimed count in the
+/// next window (they do not pile up), and a job that comes in while others wait joins the line.
 #[tokio::test]
 async fn a_rate_window_admits_its_limit_per_period() {
     let db = TestDb::new().await;
     let s = &db.store;
-    let period = Duration::from_millis(1500);
-    let windowed = |queue: &str, n: i64| NewJob::new("rl.keyed", json!([n])).queue(queue).rate_limit_window("smtp", 3, period);
+    let hour = Duration::from_secs(3600);
+    let windowed = |queue: &str, n: i64| NewJob::new("rl.keyed", json!([n])).queue(queue).rate_limit_window("smtp", 3, hour);
     s.enqueue_batch((0..5).map(|n| windowed(if n % 2 == 0 { "a" } else { "b" }, n)).collect()).await.unwrap();
     s.enqueue(windowed("a", 5)).await.unwrap();
     let k = s.rate_limit_key("smtp").await.unwrap().unwrap();
     assert_eq!((k.rate.map(|w| w.limit), k.rate_used, k.admitted, k.waiting, k.in_force), (Some(3), 3, 3, 3, None), "{k:?}");
-    assert!(k.rate_window_resets_at.is_some());
+    assert!(k.rate_window_resets_at.is_some_and(|t| t > jiff::Timestamp::now() + jiff::SignedDuration::from_mins(59)), "{k:?}");
     let exceeded = rate_limit_events(s, "rate_limit.exceeded").await;
     let mut parked: Vec<_> = exceeded.iter().map(|e| (e["strategy"].as_str(), e["parked"].as_i64())).collect();
     parked.sort();
@@ -493,35 +515,77 @@ async fn a_rate_window_admits_its_limit_per_period() {
     assert_eq!(slots(s, "smtp").await, (0, 0, 3));
     assert_eq!(s.settle_rate_limits(100).await.unwrap(), 0, "no room before the window ends");
 
-    // The next window: the sweep admits three more, highest priority first.
-    tokio::time::sleep(period + Duration::from_millis(100)).await;
+    // The next window: the sweep admits three more.
+    end_window(s, "smtp").await;
     assert_eq!(s.settle_rate_limits(100).await.unwrap(), 1);
     assert_eq!(slots(s, "smtp").await, (0, 3, 0));
-    let k = s.rate_limit_key("smtp").await.unwrap().unwrap();
-    assert_eq!((k.rate_used, k.waiting), (3, 0));
+    assert_eq!(s.rate_limit_key("smtp").await.unwrap().unwrap().rate_used, 3);
+
+    // No worker claims them (a paused queue, say) and the window ends: they start in the next
+    // one and fill it, so the two that come now wait.
+    end_window(s, "smtp").await;
+    let late: Vec<Uuid> = s.enqueue_batch((6..8).map(|n| windowed("a", n)).collect()).await.unwrap().iter().map(|e| e.job.id).collect();
+    assert_eq!(slots(s, "smtp").await, (0, 3, 2));
     for job in &s.claim(&request("w", &["a", "b"], 10)).await.unwrap() {
         s.complete(&done(job)).await.unwrap();
     }
 
-    // With a concurrency too, both hold: one at a time, and a retry counts as a start again.
-    tokio::time::sleep(period + Duration::from_millis(100)).await;
-    let patch = PolicyPatch::from_json(&json!({"initial_interval": "PT0.001S", "jitter": false})).unwrap();
-    s.put_policy("rl.keyed", &patch, &Actor::new("ops"), None).await.unwrap();
-    let both = |n: i64| NewJob::new("rl.keyed", json!([n])).queue("a").rate_limit("smtp", Some(1)).rate_limit_window("smtp", 2, period);
-    s.enqueue_batch((10..14).map(both).collect()).await.unwrap();
-    let k = s.rate_limit_key("smtp").await.unwrap().unwrap();
-    assert_eq!((k.concurrency, k.rate.map(|w| w.limit)), (Some(1), Some(2)), "the newest enqueue set both: {k:?}");
-    let running = s.claim(&request("w", &["a", "b"], 10)).await.unwrap();
-    assert_eq!(running.len(), 1, "the concurrency of one");
-    s.fail(&Failure { id: running[0].id, attempt: Some(running[0].attempt), worker_id: Some("w".into()), outcome: Outcome::Retry(HandlerError::new("smtp.busy", "421")), error_code: None })
+    // Two waiting when the window ends; three come in before the sweep: the two that waited
+    // go first (same priority, older), then one of the three.
+    end_window(s, "smtp").await;
+    let newer: Vec<Uuid> = s.enqueue_batch((8..11).map(|n| windowed("b", n)).collect()).await.unwrap().iter().map(|e| e.job.id).collect();
+    let admitted: HashSet<Uuid> = sqlx::query_scalar("SELECT id FROM jobs WHERE rate_limit_key = 'smtp' AND state = 'available' AND NOT rate_limited")
+        .fetch_all(s.pool())
         .await
-        .unwrap();
-    let next = s.claim(&request("w", &["a", "b"], 10)).await.unwrap();
-    assert_eq!(next.len(), 1, "the second start of the window");
-    s.complete(&done(&next[0])).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    s.promote_due(100).await.unwrap();
-    assert!(s.claim(&request("w", &["a", "b"], 10)).await.unwrap().is_empty(), "two starts spent: the retry waits too");
-    let k = s.rate_limit_key("smtp").await.unwrap().unwrap();
-    assert_eq!((k.rate_used, k.active, k.admitted), (2, 0, 0), "{k:?}");
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(admitted.len(), 3);
+    assert!(late.iter().all(|id| admitted.contains(id)), "the two that waited: {admitted:?}");
+    assert_eq!(newer.iter().filter(|id| admitted.contains(id)).count(), 1);
+}
+
+/// Every retry is a start of its own, a retry with no backoff too (the job goes straight back
+/// to `available`): once the window is spent, the next retry waits for the next window. With a
+/// concurrency beside the window, both hold.
+#[tokio::test]
+async fn every_retry_counts_in_the_rate_window() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let hour = Duration::from_secs(3600);
+    let patch = PolicyPatch::from_json(&json!({"max_attempts": 5, "initial_interval": "PT0.0001S", "jitter": false})).unwrap();
+    s.put_policy("rl.keyed", &patch, &Actor::new("ops"), None).await.unwrap();
+    let failed = |job: &Job| Failure {
+        id: job.id,
+        attempt: Some(job.attempt),
+        worker_id: Some("w".into()),
+        outcome: Outcome::Retry(HandlerError::new("smtp.busy", "421")),
+        error_code: None,
+    };
+    let id = s.enqueue(NewJob::new("rl.keyed", json!([1])).queue("a").rate_limit_window("retry", 2, hour)).await.unwrap().job.id;
+    let run = s.claim(&request("w", &["a"], 10)).await.unwrap().remove(0);
+    s.fail(&failed(&run)).await.unwrap();
+    assert_eq!(s.job(id).await.unwrap().state, JobState::Available, "retried at once");
+    let again = s.claim(&request("w", &["a"], 10)).await.unwrap();
+    assert_eq!(again.len(), 1, "the second start of the window");
+    s.fail(&failed(&again[0])).await.unwrap();
+    assert!(s.claim(&request("w", &["a"], 10)).await.unwrap().is_empty(), "a third start would pass the window");
+    let k = s.rate_limit_key("retry").await.unwrap().unwrap();
+    assert_eq!((k.rate_used, k.waiting), (2, 1), "{k:?}");
+    end_window(s, "retry").await;
+    assert_eq!(s.settle_rate_limits(10).await.unwrap(), 1);
+    assert_eq!(s.claim(&request("w", &["a"], 10)).await.unwrap().len(), 1);
+
+    // A concurrency beside the window: one at a time, two per window.
+    let both = |n: i64| NewJob::new("rl.keyed", json!([n])).queue("b").rate_limit_window("both", 2, hour).rate_limit("both", Some(1));
+    s.enqueue_batch((0..4).map(both).collect()).await.unwrap();
+    let k = s.rate_limit_key("both").await.unwrap().unwrap();
+    assert_eq!((k.concurrency, k.rate.map(|w| w.limit), k.admitted, k.waiting), (Some(1), Some(2), 1, 3), "the builder kept both: {k:?}");
+    for _ in 0..2 {
+        let run = s.claim(&request("w", &["b"], 10)).await.unwrap();
+        assert_eq!(run.len(), 1);
+        s.complete(&done(&run[0])).await.unwrap();
+    }
+    assert!(s.claim(&request("w", &["b"], 10)).await.unwrap().is_empty(), "two starts spent");
+    assert_eq!(slots(s, "both").await, (0, 0, 2));
 }

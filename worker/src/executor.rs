@@ -172,9 +172,10 @@ impl Executor {
         if !matches!(outcome, Outcome::Retry(_)) || self.registry.lookup(&job.job_type).is_none() {
             return None;
         }
-        // The upstream said when it takes calls again (ojs-rate-limiting §9): the failure goes
-        // to the store, which holds the job's rate-limit key until then, not straight back in.
-        if outcome.error().and_then(|e| e.details.as_ref()).is_some_and(|d| d.get("rate_limit_until").is_some()) {
+        // A keyed job's retry goes through the store: it is a start its key's rate window must
+        // count, and the upstream may have said when it takes calls again (`rate_limit_until`,
+        // ojs-rate-limiting §9), which holds the key until then.
+        if job.rate_limit_key.is_some() {
             return None;
         }
         let layers = p.policies.current()?;

@@ -204,7 +204,7 @@ mod detail {
         if let Some(k) = &job.rate_limit_key {
             // Available but not picked up: say why, or an operator looks for a missing worker.
             let waiting = job.rate_limited && job.state == JobState::Available;
-            envelope.push(("Rate-limit key".into(), if waiting { format!("{k} (waiting for a free slot)") } else { k.clone() }));
+            envelope.push(("Rate-limit key".into(), if waiting { format!("{k} (waiting for a free slot or the key's next rate window)") } else { k.clone() }));
         }
 
         let attempt_views = attempts

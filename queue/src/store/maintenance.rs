@@ -114,6 +114,19 @@ macro_rules! aged_by_at {
     };
 }
 
+// A rate-limit key `k` the pruner may delete, `$1` ms being the retention: untouched for that
+// long, nothing in force on it (a handler's hold, an override, an open rate window), and no
+// job naming it.
+macro_rules! prunable_key {
+    () => {
+        "k.updated_at < now() - $1 * interval '1 millisecond'
+         AND (k.held_until IS NULL OR k.held_until <= now())
+         AND (k.override_concurrency IS NULL OR k.override_expires_at <= now())
+         AND (k.rate_window_start IS NULL OR k.rate_window_start + k.rate_period_ms * interval '1 millisecond' <= now())
+         AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.rate_limit_key = k.key)"
+    };
+}
+
 /// Leadership held through a session-level advisory lock on a dedicated connection. If the
 /// process dies, Postgres closes the session and the lock passes to another process.
 pub struct Leadership {
@@ -466,23 +479,24 @@ impl Store {
         })
     }
 
-    /// Deletes up to `batch` rate-limit keys no job names, with no override or hold in force,
-    /// untouched for `after`. A key's row outlives every job that names it, so a job coming
-    /// back (re-driven, retried) finds its limit.
+    /// Deletes up to `batch` rate-limit keys no job names, with no override, hold or rate
+    /// window in force, untouched for `after`. A key's row outlives every job that names it, so
+    /// a job coming back (re-driven, retried) finds its limit, and outlives its window, so a
+    /// new job of the key does not find a fresh one early.
     async fn prune_rate_limit_keys(&self, after: Duration, batch: i64) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
-        // Locked in key order, as every other writer of these rows locks them (no deadlock);
-        // an enqueue naming a key takes its row before inserting its jobs and holds it to its
-        // commit. So once locked, a second statement's fresh snapshot sees every job named
-        // under a key so far, though the candidates were read before they were visible.
-        let candidates: Vec<String> = sqlx::query_scalar(
+        // Locked in key order, as every other writer of these rows locks them; a key another
+        // transaction holds is in use and passed over. An enqueue naming a key takes its row
+        // before inserting its jobs and holds it to its commit, so once a key is locked here,
+        // the second statement's fresh snapshot sees every job named under it so far (and the
+        // age its upsert gave it), though the candidates were read before they were visible.
+        let candidates: Vec<String> = sqlx::query_scalar(concat!(
             "SELECT key FROM rate_limit_keys WHERE key = ANY(ARRAY(
-                 SELECT k.key FROM rate_limit_keys k
-                 WHERE k.updated_at < now() - $1 * interval '1 millisecond'
-                   AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.rate_limit_key = k.key)
-                 ORDER BY k.updated_at LIMIT $2))
-             ORDER BY key FOR UPDATE",
-        )
+                 SELECT k.key FROM rate_limit_keys k WHERE ",
+            prunable_key!(),
+            " ORDER BY k.updated_at LIMIT $2))
+             ORDER BY key FOR UPDATE SKIP LOCKED"
+        ))
         .bind(millis(after))
         .bind(batch)
         .fetch_all(&mut *tx)
@@ -490,17 +504,12 @@ impl Store {
         let n = if candidates.is_empty() {
             0
         } else {
-            sqlx::query(
-                "DELETE FROM rate_limit_keys k
-                 WHERE k.key = ANY($1)
-                   AND (k.held_until IS NULL OR k.held_until <= now())
-                   AND (k.override_concurrency IS NULL OR k.override_expires_at <= now())
-                   AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.rate_limit_key = k.key)",
-            )
-            .bind(&candidates)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
+            sqlx::query(concat!("DELETE FROM rate_limit_keys k WHERE k.key = ANY($2) AND ", prunable_key!()))
+                .bind(millis(after))
+                .bind(&candidates)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
         };
         tx.commit().await?;
         Ok(n)

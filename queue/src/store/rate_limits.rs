@@ -311,18 +311,20 @@ LIMIT $1";
 
 impl Store {
     /// Up to `limit` of the rate-limit keys jobs have named (or an operator has limited), in
-    /// key order, after `after` if given.
+    /// key order (bytes), after `after` if given.
     pub async fn rate_limit_key_names(&self, after: Option<&str>, limit: i64) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT key FROM rate_limit_keys WHERE $1::text IS NULL OR key > $1 ORDER BY key LIMIT $2")
+        // Byte order ("C"), as the API merges these with the queues' names and pages by them.
+        Ok(sqlx::query_scalar(r#"SELECT key FROM rate_limit_keys WHERE $1::text IS NULL OR key COLLATE "C" > $1 ORDER BY key COLLATE "C" LIMIT $2"#)
             .bind(after)
             .bind(limit)
             .fetch_all(&self.pool)
             .await?)
     }
 
-    /// How many rate-limit keys there are, and how many of them sort at or before `upto`.
+    /// How many rate-limit keys there are, and how many of them sort (by bytes) at or before
+    /// `upto`.
     pub async fn rate_limit_key_count(&self, upto: Option<&str>) -> Result<(i64, i64), StoreError> {
-        Ok(sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE key <= $1) FROM rate_limit_keys").bind(upto).fetch_one(&self.pool).await?)
+        Ok(sqlx::query_as(r#"SELECT count(*), count(*) FILTER (WHERE key COLLATE "C" <= $1) FROM rate_limit_keys"#).bind(upto).fetch_one(&self.pool).await?)
     }
 
     /// The named keys' limits and state, in key order (unknown keys are left out).

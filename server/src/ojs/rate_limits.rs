@@ -1,8 +1,9 @@
 //! Rate limits over HTTP (`ojs-rate-limiting.md`). The limit of a queue is the partition
 //! `queue:<name>`, set by `PUT /rate-limits/queue:<name>` or the admin
-//! `PUT /admin/queues/{name}/rate-limit`. Any other key is a keyed concurrency limit its jobs
-//! share (`options.rate_limit`); `PUT /rate-limits/{key}` overrides it (`concurrency`, until
-//! `expires_at` if given). `GET /rate-limits[/{key}]` shows both kinds and their state.
+//! `PUT /admin/queues/{name}/rate-limit`. Any other key is a keyed limit its jobs share
+//! (`options.rate_limit`: a concurrency and a rate window); `PUT /rate-limits/{key}` overrides
+//! its concurrency (until `expires_at` if given). `GET /rate-limits[/{key}]` shows both kinds
+//! and their state.
 
 use axum::Json;
 use axum::extract::{Path, State};
