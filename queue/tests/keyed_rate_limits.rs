@@ -589,3 +589,67 @@ async fn every_retry_counts_in_the_rate_window() {
     assert!(s.claim(&request("w", &["b"], 10)).await.unwrap().is_empty(), "two starts spent");
     assert_eq!(slots(s, "both").await, (0, 0, 2));
 }
+
+/// Six claimers with pools of their own race over a key with a concurrency of 3 and a window of
+/// 10 starts, completing half of what they claim and failing the rest into an immediate retry,
+/// while more jobs of the key are enqueued: exactly 10 starts happen, never more than 3 at once.
+#[tokio::test]
+async fn a_rate_window_holds_across_concurrent_claimers_enqueues_and_retries() {
+    let db = TestDb::new().await;
+    let hour = Duration::from_secs(3600);
+    let patch = PolicyPatch::from_json(&json!({"max_attempts": 20, "initial_interval": "PT0.0001S", "jitter": false})).unwrap();
+    db.store.put_policy("rl.keyed", &patch, &Actor::new("ops"), None).await.unwrap();
+    let job = move |i: i64| keyed(if i % 2 == 0 { "x" } else { "y" }, "tenant:windowed", Some(3), i).rate_limit_window("tenant:windowed", 10, hour);
+    db.store.enqueue_batch((0..20).map(job).collect()).await.unwrap();
+    let running = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let mut claimers = Vec::new();
+    for w in 0..6 {
+        let store = Store::connect(&db.url, 2).await.unwrap();
+        let (running, most) = (running.clone(), most.clone());
+        claimers.push(tokio::spawn(async move {
+            let mut starts = 0usize;
+            let mut idle_since = Instant::now();
+            while idle_since.elapsed() < Duration::from_millis(500) {
+                let claimed = store.claim(&request(&format!("w{w}"), &["x", "y"], 2)).await.unwrap();
+                if claimed.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    continue;
+                }
+                idle_since = Instant::now();
+                starts += claimed.len();
+                let now = running.fetch_add(claimed.len() as i64, Ordering::SeqCst) + claimed.len() as i64;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                running.fetch_sub(claimed.len() as i64, Ordering::SeqCst);
+                for (n, j) in claimed.iter().enumerate() {
+                    if (starts + n) % 2 == 0 {
+                        store.complete(&done(j)).await.unwrap();
+                    } else {
+                        let failure = Failure { id: j.id, attempt: Some(j.attempt), worker_id: j.locked_by.clone(), outcome: Outcome::Retry(HandlerError::new("x.busy", "try again")), error_code: None };
+                        store.fail(&failure).await.unwrap();
+                    }
+                }
+            }
+            starts
+        }));
+    }
+    let enqueuer = {
+        let store = db.store.clone();
+        tokio::spawn(async move {
+            for i in 0..5 {
+                store.enqueue_batch(vec![job(100 + 2 * i), job(101 + 2 * i)]).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    enqueuer.await.unwrap();
+    let mut starts = 0;
+    for c in claimers {
+        starts += c.await.unwrap();
+    }
+    assert_eq!(starts, 10, "the window's ten starts, retries among them");
+    assert!(most.load(Ordering::SeqCst) <= 3, "at most three at once");
+    let k = db.store.rate_limit_key("tenant:windowed").await.unwrap().unwrap();
+    assert_eq!((k.rate_used, k.active, k.admitted), (10, 0, 0), "{k:?}");
+}
