@@ -623,7 +623,7 @@ async fn a_rate_window_holds_across_concurrent_claimers_enqueues_and_retries() {
                 tokio::time::sleep(Duration::from_millis(3)).await;
                 running.fetch_sub(claimed.len() as i64, Ordering::SeqCst);
                 for (n, j) in claimed.iter().enumerate() {
-                    if (starts + n) % 2 == 0 {
+                    if (starts + n).is_multiple_of(2) {
                         store.complete(&done(j)).await.unwrap();
                     } else {
                         let failure = Failure { id: j.id, attempt: Some(j.attempt), worker_id: j.locked_by.clone(), outcome: Outcome::Retry(HandlerError::new("x.busy", "try again")), error_code: None };
