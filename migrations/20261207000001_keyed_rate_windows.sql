@@ -26,36 +26,51 @@ CREATE FUNCTION rebound_rate_limit_window_room(r rate_limit_keys) RETURNS intege
                 ELSE GREATEST(r.rate_max - r.rate_window_used, 0) END
 $$;
 
+-- A key's admitted jobs no worker has claimed yet, in line order: the lowest of them is what
+-- parking holds back, and what a job outranking it displaces.
+CREATE INDEX jobs_rate_admitted ON jobs (rate_limit_key, priority DESC, scheduled_at, id)
+    WHERE state = 'available' AND NOT rate_limited AND rate_limit_key IS NOT NULL;
+
 -- As before (…_keyed_rate_limits.sql), and the rate window too. `entered`: the key's jobs the
 -- calling statement made claimable without this function admitting them (inserted, come back
--- to `available` from any other state, not marked waiting). If the key has jobs waiting
--- already, they first join the line (rate_limited), so whatever room there is goes to the
--- highest priority of all, not to whoever arrived last. Windows are timed by the statement's
--- clock (a long transaction must not shorten them).
+-- to `available` from any other state, not marked waiting): they count in the window. If the
+-- key has jobs waiting already, they first join the line (rate_limited), so whatever room
+-- there is goes to the highest priority of all, not to whoever arrived last; and a job in line
+-- that outranks an admitted one no worker has claimed takes its place (`reorder` asks for that
+-- too: the statement brought back jobs still marked waiting). A job handed back or cancelled
+-- before it ran still counts in its window: a window never lets more start than its limit,
+-- and may let fewer. Windows are timed by the clock once the key is locked (a wait for the lock
+-- or a long transaction must not shorten them).
 DROP FUNCTION rebound_rate_limit_settle(text);
-CREATE FUNCTION rebound_rate_limit_settle(k text, entered uuid[] DEFAULT '{}') RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+CREATE FUNCTION rebound_rate_limit_settle(k text, entered uuid[] DEFAULT '{}', reorder boolean DEFAULT false)
+RETURNS void LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     r rate_limit_keys;
     lim integer;
     held bigint;
-    moved bigint;
+    moved bigint := 0;
     queued bigint := 0;
     queues bigint;
+    ts timestamptz;
     fresh boolean;
     used bigint;
     over_slots bigint;
     over_rate bigint;
+    waiting boolean;
     left_waiting bigint;
     displaced bigint := 0;
+    locked bigint;
     best record;
     worst record;
 BEGIN
+    entered := COALESCE(entered, '{}');
     -- No row: no limit (r stays all NULL).
     SELECT * INTO r FROM rate_limit_keys WHERE key = k FOR UPDATE;
+    ts := clock_timestamp();
     lim := rebound_rate_limit_in_force(r);
+    waiting := EXISTS (SELECT 1 FROM jobs WHERE rate_limit_key = k AND state = 'available' AND rate_limited);
     -- (The entered rows are this statement's own: locked by it already.)
-    IF cardinality(entered) > 0 AND (lim IS NOT NULL OR r.rate_max IS NOT NULL)
-       AND EXISTS (SELECT 1 FROM jobs WHERE rate_limit_key = k AND state = 'available' AND rate_limited) THEN
+    IF waiting AND cardinality(entered) > 0 AND (lim IS NOT NULL OR r.rate_max IS NOT NULL) THEN
         UPDATE jobs SET rate_limited = true WHERE id = ANY(entered) AND state = 'available' AND NOT rate_limited;
         GET DIAGNOSTICS queued = ROW_COUNT;
     END IF;
@@ -67,7 +82,7 @@ BEGIN
         WHERE rate_limit_key = k AND state IN ('available', 'active') AND NOT rate_limited;
     END IF;
     IF r.rate_max IS NOT NULL THEN
-        fresh := r.rate_window_start IS NULL OR r.rate_window_start <= statement_timestamp() - r.rate_period_ms * interval '1 millisecond';
+        fresh := r.rate_window_start IS NULL OR r.rate_window_start <= ts - r.rate_period_ms * interval '1 millisecond';
         IF fresh THEN
             -- Admitted and not yet claimed (the entered ones among them): they start in this one.
             SELECT count(*) INTO used FROM jobs WHERE rate_limit_key = k AND state = 'available' AND NOT rate_limited;
@@ -95,12 +110,14 @@ BEGIN
                     CASE WHEN over_rate >= over_slots
                          THEN jsonb_build_object('key', k, 'strategy', 'rate', 'limit', r.rate_max, 'current', used - moved,
                                                  'parked', moved, 'window_resets_at',
-                                                 CASE WHEN fresh THEN statement_timestamp() ELSE r.rate_window_start END + r.rate_period_ms * interval '1 millisecond')
+                                                 CASE WHEN fresh THEN ts ELSE r.rate_window_start END + r.rate_period_ms * interval '1 millisecond')
                          ELSE jsonb_build_object('key', k, 'strategy', 'concurrency', 'limit', lim, 'current', held - moved, 'parked', moved) END);
         END IF;
         -- Held back before any worker claimed them: they did not start.
         used := GREATEST(used - moved, 0);
-    ELSIF (lim IS NULL OR held < lim) AND (r.rate_max IS NULL OR used < r.rate_max) THEN
+        held := held - moved;
+        moved := 0;
+    ELSIF (waiting OR queued > 0) AND (lim IS NULL OR held < lim) AND (r.rate_max IS NULL OR used < r.rate_max) THEN
         WITH admitted AS (
             UPDATE jobs SET rate_limited = false
             WHERE id = ANY(ARRAY(
@@ -125,19 +142,27 @@ BEGIN
         )
         SELECT (SELECT count(*) FROM admitted), (SELECT count(*) FROM notified) INTO moved, queues;
         used := used + moved;
+        held := held + moved;
     END IF;
-    -- Put in line, an entered job may still outrank an admitted one no worker has claimed
-    -- yet: they change places, one pair at a time (usually none: admission goes in line order).
-    IF queued > 0 THEN
-        FOR i IN 1..queued LOOP
+    -- A job in line that outranks an admitted one no worker has claimed takes its place, one
+    -- pair at a time (usually none: admission goes in line order). Read without locks first,
+    -- both rows locked only to change places (a row another transaction holds ends the pass).
+    IF (queued > 0 OR reorder) AND (lim IS NOT NULL OR r.rate_max IS NOT NULL) THEN
+        FOR i IN 1..1000 LOOP
             SELECT id, priority, scheduled_at, queue, type INTO best FROM jobs
             WHERE rate_limit_key = k AND state = 'available' AND rate_limited
-            ORDER BY priority DESC, scheduled_at, id LIMIT 1 FOR UPDATE SKIP LOCKED;
+            ORDER BY priority DESC, scheduled_at, id LIMIT 1;
             EXIT WHEN NOT FOUND;
             SELECT id, priority, scheduled_at INTO worst FROM jobs
             WHERE rate_limit_key = k AND state = 'available' AND NOT rate_limited
-            ORDER BY priority, scheduled_at DESC, id DESC LIMIT 1 FOR UPDATE SKIP LOCKED;
+            ORDER BY priority, scheduled_at DESC, id DESC LIMIT 1;
+            -- (ROW(...) <= ROW(...): the best in line does not outrank the worst admitted.)
             EXIT WHEN NOT FOUND OR ROW(best.priority, worst.scheduled_at, worst.id) <= ROW(worst.priority, best.scheduled_at, best.id);
+            SELECT count(*) INTO locked FROM (
+                SELECT id FROM jobs
+                WHERE (id = best.id AND state = 'available' AND rate_limited) OR (id = worst.id AND state = 'available' AND NOT rate_limited)
+                FOR UPDATE SKIP LOCKED) l;
+            EXIT WHEN locked < 2;
             UPDATE jobs SET rate_limited = (id = worst.id) WHERE id IN (best.id, worst.id);
             PERFORM pg_notify('rebound_jobs', best.queue);
             IF NOT best.id = ANY(entered) THEN
@@ -149,21 +174,24 @@ BEGIN
                 displaced := displaced + 1;
             END IF;
         END LOOP;
-        -- Entered jobs put in line and left there, and admitted ones they displaced: this
-        -- statement made them wait.
+    END IF;
+    -- Entered jobs put in line and left there, and admitted ones they displaced: this
+    -- statement made them wait, for a slot or for the window.
+    IF queued > 0 THEN
         SELECT count(*) + displaced INTO left_waiting FROM jobs WHERE id = ANY(entered) AND rate_limited;
         IF left_waiting > 0 THEN
             INSERT INTO rate_limit_events (key, type, data)
             VALUES (k, 'rate_limit.exceeded',
-                    jsonb_build_object('key', k, 'strategy', CASE WHEN r.rate_max IS NOT NULL AND (lim IS NULL OR held < lim) THEN 'rate' ELSE 'concurrency' END,
-                                       'limit', COALESCE(lim, r.rate_max), 'current', COALESCE(held, used), 'parked', left_waiting));
+                    CASE WHEN lim IS NOT NULL AND held >= lim
+                         THEN jsonb_build_object('key', k, 'strategy', 'concurrency', 'limit', lim, 'current', held, 'parked', left_waiting)
+                         ELSE jsonb_build_object('key', k, 'strategy', 'rate', 'limit', r.rate_max, 'current', used, 'parked', left_waiting) END);
         END IF;
     END IF;
     -- A window begins at the first start counted after the last one ended.
     IF r.rate_max IS NOT NULL AND (used <> r.rate_window_used OR (fresh AND used > 0)) THEN
         UPDATE rate_limit_keys
         SET rate_window_used = used,
-            rate_window_start = CASE WHEN NOT fresh THEN rate_window_start WHEN used > 0 THEN statement_timestamp() END
+            rate_window_start = CASE WHEN NOT fresh THEN rate_window_start WHEN used > 0 THEN ts END
         WHERE key = k;
     END IF;
 END $$;
@@ -203,7 +231,8 @@ BEGIN
                     THEN LEAST(max(rebound_rate_limit_until(n.last_error->'details')) FILTER (WHERE n.last_error IS DISTINCT FROM o.last_error),
                                now() + interval '1 day') END AS until,
                (array_agg(n.last_error->>'type') FILTER (WHERE n.last_error->'details' ? 'rate_limit_until'))[1] AS reason,
-               COALESCE(array_agg(n.id) FILTER (WHERE n.state IS DISTINCT FROM o.state AND n.state = 'available' AND NOT n.rate_limited), '{}') AS entered
+               COALESCE(array_agg(n.id) FILTER (WHERE n.state IS DISTINCT FROM o.state AND n.state = 'available' AND NOT n.rate_limited), '{}') AS entered,
+               bool_or(n.state IS DISTINCT FROM o.state AND n.state = 'available' AND n.rate_limited) AS reorder
         FROM rl_new n JOIN rl_old o ON o.id = n.id
         WHERE n.rate_limit_key IS NOT NULL
           AND ((n.state IS DISTINCT FROM o.state
@@ -219,7 +248,7 @@ BEGIN
             INSERT INTO rate_limit_events (key, type, data)
             VALUES (r.key, 'rate_limit.dynamic_adjusted', jsonb_build_object('key', r.key, 'until', r.until, 'reason', r.reason));
         END IF;
-        PERFORM rebound_rate_limit_settle(r.key, r.entered);
+        PERFORM rebound_rate_limit_settle(r.key, r.entered, r.reorder);
     END LOOP;
     RETURN NULL;
 END $$;

@@ -136,6 +136,31 @@ async fn slots_go_to_the_highest_priority_across_queues() {
     assert_eq!(slots(s, "api.stripe.com").await, (1, 0, 2));
 }
 
+/// A job that comes back still marked waiting (it waited, was cancelled, and is retried) takes
+/// its place in line: ahead of an admitted job it outranks that no worker has claimed.
+#[tokio::test]
+async fn a_waiting_job_retried_after_a_cancel_takes_its_place_in_line() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let ops = Actor::new("ops");
+    let low = s.enqueue(keyed("a", "line", Some(1), 0)).await.unwrap().job;
+    let mut urgent = keyed("a", "line", None, 1);
+    urgent.priority = 10;
+    let urgent = s.enqueue(urgent).await.unwrap().job;
+    assert!(!urgent.rate_limited && s.job(low.id).await.unwrap().rate_limited, "the urgent one first");
+    // Stopped, the urgent one is held back too, and cancelled while it waits.
+    s.override_rate_limit("line", Some(&RateLimitOverride { concurrency: 0, expires_at: None }), &ops).await.unwrap();
+    s.cancel(urgent.id, Some(&ops)).await.unwrap();
+    s.override_rate_limit("line", None, &ops).await.unwrap();
+    assert!(!s.job(low.id).await.unwrap().rate_limited, "the low one has the slot now");
+    // Retried, it comes back still marked waiting, and outranks the admitted one.
+    let report = s.retry_finished_jobs(&JobSelection::Ids(vec![urgent.id]), &ops).await.unwrap();
+    assert_eq!(report.succeeded, 1, "{report:?}");
+    let (u, l) = (s.job(urgent.id).await.unwrap(), s.job(low.id).await.unwrap());
+    assert_eq!((u.state, u.rate_limited, l.rate_limited), (JobState::Available, false, true));
+    assert_eq!(s.claim(&request("w", &["a"], 5)).await.unwrap().iter().map(|j| j.id).collect::<Vec<_>>(), vec![urgent.id]);
+}
+
 /// Six claimers with pools of their own (as separate workers would be) race over two queues
 /// holding one key's jobs, completing each job a moment after claiming it. A watcher samples
 /// the running count throughout: it never passes the limit, and every job runs.
