@@ -252,3 +252,16 @@ BEGIN
     END LOOP;
     RETURN NULL;
 END $$;
+
+-- A handler's `rate_limit_until` is taken only as an RFC 3339 time with its offset, as the API
+-- takes a nack's (Postgres' own reading would take `tomorrow`, `now`, or a time without an
+-- offset in whatever zone the session has).
+CREATE OR REPLACE FUNCTION rebound_rate_limit_until(details jsonb) RETURNS timestamptz LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT COALESCE(details->>'rate_limit_until' ~ '^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$', false) THEN
+        RETURN NULL;
+    END IF;
+    RETURN (details->>'rate_limit_until')::timestamptz;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END $$;

@@ -418,6 +418,13 @@ async fn a_failure_with_rate_limit_until_holds_its_key_until_then() {
     s.fail(&fail_with(&next, json!({"rate_limit_until": "when pigs fly"}))).await.unwrap();
     let past = s.claim(&request("w", &["q"], 1)).await.unwrap().remove(0);
     s.fail(&fail_with(&past, json!({"rate_limit_until": "2001-01-01T00:00:00Z"}))).await.unwrap();
+    // Only an RFC 3339 time with its offset: not Postgres' own words, nor a zone-less time.
+    let soon = (jiff::Timestamp::now() + jiff::SignedDuration::from_mins(30)).strftime("%Y-%m-%d %H:%M:%S").to_string();
+    s.enqueue_batch((10..14).map(|i| keyed("q", "upstream", Some(2), i)).collect()).await.unwrap();
+    for odd in [json!("tomorrow"), json!("infinity"), json!(soon), json!(12)] {
+        let run = s.claim(&request("w", &["q"], 1)).await.unwrap().remove(0);
+        s.fail(&fail_with(&run, json!({"rate_limit_until": odd}))).await.unwrap();
+    }
     assert_eq!(s.rate_limit_key("upstream").await.unwrap().unwrap().held_until, None);
     assert_eq!(rate_limit_events(s, "rate_limit.dynamic_adjusted").await.len(), 1);
 }
