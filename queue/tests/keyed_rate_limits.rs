@@ -685,3 +685,46 @@ async fn a_rate_window_holds_across_concurrent_claimers_enqueues_and_retries() {
     let k = db.store.rate_limit_key("tenant:windowed").await.unwrap().unwrap();
     assert_eq!((k.rate_used, k.active, k.admitted), (10, 0, 0), "{k:?}");
 }
+
+/// `on_limit` (OJS rate limiting §6.2): a job its key's limit would leave waiting is dropped
+/// (discarded, `rate_limit.dropped`) or, when a spent rate window holds it, rescheduled to the
+/// window's end, and comes back through admission then; held by the concurrency, a job asking
+/// to be rescheduled waits (no end can be named). A job its key has room for runs as usual.
+#[tokio::test]
+async fn on_limit_drops_or_reschedules_what_would_wait() {
+    use rebound_queue::job::OnLimit;
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let hour = Duration::from_secs(3600);
+    let first = s.enqueue(keyed("q", "drop-key", Some(1), 0).on_limit(OnLimit::Drop)).await.unwrap().job;
+    assert_eq!((first.state, first.rate_limited), (JobState::Available, false));
+    let dropped = s.enqueue(keyed("q", "drop-key", Some(1), 1).on_limit(OnLimit::Drop)).await.unwrap().job;
+    assert_eq!(dropped.state, JobState::Discarded, "the answer says so");
+    let stored = s.job(dropped.id).await.unwrap();
+    assert_eq!((stored.state, stored.last_error.as_ref().and_then(|e| e["type"].as_str())), (JobState::Discarded, Some("rate_limit.dropped")));
+    let events = rate_limit_events(s, "rate_limit.dropped").await;
+    assert_eq!((events.len(), events[0]["job_id"].as_str()), (1, Some(dropped.id.to_string().as_str())), "{events:?}");
+    assert_eq!(slots(s, "drop-key").await, (0, 1, 0));
+
+    let windowed = |n: i64| NewJob::new("rl.keyed", json!([n])).queue("r").rate_limit_window("resched", 1, hour).on_limit(OnLimit::Reschedule);
+    let a = s.enqueue(windowed(0)).await.unwrap().job;
+    let b = s.enqueue(windowed(1)).await.unwrap().job;
+    assert_eq!(a.state, JobState::Available);
+    assert_eq!(b.state, JobState::Scheduled);
+    assert!(b.scheduled_at > jiff::Timestamp::now() + jiff::SignedDuration::from_mins(59), "the window's end: {}", b.scheduled_at);
+    let held = keyed("c", "conc", Some(1), 0).on_limit(OnLimit::Reschedule);
+    s.enqueue(held).await.unwrap();
+    let waits = s.enqueue(keyed("c", "conc", Some(1), 1).on_limit(OnLimit::Reschedule)).await.unwrap().job;
+    assert_eq!((waits.state, waits.rate_limited), (JobState::Available, true), "held by the concurrency, it waits");
+
+    // Its time come (and the window over), the rescheduled job is admitted like any other.
+    let ran = s.claim(&request("w", &["r"], 5)).await.unwrap();
+    assert_eq!(ran.iter().map(|j| j.id).collect::<Vec<_>>(), vec![a.id]);
+    s.complete(&done(&ran[0])).await.unwrap();
+    end_window(s, "resched").await;
+    sqlx::query("UPDATE jobs SET scheduled_at = now() WHERE id = $1").bind(b.id).execute(s.pool()).await.unwrap();
+    s.promote_due(10).await.unwrap();
+    let back = s.job(b.id).await.unwrap();
+    assert_eq!((back.state, back.rate_limited), (JobState::Available, false));
+    assert_eq!(s.claim(&request("w", &["r"], 5)).await.unwrap().len(), 1);
+}
