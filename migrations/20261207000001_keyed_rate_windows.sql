@@ -18,15 +18,6 @@ ALTER TABLE rate_limit_keys
     ADD COLUMN rate_window_used integer NOT NULL DEFAULT 0,
     ADD CONSTRAINT rate_limit_keys_rate_whole CHECK ((rate_max IS NULL) = (rate_period_ms IS NULL));
 
--- What a keyed job does when its key's limit leaves it waiting (OJS `on_limit`): NULL waits,
--- `drop` is discarded at once (`rate_limit.dropped`), `reschedule` moves to `scheduled` at the
--- end of the key's spent rate window (when the concurrency is what holds it, no time can be
--- named: it waits, and is admitted when a slot frees).
-ALTER TABLE jobs ADD COLUMN rate_limit_on_limit text CHECK (rate_limit_on_limit IN ('reschedule', 'drop'));
-ALTER TABLE rate_limit_events DROP CONSTRAINT rate_limit_events_type_check,
-    ADD CONSTRAINT rate_limit_events_type_check
-        CHECK (type IN ('rate_limit.exceeded', 'rate_limit.released', 'rate_limit.dynamic_adjusted', 'rate_limit.dropped'));
-
 -- The starts a key's rate window still allows (NULL: no window); a window whose period has
 -- passed allows them all again.
 CREATE FUNCTION rebound_rate_limit_window_room(r rate_limit_keys) RETURNS integer LANGUAGE sql STABLE AS $$
@@ -194,32 +185,6 @@ BEGIN
                     CASE WHEN lim IS NOT NULL AND held >= lim
                          THEN jsonb_build_object('key', k, 'strategy', 'concurrency', 'limit', lim, 'current', held, 'parked', left_waiting)
                          ELSE jsonb_build_object('key', k, 'strategy', 'rate', 'limit', r.rate_max, 'current', used, 'parked', left_waiting) END);
-        END IF;
-    END IF;
-    -- Jobs that would rather not wait: dropped, or rescheduled to the end of a spent window.
-    -- (Their nested updates take no key lock: they leave `available` marked waiting.)
-    IF EXISTS (SELECT 1 FROM jobs WHERE rate_limit_key = k AND state = 'available' AND rate_limited AND rate_limit_on_limit IS NOT NULL) THEN
-        WITH dropped AS (
-            UPDATE jobs j SET state = 'discarded', discarded_at = now(), completed_at = now(), updated_at = now(),
-                last_error = jsonb_build_object('type', 'rate_limit.dropped', 'code', 'rate_limit.dropped',
-                    'message', 'the rate limit of key ' || k || ' was reached and the job asked to be dropped (on_limit: drop)',
-                    'retryable', false, 'attempt', j.attempt,
-                    'occurred_at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
-            WHERE j.id = ANY(ARRAY(
-                SELECT id FROM jobs
-                WHERE rate_limit_key = k AND state = 'available' AND rate_limited AND rate_limit_on_limit = 'drop'
-                FOR UPDATE SKIP LOCKED))
-            RETURNING j.id, j.type, j.queue
-        )
-        INSERT INTO rate_limit_events (key, type, data)
-        SELECT k, 'rate_limit.dropped', jsonb_build_object('key', k, 'job_id', d.id, 'job_type', d.type, 'queue', d.queue) FROM dropped d;
-        IF r.rate_max IS NOT NULL AND used >= r.rate_max THEN
-            UPDATE jobs SET state = 'scheduled', rate_limited = false, updated_at = now(),
-                scheduled_at = CASE WHEN fresh THEN ts ELSE r.rate_window_start END + r.rate_period_ms * interval '1 millisecond'
-            WHERE id = ANY(ARRAY(
-                SELECT id FROM jobs
-                WHERE rate_limit_key = k AND state = 'available' AND rate_limited AND rate_limit_on_limit = 'reschedule'
-                FOR UPDATE SKIP LOCKED));
         END IF;
     END IF;
     -- A window begins at the first start counted after the last one ended.
