@@ -434,10 +434,7 @@ impl NewJob {
                 if w.limit > MAX_RATE_LIMIT_CONCURRENCY {
                     return Err(JobValidationError::new("options.rate_limit.rate.limit", format!("must be at most {MAX_RATE_LIMIT_CONCURRENCY}")));
                 }
-                if w.period < std::time::Duration::from_millis(1) {
-                    return Err(JobValidationError::new("options.rate_limit.rate.period", "must be at least a millisecond"));
-                }
-                bounds::check_interval(w.period).map_err(|reason| JobValidationError::new("options.rate_limit.rate.period", reason))?;
+                w.check_period().map_err(|reason| JobValidationError::new("options.rate_limit.rate.period", reason))?;
             }
         }
         self.check_storable()

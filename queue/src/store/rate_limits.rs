@@ -22,6 +22,17 @@ pub struct Window {
     pub period: Duration,
 }
 
+impl Window {
+    /// Why `period` cannot be a window's (shorter than a millisecond, or longer than
+    /// [`crate::bounds::MAX_INTERVAL`]), if it cannot: a queue's windows and a key's alike.
+    pub fn check_period(&self) -> Result<(), String> {
+        if millis(self.period) < 1 {
+            return Err("must be at least a millisecond".into());
+        }
+        crate::bounds::check_interval(self.period)
+    }
+}
+
 /// A queue's limits (OJS `RateLimitPolicy` at queue level). Every limit set must allow a
 /// start; an empty one means no limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -61,10 +72,7 @@ impl QueueRateLimit {
     fn validate(&self) -> Result<(), StoreError> {
         for (field, w) in [("rate", &self.rate), ("throttle", &self.throttle)] {
             if let Some(w) = w {
-                if millis(w.period) < 1 {
-                    return Err(StoreError::invalid(format!("{field}.period"), "must be at least a millisecond"));
-                }
-                crate::bounds::check_interval(w.period).map_err(|reason| StoreError::invalid(format!("{field}.period"), reason))?;
+                w.check_period().map_err(|reason| StoreError::invalid(format!("{field}.period"), reason))?;
                 if field == "throttle" && w.limit == 0 {
                     return Err(StoreError::invalid("throttle.limit", "must be at least 1 (use concurrency 0 to stop the queue)"));
                 }

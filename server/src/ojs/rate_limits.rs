@@ -151,12 +151,12 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
     let page = NamedPage::from_query(&q)?;
     // Queues are few and read whole; keys can be many, so only those this page can need.
     let queues = state.store.rate_limit_states(None).await?;
+    let mut all: Vec<(String, Option<RateLimitState>)> = queues.into_iter().map(|s| (format!("queue:{}", s.queue), Some(s))).collect();
     let (after, wanted) = page.window();
     let (key_total, keys_before) = state.store.rate_limit_key_count(after).await?;
-    let queues_before = queues.iter().filter(|s| after.is_some_and(|c| format!("queue:{}", s.queue).as_str() <= c)).count();
-    let total = queues.len() + usize::try_from(key_total).unwrap_or(0);
+    let queues_before = all.iter().filter(|(k, _)| after.is_some_and(|c| k.as_str() <= c)).count();
+    let total = all.len() + usize::try_from(key_total).unwrap_or(0);
     let before = queues_before + usize::try_from(keys_before).unwrap_or(0);
-    let mut all: Vec<(String, Option<RateLimitState>)> = queues.into_iter().map(|s| (format!("queue:{}", s.queue), Some(s))).collect();
     let names = state.store.rate_limit_key_names(after, i64::try_from(wanted).unwrap_or(i64::MAX)).await?;
     all.extend(names.into_iter().map(|k| (k, None)));
     all.sort_by(|a, b| a.0.cmp(&b.0));
