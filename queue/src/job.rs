@@ -273,6 +273,45 @@ pub struct JobRateLimit {
     /// Sets the key's rate window (fixed windows, starts counted at admission; the newest
     /// enqueue naming one wins); `None` leaves it as it is. A limit of 0 holds every job.
     pub rate: Option<crate::store::Window>,
+    /// What this job does when its key's limit leaves it waiting.
+    pub on_limit: OnLimit,
+}
+
+/// What a keyed job does when its key's limit leaves it waiting (OJS `on_limit`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnLimit {
+    /// Stays `available` and is admitted when the limit allows.
+    #[default]
+    Wait,
+    /// Moves to `scheduled` at the time the limit is expected to let it start: the end of the
+    /// key's hold, of an override of 0 with an end, or of its spent rate window, whichever is
+    /// latest. (When the concurrency alone holds it, no time can be named: it waits, and is
+    /// admitted when a slot frees.)
+    Reschedule,
+    /// Is discarded (`rate_limit.dropped`, an attempt row `dropped`, `job.discarded`): for
+    /// jobs whose freshness matters more than their completeness.
+    Drop,
+}
+
+impl OnLimit {
+    /// The OJS spelling: `wait`, `reschedule`, `drop`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnLimit::Wait => "wait",
+            OnLimit::Reschedule => "reschedule",
+            OnLimit::Drop => "drop",
+        }
+    }
+
+    /// From the OJS spelling.
+    pub fn parse(s: &str) -> Option<OnLimit> {
+        [OnLimit::Wait, OnLimit::Reschedule, OnLimit::Drop].into_iter().find(|o| o.as_str() == s)
+    }
+
+    /// As stored in `jobs.rate_limit_on_limit` (`NULL` for the default).
+    pub(crate) fn stored(self) -> Option<&'static str> {
+        (self != OnLimit::Wait).then(|| self.as_str())
+    }
 }
 
 /// The longest rate-limit key.
@@ -383,8 +422,18 @@ impl NewJob {
     /// and keeps a window [`NewJob::rate_limit_window`] set for the same key).
     pub fn rate_limit(mut self, key: impl Into<String>, concurrency: Option<u32>) -> Self {
         let key = key.into();
-        let rate = self.rate_limit.take().filter(|r| r.key == key).and_then(|r| r.rate);
-        self.rate_limit = Some(JobRateLimit { key, concurrency, rate });
+        let kept = self.rate_limit.take().filter(|r| r.key == key);
+        let (rate, on_limit) = kept.map_or((None, OnLimit::Wait), |r| (r.rate, r.on_limit));
+        self.rate_limit = Some(JobRateLimit { key, concurrency, rate, on_limit });
+        self
+    }
+
+    /// What the job does when its key's limit leaves it waiting (a [`NewJob::rate_limit`] or
+    /// [`NewJob::rate_limit_window`] must name the key; without one this does nothing).
+    pub fn on_limit(mut self, on_limit: OnLimit) -> Self {
+        if let Some(r) = self.rate_limit.as_mut() {
+            r.on_limit = on_limit;
+        }
         self
     }
 
@@ -392,8 +441,9 @@ impl NewJob {
     /// `period` (and keeps a concurrency [`NewJob::rate_limit`] set for the same key).
     pub fn rate_limit_window(mut self, key: impl Into<String>, limit: u32, period: std::time::Duration) -> Self {
         let key = key.into();
-        let concurrency = self.rate_limit.take().filter(|r| r.key == key).and_then(|r| r.concurrency);
-        self.rate_limit = Some(JobRateLimit { key, concurrency, rate: Some(crate::store::Window { limit, period }) });
+        let kept = self.rate_limit.take().filter(|r| r.key == key);
+        let (concurrency, on_limit) = kept.map_or((None, OnLimit::Wait), |r| (r.concurrency, r.on_limit));
+        self.rate_limit = Some(JobRateLimit { key, concurrency, rate: Some(crate::store::Window { limit, period }), on_limit });
         self
     }
 

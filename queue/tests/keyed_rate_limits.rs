@@ -685,3 +685,102 @@ async fn a_rate_window_holds_across_concurrent_claimers_enqueues_and_retries() {
     let k = db.store.rate_limit_key("tenant:windowed").await.unwrap().unwrap();
     assert_eq!((k.rate_used, k.active, k.admitted), (10, 0, 0), "{k:?}");
 }
+
+/// `on_limit` (OJS rate limiting §6.2): a job its key's limit would leave waiting is dropped
+/// (discarded, `rate_limit.dropped`) or, when a spent rate window holds it, rescheduled to the
+/// window's end, and comes back through admission then; held by the concurrency, a job asking
+/// to be rescheduled waits (no end can be named). A job its key has room for runs as usual.
+#[tokio::test]
+async fn on_limit_drops_or_reschedules_what_would_wait() {
+    use rebound_queue::job::OnLimit;
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let hour = Duration::from_secs(3600);
+    let first = s.enqueue(keyed("q", "drop-key", Some(1), 0).on_limit(OnLimit::Drop)).await.unwrap().job;
+    assert_eq!((first.state, first.rate_limited), (JobState::Available, false));
+    let dropped = s.enqueue(keyed("q", "drop-key", Some(1), 1).on_limit(OnLimit::Drop)).await.unwrap().job;
+    assert_eq!(dropped.state, JobState::Discarded, "the answer says so");
+    let stored = s.job(dropped.id).await.unwrap();
+    assert_eq!((stored.state, stored.last_error.as_ref().and_then(|e| e["type"].as_str())), (JobState::Discarded, Some("rate_limit.dropped")));
+    let events = rate_limit_events(s, "rate_limit.dropped").await;
+    assert_eq!((events.len(), events[0]["job_id"].as_str()), (1, Some(dropped.id.to_string().as_str())), "{events:?}");
+    assert_eq!(slots(s, "drop-key").await, (0, 1, 0));
+    // It never ran: one attempt row says why, and its events end with `job.discarded`.
+    let attempts = s.attempts(dropped.id).await.unwrap();
+    assert_eq!(attempts.iter().map(|a| (a.outcome.as_str(), a.attempt, a.started_at)).collect::<Vec<_>>(), vec![("dropped", 0, None)]);
+    let mut seen = s.events(&EventFilter { job_id: Some(dropped.id), limit: 10, ..Default::default() }).await.unwrap();
+    seen.reverse();
+    assert_eq!(seen.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>(), ["job.enqueued", "job.discarded"], "{seen:?}");
+    assert_eq!(seen[1].error.as_ref().and_then(|e| e["type"].as_str()), Some("rate_limit.dropped"));
+    // A drop is not a failure: the overview's failure count leaves it out.
+    let failed: i64 = s.throughput(5).await.unwrap().iter().map(|m| m.2).sum();
+    assert_eq!(failed, 0);
+
+    let windowed = |n: i64| NewJob::new("rl.keyed", json!([n])).queue("r").rate_limit_window("resched", 1, hour).on_limit(OnLimit::Reschedule);
+    let a = s.enqueue(windowed(0)).await.unwrap().job;
+    let b = s.enqueue(windowed(1)).await.unwrap().job;
+    assert_eq!(a.state, JobState::Available);
+    assert_eq!(b.state, JobState::Scheduled);
+    assert!(b.scheduled_at > jiff::Timestamp::now() + jiff::SignedDuration::from_mins(59), "the window's end: {}", b.scheduled_at);
+    let mut moved = s.events(&EventFilter { job_id: Some(b.id), types: vec!["job.scheduled".into()], limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!((moved.len(), moved.pop().and_then(|e| e.scheduled_at)), (1, Some(b.scheduled_at)), "a job.scheduled event");
+    let held = keyed("c", "conc", Some(1), 0).on_limit(OnLimit::Reschedule);
+    s.enqueue(held).await.unwrap();
+    let waits = s.enqueue(keyed("c", "conc", Some(1), 1).on_limit(OnLimit::Reschedule)).await.unwrap().job;
+    assert_eq!((waits.state, waits.rate_limited), (JobState::Available, true), "held by the concurrency, it waits");
+    // A handler's hold names its end: a job asking to be rescheduled goes to then.
+    s.enqueue(keyed("h", "held", Some(5), 0)).await.unwrap();
+    sqlx::query("UPDATE rate_limit_keys SET held_until = date_trunc('second', now()) + interval '10 minutes' WHERE key = 'held'").execute(s.pool()).await.unwrap();
+    let until: jiff::Timestamp = sqlx::query_scalar::<_, String>("SELECT to_char(held_until AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM rate_limit_keys WHERE key = 'held'")
+        .fetch_one(s.pool()).await.unwrap().parse().unwrap();
+    let later = s.enqueue(keyed("h", "held", Some(5), 1).on_limit(OnLimit::Reschedule)).await.unwrap().job;
+    assert_eq!((later.state, later.scheduled_at), (JobState::Scheduled, until), "the hold's end");
+
+    // Its time come (and the window over), the rescheduled job is admitted like any other.
+    let ran = s.claim(&request("w", &["r"], 5)).await.unwrap();
+    assert_eq!(ran.iter().map(|j| j.id).collect::<Vec<_>>(), vec![a.id]);
+    s.complete(&done(&ran[0])).await.unwrap();
+    end_window(s, "resched").await;
+    sqlx::query("UPDATE jobs SET scheduled_at = now() WHERE id = $1").bind(b.id).execute(s.pool()).await.unwrap();
+    s.promote_due(10).await.unwrap();
+    let back = s.job(b.id).await.unwrap();
+    assert_eq!((back.state, back.rate_limited), (JobState::Available, false));
+    assert_eq!(s.claim(&request("w", &["r"], 5)).await.unwrap().len(), 1);
+}
+
+/// An enqueue its key's limit drops (`on_limit: drop`), cut off at its COMMIT: before Postgres
+/// saw it, nothing of it stands (no job, no drop, no event); with the answer lost after it
+/// committed, the job was dropped once, and the enqueue sent again with the same id is refused
+/// as a duplicate naming it, dropping nothing more.
+#[tokio::test]
+async fn a_dropping_enqueue_cut_off_at_its_commit_drops_at_most_once() {
+    use rebound_queue::job::OnLimit;
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    let s = &db.store;
+    s.enqueue(keyed("q", "k", Some(1), 0)).await.unwrap();
+    let mut job = keyed("q", "k", Some(1), 1).on_limit(OnLimit::Drop);
+    job.id = Some(Uuid::now_v7());
+    let id = job.id;
+
+    let cut = proxy.inject(Fault::once("COMMIT", FaultPoint::BeforeSend));
+    assert!(through.enqueue(job.clone()).await.is_err());
+    assert_eq!(cut.count(), 1);
+    assert!(matches!(s.job(id.unwrap()).await, Err(StoreError::NotFound(_))), "rolled back whole");
+    assert!(rate_limit_events(s, "rate_limit.dropped").await.is_empty());
+
+    let lost = proxy.inject(Fault::once("COMMIT", FaultPoint::AfterCommit));
+    assert!(through.enqueue(job.clone()).await.is_err(), "the answer was lost");
+    assert_eq!(lost.count(), 1);
+    proxy.clear();
+    match through.enqueue(job).await {
+        Err(StoreError::Duplicate { existing, .. }) => assert_eq!(existing, id),
+        other => panic!("the second send is a duplicate: {other:?}"),
+    }
+    let stored = s.job(id.unwrap()).await.unwrap();
+    assert_eq!(stored.state, JobState::Discarded);
+    assert_eq!(rate_limit_events(s, "rate_limit.dropped").await.len(), 1);
+    assert_eq!(s.attempts(stored.id).await.unwrap().len(), 1, "one drop recorded");
+    assert_eq!(slots(s, "k").await, (0, 1, 0), "the first job keeps its slot");
+}

@@ -61,7 +61,7 @@ pub(super) fn check_retry_patch(patch: &PolicyPatch, prefix: &str) -> Result<i32
 const INSERT_ONE: &str = "
 INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
                   timeout_ms, visibility_timeout_ms, unique_key, unique_states, unique_until,
-                  scheduled_at, expires_at, enqueued_at, rate_limit_key)
+                  scheduled_at, expires_at, enqueued_at, rate_limit_key, rate_limit_on_limit)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8, s.state,
        COALESCE($9,
                 (SELECT rebound_policy_max_attempts(policy) FROM retry_policies WHERE job_type = $2),
@@ -70,7 +70,7 @@ SELECT $1, $2, $3, $4, $5, $6, $7, $8, s.state,
        $10, $11, $12, $13, $14,
        CASE WHEN $15::bigint IS NULL THEN NULL ELSE now() + $15 * interval '1 millisecond' END,
        COALESCE($16::timestamptz, now()), $17::timestamptz,
-       CASE WHEN s.state = 'available' THEN now() END, $19
+       CASE WHEN s.state = 'available' THEN now() END, $19, $20
 FROM (SELECT CASE WHEN $18 THEN 'pending'::job_state
                   WHEN $16::timestamptz > now() THEN 'scheduled'::job_state
                   ELSE 'available'::job_state END AS state) AS s
@@ -103,6 +103,7 @@ pub(super) async fn insert_one(conn: &mut PgConnection, job: &NewJob, max_attemp
         .bind(job.expires_at.map(|t| t.to_string()))
         .bind(job.pending)
         .bind(job.rate_limit.as_ref().map(|r| r.key.as_str()))
+        .bind(job.rate_limit.as_ref().and_then(|r| r.on_limit.stored()))
         .fetch_optional(&mut *conn)
         .await?;
     match row {
@@ -314,16 +315,28 @@ async fn record_rate_limit_keys<'a>(conn: &mut PgConnection, jobs: impl Iterator
     Ok(())
 }
 
-/// Marks the keyed jobs of `stored` that their insert left waiting for a slot (the trigger
-/// decides that after the rows are written, so the insert's own answer cannot say).
+/// Marks the keyed jobs of `stored` that their insert left waiting for a slot, and those its
+/// `on_limit` dropped or rescheduled (the trigger decides that after the rows are written, so
+/// the insert's own answer cannot say).
 async fn read_rate_limited(conn: &mut PgConnection, stored: &mut [&mut Job]) -> Result<(), StoreError> {
     let ids: Vec<Uuid> = stored.iter().filter(|j| j.rate_limit_key.is_some()).map(|j| j.id).collect();
     if ids.is_empty() {
         return Ok(());
     }
-    let waiting: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM jobs WHERE id = ANY($1) AND rate_limited").bind(&ids).fetch_all(&mut *conn).await?;
-    for job in stored.iter_mut() {
-        job.rate_limited = waiting.contains(&job.id);
+    let rows = sqlx::query("SELECT id, rate_limited, state, scheduled_at, discarded_at, completed_at, last_error FROM jobs WHERE id = ANY($1)")
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?;
+    for row in &rows {
+        let id: Uuid = row.try_get("id")?;
+        if let Some(job) = stored.iter_mut().find(|j| j.id == id) {
+            job.state = row.try_get("state")?;
+            job.rate_limited = row.try_get::<bool, _>("rate_limited")? && job.state == JobState::Available;
+            job.scheduled_at = ts(row, "scheduled_at")?;
+            job.discarded_at = ts_opt(row, "discarded_at")?;
+            job.completed_at = ts_opt(row, "completed_at")?;
+            job.last_error = row.try_get("last_error")?;
+        }
     }
     Ok(())
 }
@@ -361,6 +374,7 @@ pub(super) async fn insert_many(
         let mut expires: Vec<Option<String>> = Vec::with_capacity(n);
         let mut pendings: Vec<Option<bool>> = Vec::with_capacity(n);
         let mut keys: Vec<Option<&str>> = Vec::with_capacity(n);
+        let mut on_limits: Vec<Option<&str>> = Vec::with_capacity(n);
         // The usual empty meta, extra and tags go as NULL: nothing to encode or parse.
         let unless_empty = |v: &Value| -> bool { !v.as_object().is_some_and(|o| o.is_empty()) };
         for job in &jobs {
@@ -377,12 +391,13 @@ pub(super) async fn insert_many(
             expires.push(job.expires_at.map(|t| t.to_string()));
             pendings.push(job.pending.then_some(true));
             keys.push(job.rate_limit.as_ref().map(|r| r.key.as_str()));
+            on_limits.push(job.rate_limit.as_ref().and_then(|r| r.on_limit.stored()));
         }
         // A column no job of the batch sets goes as an empty array: `unnest` pads it with
         // NULLs (the defaults below) instead of Postgres parsing a thousand NULLs per column.
         let (metas, extras, priorities, tags) = (sparse(metas), sparse(extras), sparse(priorities), sparse(tags));
         let (timeouts, visibilities, scheduled, expires) = (sparse(timeouts), sparse(visibilities), sparse(scheduled), sparse(expires));
-        let (pendings, max_attempts, keys) = (sparse(pendings), sparse(max_attempts.to_vec()), sparse(keys));
+        let (pendings, max_attempts, keys, on_limits) = (sparse(pendings), sparse(max_attempts.to_vec()), sparse(keys), sparse(on_limits));
         let retries = sparse(retries.iter().map(Option::as_ref).collect());
         let workflow_ids: Vec<Uuid> = members.iter().map(|m| m.0).collect();
         let workflow_steps: Vec<i32> = members.iter().map(|m| m.1).collect();
@@ -390,24 +405,25 @@ pub(super) async fn insert_many(
             "WITH input AS (
                SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::jsonb[], $7::int2[],
                                     $8::jsonb[], $9::int4[], $10::jsonb[], $11::int8[], $12::int8[], $13::timestamptz[],
-                                    $14::timestamptz[], $15::bool[], $16::uuid[], $17::int4[], $18::text[])
+                                    $14::timestamptz[], $15::bool[], $16::uuid[], $17::int4[], $18::text[], $19::text[])
                       AS t(id, type, queue, args, meta, extra, priority, tags, max_attempts, retry,
                            timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, pending, workflow_id, workflow_step,
-                           rate_limit_key)
+                           rate_limit_key, rate_limit_on_limit)
              ), layers AS (
                -- Read as in INSERT_ONE: a stored policy must never fail an enqueue.
                SELECT job_type, rebound_policy_max_attempts(policy) AS max_attempts FROM retry_policies
              )
              INSERT INTO jobs (id, type, queue, args, meta, extra, priority, tags, state, max_attempts, retry,
                                timeout_ms, visibility_timeout_ms, scheduled_at, expires_at, enqueued_at, workflow_id, workflow_step,
-                               rate_limit_key)
+                               rate_limit_key, rate_limit_on_limit)
              SELECT i.id, i.type, i.queue, i.args, COALESCE(i.meta, '{}'), COALESCE(i.extra, '{}'), COALESCE(i.priority, 0),
                     CASE WHEN i.tags IS NULL THEN '{}'::text[] ELSE ARRAY(SELECT jsonb_array_elements_text(i.tags)) END,
                     s.state,
                     COALESCE(i.max_attempts, (SELECT l.max_attempts FROM layers l WHERE l.job_type = i.type),
                              (SELECT l.max_attempts FROM layers l WHERE l.job_type = '*'), 3),
                     i.retry, i.timeout_ms, i.visibility_timeout_ms, COALESCE(i.scheduled_at, now()), i.expires_at,
-                    CASE WHEN s.state = 'available' THEN now() END, i.workflow_id, i.workflow_step, i.rate_limit_key
+                    CASE WHEN s.state = 'available' THEN now() END, i.workflow_id, i.workflow_step, i.rate_limit_key,
+                    i.rate_limit_on_limit
              FROM input i
              CROSS JOIN LATERAL (SELECT CASE WHEN i.pending IS TRUE THEN 'pending'::job_state
                                              WHEN i.scheduled_at > now() THEN 'scheduled'::job_state
@@ -432,6 +448,7 @@ pub(super) async fn insert_many(
         .bind(&workflow_ids)
         .bind(&workflow_steps)
         .bind(&keys)
+        .bind(&on_limits)
         .fetch_all(&mut *conn)
         .await
         .map_err(|e| duplicate_in_batch(e, &ids))?

@@ -257,6 +257,8 @@ SELECT * FROM (
                     WHEN a.outcome = 'snoozed' THEN ARRAY['job.snoozed']
                     -- Its `job.cancelled` comes from the log of transitions, as any job's.
                     WHEN a.outcome = 'cancelled' THEN ARRAY[]::text[]
+                    -- A job its key's limit dropped (`on_limit: drop`) never ran: it only ends.
+                    WHEN a.outcome = 'dropped' THEN ARRAY['job.discarded']
                     WHEN a.outcome = 'dead_lettered'
                          OR (a.outcome IN ('exhausted', 'non_retryable') AND p.policy->>'on_exhaustion' = 'dead_letter')
                          THEN ARRAY['job.failed', 'job.dead_lettered']
@@ -508,9 +510,8 @@ pub struct WorkflowEvent {
 const WORKFLOW_EVENTS_NEWEST_FIRST: &str = subject_events_sql!("workflow_events", "workflow_id", "at DESC, id DESC");
 const WORKFLOW_EVENTS_AFTER: &str = subject_events_sql!("workflow_events", "workflow_id", "id");
 
-/// Rate-limit event types [`Store::rate_limit_events`] knows (ojs-rate-limiting §11.1; no
-/// `rate_limit.dropped`: `on_limit: drop` is not offered).
-pub const RATE_LIMIT_EVENT_TYPES: [&str; 3] = ["rate_limit.exceeded", "rate_limit.released", "rate_limit.dynamic_adjusted"];
+/// Rate-limit event types [`Store::rate_limit_events`] knows (ojs-rate-limiting §11.1).
+pub const RATE_LIMIT_EVENT_TYPES: [&str; 4] = ["rate_limit.exceeded", "rate_limit.released", "rate_limit.dynamic_adjusted", "rate_limit.dropped"];
 
 /// A statement left jobs of a rate-limit key waiting for a slot (`rate_limit.exceeded`: one per
 /// statement and key), a waiting job was admitted (`rate_limit.released`: one per job), or a

@@ -542,7 +542,7 @@ impl Store {
              ), failed AS (
                  SELECT date_trunc('minute', finished_at) AS m, count(*) AS n
                  FROM job_attempts
-                 WHERE finished_at >= {since} AND outcome NOT IN ('completed', 'released', 'snoozed', 'cancelled')
+                 WHERE finished_at >= {since} AND outcome NOT IN ('completed', 'released', 'snoozed', 'cancelled', 'dropped')
                  GROUP BY 1
              )
              SELECT minutes.m AS minute, COALESCE(done.n, 0) AS completed, COALESCE(failed.n, 0) AS failed

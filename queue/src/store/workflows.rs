@@ -221,6 +221,12 @@ impl Plan {
             if job.pending {
                 return Err(StoreError::invalid(format!("{field}.pending"), "a workflow decides when its jobs start"));
             }
+            // Dropping or rescheduling a member happens while its key is settled, under the
+            // key's lock, and would take the workflow's locks after it: against the order
+            // every other writer keeps (workflow first).
+            if job.rate_limit.as_ref().is_some_and(|r| r.on_limit != crate::job::OnLimit::Wait) {
+                return Err(StoreError::invalid(format!("{field}.rate_limit.on_limit"), "a workflow's jobs wait for their key's limit (on_limit \"wait\")"));
+            }
             let mut job = member(job);
             // Every member waits for the workflow: `rebound_workflow_start` decides which
             // start it (see migrations/…_workflow_start.sql), at its creation for the

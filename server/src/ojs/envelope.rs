@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
-use rebound_queue::job::{Attempt, JobRateLimit, MAX_RATE_LIMIT_CONCURRENCY, OnConflict, UniqueSpec, validate_rate_limit_key};
+use rebound_queue::job::{Attempt, JobRateLimit, MAX_RATE_LIMIT_CONCURRENCY, OnConflict, OnLimit, UniqueSpec, validate_rate_limit_key};
 use rebound_queue::bounds;
 use rebound_queue::policy::iso8601;
 use rebound_queue::unique_key::{DIMENSIONS, Fingerprint};
@@ -19,7 +19,6 @@ use uuid::Uuid;
 
 use super::body::{Fields, json_kind};
 use super::error::ApiError;
-use super::unsupported::unsupported;
 
 /// Options the server interprets. Each is read from `options`, or else from the top level
 /// (where the OJS JSON format puts `queue`, `priority`, `retry`, …). Other option keys
@@ -120,22 +119,20 @@ pub fn parse_new_job(f: &Fields<'_>, now: Timestamp) -> Result<NewJob, ApiError>
 }
 
 /// A job's `rate_limit` (ojs-rate-limiting §6): its `key`, the key's `concurrency` and `rate`
-/// window. Per-key throttles and an `on_limit` other than `wait` are refused rather than
-/// accepted and not enforced: a client would believe its job limited.
+/// window, and its `on_limit`. Per-key throttles are refused rather than accepted and not
+/// enforced: a client would believe its job limited.
 fn parse_rate_limit(r: &Fields<'_>) -> Result<JobRateLimit, ApiError> {
     super::rate_limits::refuse_key_windows(r, &["throttle", "max_per_second"])?;
-    match r.str("on_limit")? {
-        None | Some("wait") => {}
-        Some(other) => {
-            return Err(unsupported(format!("on_limit {other:?} (only \"wait\")")).detail("field", r.name("on_limit")));
-        }
-    }
     r.only(&["key", "concurrency", "rate", "throttle", "max_per_second", "on_limit"])?;
+    let on_limit = match r.str("on_limit")? {
+        None => OnLimit::Wait,
+        Some(s) => OnLimit::parse(s).ok_or_else(|| r.error("on_limit", "must be \"wait\", \"reschedule\" or \"drop\""))?,
+    };
     let key = r.required_str("key")?;
     validate_rate_limit_key(key, &r.name("key")).map_err(|e| r.error("key", e.reason))?;
     let concurrency = r.i64_in("concurrency", 0, i64::from(MAX_RATE_LIMIT_CONCURRENCY))?.map(|c| u32::try_from(c).unwrap_or(0));
     let rate = super::rate_limits::key_window(r)?;
-    Ok(JobRateLimit { key: key.to_owned(), concurrency, rate })
+    Ok(JobRateLimit { key: key.to_owned(), concurrency, rate, on_limit })
 }
 
 /// A job timeout: positive and at most [`bounds::MAX_TIMEOUT`].

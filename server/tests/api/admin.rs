@@ -679,6 +679,11 @@ async fn keyed_rate_limits_over_http() {
         assert_eq!(s.post("/ojs/v1/workers/ack", json!({"job_id": job["id"]})).await.status, StatusCode::OK);
     }
     assert_eq!(s.fetch("kw").await, Value::Null, "the window is spent, however many finished");
+    // on_limit: drop (§6.2): the job the spent window would leave waiting is discarded at once.
+    let r = s.post("/ojs/v1/jobs", json!({"type": "rl.windowed", "args": [9], "options": {"queue": "kw", "rate_limit": {"key": "mailer", "on_limit": "drop"}}})).await;
+    assert_eq!((r.status, r.body["job"]["state"].as_str()), (StatusCode::CREATED, Some("discarded")), "{}", r.text);
+    let dropped = s.get("/ojs/v1/events?types=rate_limit.dropped").await;
+    assert_eq!(dropped.body["events"][0]["data"]["job_id"], r.body["job"]["id"], "{}", dropped.text);
     // An override is of the concurrency; a rate in it is refused, not ignored.
     let r = s.call("PUT", "/ojs/v1/rate-limits/mailer", Some(json!({"concurrency": 1, "rate": {"limit": 5, "period": "PT1M"}}))).await;
     assert_eq!((r.status, r.error_field()), (StatusCode::UNPROCESSABLE_ENTITY, Some("rate")), "{}", r.text);

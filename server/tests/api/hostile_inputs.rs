@@ -211,6 +211,8 @@ fn table() -> Vec<Case> {
         case("rate_limit rate without a period", "POST", jobs, job(json!({"rate_limit": {"key": "k", "rate": {"limit": 5}}})), 400, "options.rate_limit.rate.period"),
         case("rate_limit rate period of 400 days", "POST", jobs, job(json!({"rate_limit": {"key": "k", "rate": {"limit": 5, "period": "P400D"}}})), 400, "options.rate_limit.rate.period"),
         case("rate_limit rate limit below zero", "POST", jobs, job(json!({"rate_limit": {"key": "k", "rate": {"limit": -1, "period": "PT1S"}}})), 400, "options.rate_limit.rate.limit"),
+        case("rate_limit on_limit unknown", "POST", jobs, job(json!({"rate_limit": {"key": "k", "on_limit": "explode"}})), 400, "options.rate_limit.on_limit"),
+        case("rate_limit on_limit not a string", "POST", jobs, job(json!({"rate_limit": {"key": "k", "on_limit": 1}})), 400, "options.rate_limit.on_limit"),
         case("rate_limit rate limit past the most", "POST", jobs, job(json!({"rate_limit": {"key": "k", "rate": {"limit": 2000000, "period": "PT1S"}}})), 400, "options.rate_limit.rate.limit"),
         case("rate-limit override ending in year 99999", "PUT", "/ojs/v1/rate-limits/tenant:x", json!({"concurrency": 1, "expires_at": "+PT876000000H"}), 400, "expires_at"),
         case("rate-limit override ending before 1970", "PUT", "/ojs/v1/rate-limits/tenant:x", json!({"concurrency": 1, "expires_at": "1900-01-01T00:00:00Z"}), 400, "expires_at"),

@@ -236,6 +236,7 @@ async fn a_bad_workflow_gets_a_400_naming_the_field_and_creates_nothing() {
         (json!({"type": "batch", "jobs": [{"type": "a", "args": []}]}), "callbacks"),
         (json!({"type": "chain", "steps": [{"type": "a", "args": [], "options": {"unique": {"keys": ["type"]}}}]}), "steps[0].unique"),
         (json!({"type": "chain", "steps": [{"type": "group", "jobs": [{"type": "a", "args": "x"}]}]}), "steps[0].jobs[0].args"),
+        (json!({"type": "chain", "steps": [{"type": "a", "args": [], "options": {"rate_limit": {"key": "k", "concurrency": 1, "on_limit": "drop"}}}]}), "steps[0].rate_limit.on_limit"),
         (json!({"type": "group", "jobs": [{"type": "group", "jobs": [{"type": "group", "jobs": [{"type": "chain", "steps": [{"type": "a", "args": []}]}]}]}]}), "jobs[0].jobs[0].jobs[0]"),
         (json!({"type": "chain", "steps": [{"type": "chain", "steps": [{"type": "chain", "steps": [{"type": "chain", "steps": [{"type": "a", "args": []}]}]}]}]}), "steps[0].steps[0].steps[0]"),
         (json!({"steps": [{"id": "a", "type": "t", "args": [], "depends_on": []}, {"id": "b", "type": "t", "args": [], "depends_on": ["x"]}]}), "steps[1].depends_on"),
