@@ -583,7 +583,8 @@ pub struct Attempt {
     pub started_at: Option<Timestamp>,
     pub finished_at: Timestamp,
     /// `completed`, `retried`, `snoozed`, `discarded`, `dead_lettered`, `failed`,
-    /// `exhausted`, `non_retryable`, `released`, `cancelled` (cancelled while it ran).
+    /// `exhausted`, `non_retryable`, `released`, `cancelled` (cancelled while it ran),
+    /// `dropped` (its key's limit reached, `on_limit: drop`: it never ran).
     pub outcome: String,
     pub error_type: Option<String>,
     pub error_code: Option<String>,

@@ -715,6 +715,14 @@ async fn on_limit_drops_or_reschedules_what_would_wait() {
     // A drop is not a failure: the overview's failure count leaves it out.
     let failed: i64 = s.throughput(5).await.unwrap().iter().map(|m| m.2).sum();
     assert_eq!(failed, 0);
+    // An operator's retry asks for it to run: it waits for its key, not dropped again.
+    let ops = Actor::new("ops");
+    assert_eq!(s.retry_finished_jobs(&JobSelection::Ids(vec![dropped.id]), &ops).await.unwrap().succeeded, 1);
+    let retried = s.job(dropped.id).await.unwrap();
+    assert_eq!((retried.state, retried.rate_limited), (JobState::Available, true), "waiting");
+    s.complete(&done(&s.claim(&request("w", &["q"], 5)).await.unwrap()[0])).await.unwrap();
+    assert_eq!(s.claim(&request("w", &["q"], 5)).await.unwrap().iter().map(|j| j.id).collect::<Vec<_>>(), vec![dropped.id], "admitted when the slot freed");
+    assert_eq!(rate_limit_events(s, "rate_limit.dropped").await.len(), 1);
 
     let windowed = |n: i64| NewJob::new("rl.keyed", json!([n])).queue("r").rate_limit_window("resched", 1, hour).on_limit(OnLimit::Reschedule);
     let a = s.enqueue(windowed(0)).await.unwrap().job;
@@ -724,6 +732,7 @@ async fn on_limit_drops_or_reschedules_what_would_wait() {
     assert!(b.scheduled_at > jiff::Timestamp::now() + jiff::SignedDuration::from_mins(59), "the window's end: {}", b.scheduled_at);
     let mut moved = s.events(&EventFilter { job_id: Some(b.id), types: vec!["job.scheduled".into()], limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!((moved.len(), moved.pop().and_then(|e| e.scheduled_at)), (1, Some(b.scheduled_at)), "a job.scheduled event");
+    assert_eq!(s.job(b.id).await.unwrap().enqueued_at, None, "scheduled, so not enqueued yet");
     let held = keyed("c", "conc", Some(1), 0).on_limit(OnLimit::Reschedule);
     s.enqueue(held).await.unwrap();
     let waits = s.enqueue(keyed("c", "conc", Some(1), 1).on_limit(OnLimit::Reschedule)).await.unwrap().job;
@@ -783,4 +792,21 @@ async fn a_dropping_enqueue_cut_off_at_its_commit_drops_at_most_once() {
     assert_eq!(rate_limit_events(s, "rate_limit.dropped").await.len(), 1);
     assert_eq!(s.attempts(stored.id).await.unwrap().len(), 1, "one drop recorded");
     assert_eq!(slots(s, "k").await, (0, 1, 0), "the first job keeps its slot");
+}
+
+/// A job to drop that another transaction held while its key was settled stays waiting; the
+/// sweep settles its key though the key has no room, and drops it then.
+#[tokio::test]
+async fn the_sweep_drops_what_a_settle_passed_over() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    s.enqueue(keyed("q", "k", Some(1), 0)).await.unwrap();
+    let passed = s.enqueue(keyed("q", "k", Some(1), 1)).await.unwrap().job;
+    assert!(passed.rate_limited);
+    // As if it had asked to be dropped and its row had been held when its key was settled.
+    sqlx::query("UPDATE jobs SET rate_limit_on_limit = 'drop' WHERE id = $1").bind(passed.id).execute(s.pool()).await.unwrap();
+    assert_eq!(s.job(passed.id).await.unwrap().state, JobState::Available);
+    s.settle_rate_limits(10).await.unwrap();
+    assert_eq!(s.job(passed.id).await.unwrap().state, JobState::Discarded);
+    assert_eq!(slots(s, "k").await, (0, 1, 0), "the admitted job keeps its slot");
 }

@@ -65,7 +65,10 @@ impl Store {
             Eligible { states: &[JobState::Discarded, JobState::Cancelled], workflow_held: false },
             "UPDATE jobs SET state = 'available', attempt = 0, scheduled_at = now(), enqueued_at = now(),
                              dead_letter = false, dead_lettered_at = NULL, error_signature = NULL, discarded_at = NULL, cancelled_at = NULL,
-                             completed_at = NULL, locked_by = NULL, lock_expires_at = NULL, updated_at = now()
+                             completed_at = NULL, locked_by = NULL, lock_expires_at = NULL, updated_at = now(),
+                             -- The operator asked for it to run: it waits for its key's limit
+                             -- rather than be dropped or rescheduled again by this statement.
+                             rate_limit_on_limit = NULL
              WHERE id = ANY($1) AND state IN ('discarded', 'cancelled')
              RETURNING queue",
         )

@@ -102,7 +102,8 @@ impl Store {
     /// Makes waiting jobs (scheduled, retryable) run now. Returns how many.
     pub async fn retry_jobs_now(&self, sel: &JobSelection, actor: &Actor) -> Result<u64, StoreError> {
         self.bulk(sel, actor, "job.bulk_retry_now", "j.state IN ('scheduled', 'retryable')",
-            "UPDATE jobs SET state = 'available', scheduled_at = now(), enqueued_at = now(), updated_at = now()")
+            // As for a retry (see `retry_finished_jobs`): run now, so it waits for its key.
+            "UPDATE jobs SET state = 'available', scheduled_at = now(), enqueued_at = now(), updated_at = now(), rate_limit_on_limit = NULL")
             .await
     }
 

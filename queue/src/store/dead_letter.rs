@@ -192,6 +192,9 @@ pub(crate) async fn redrive_in(
                  retry = CASE WHEN $2 THEN j.retry
                               ELSE COALESCE(j.retry, '{}'::jsonb) || jsonb_build_object('max_attempts', j.attempt + 1) END,
                  dead_letter = false, dead_lettered_at = NULL, error_signature = NULL, discarded_at = NULL, completed_at = NULL,
+                 -- Re-driven by hand or by a rule: it waits for its key's limit (see
+                 -- `retry_finished_jobs`).
+                 rate_limit_on_limit = NULL,
                  meta = CASE WHEN $5::text IS NULL THEN j.meta
                              ELSE j.meta || jsonb_build_object(
                                  'ojs.replay_count', ", replay_count!(), " + 1,

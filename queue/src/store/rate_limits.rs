@@ -298,7 +298,8 @@ fn key_state_from_row(r: &PgRow) -> Result<KeyedRateLimit, StoreError> {
 }
 
 /// Keys with jobs waiting and, by a read without locks, a free slot and room in their rate
-/// window: the sweep settles these (a window that ended leaves its waiting jobs to it).
+/// window, or a waiting job to drop (one another transaction held when its key was settled):
+/// the sweep settles these (a window that ended leaves its waiting jobs to it).
 /// The distinct waiting keys are read by skipping along `jobs_rate_waiting`, one probe each.
 const KEYS_TO_SETTLE: &str = "
 WITH RECURSIVE waiting AS (
@@ -311,10 +312,12 @@ WITH RECURSIVE waiting AS (
 )
 SELECT w.key FROM waiting w LEFT JOIN rate_limit_keys r ON r.key = w.key
 WHERE w.key IS NOT NULL
-  AND (rebound_rate_limit_in_force(r) IS NULL
-       OR (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = w.key AND j.state IN ('available', 'active') AND NOT j.rate_limited)
-          < rebound_rate_limit_in_force(r))
-  AND (rebound_rate_limit_window_room(r) IS NULL OR rebound_rate_limit_window_room(r) > 0)
+  AND (((rebound_rate_limit_in_force(r) IS NULL
+          OR (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = w.key AND j.state IN ('available', 'active') AND NOT j.rate_limited)
+             < rebound_rate_limit_in_force(r))
+         AND (rebound_rate_limit_window_room(r) IS NULL OR rebound_rate_limit_window_room(r) > 0))
+       OR EXISTS (SELECT 1 FROM jobs j WHERE j.rate_limit_key = w.key AND j.state = 'available' AND j.rate_limited
+                                         AND j.rate_limit_on_limit = 'drop' AND j.workflow_id IS NULL))
 LIMIT $1";
 
 impl Store {

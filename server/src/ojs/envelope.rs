@@ -357,7 +357,8 @@ fn error_json(a: &Attempt) -> Value {
         "type": a.error_type,
         "code": a.error_code.as_ref().or(a.error_type.as_ref()),
         "message": a.error_message.clone().unwrap_or_default(),
-        "retryable": a.outcome != "non_retryable",
+        // A drop (`on_limit`) was no failure to retry: the job asked to be dropped.
+        "retryable": !matches!(a.outcome.as_str(), "non_retryable" | "dropped"),
         "attempt": a.attempt,
         "occurred_at": a.finished_at.to_string(),
         "outcome": a.outcome,

@@ -684,6 +684,8 @@ async fn keyed_rate_limits_over_http() {
     assert_eq!((r.status, r.body["job"]["state"].as_str()), (StatusCode::CREATED, Some("discarded")), "{}", r.text);
     let dropped = s.get("/ojs/v1/events?types=rate_limit.dropped").await;
     assert_eq!(dropped.body["events"][0]["data"]["job_id"], r.body["job"]["id"], "{}", dropped.text);
+    let detail = s.get(&format!("/ojs/v1/admin/jobs/{}", r.body["job"]["id"].as_str().unwrap_or_default())).await;
+    assert_eq!((&detail.body["errors"][0]["type"], &detail.body["errors"][0]["retryable"]), (&json!("rate_limit.dropped"), &json!(false)), "{}", detail.text);
     // An override is of the concurrency; a rate in it is refused, not ignored.
     let r = s.call("PUT", "/ojs/v1/rate-limits/mailer", Some(json!({"concurrency": 1, "rate": {"limit": 5, "period": "PT1M"}}))).await;
     assert_eq!((r.status, r.error_field()), (StatusCode::UNPROCESSABLE_ENTITY, Some("rate")), "{}", r.text);
