@@ -139,7 +139,7 @@ impl From<rebound_queue::StoreError> for AppError {
         match e {
             StoreError::NotFound(id) => AppError::NotFound(format!("job {id}")),
             StoreError::Missing { what } => AppError::NotFound(what),
-            StoreError::Conflict { .. } | StoreError::NotHeld { .. } | StoreError::Duplicate { .. } => AppError::Conflict(e.to_string()),
+            StoreError::Conflict { .. } | StoreError::NotHeld { .. } | StoreError::RunEnded { .. } | StoreError::Duplicate { .. } => AppError::Conflict(e.to_string()),
             StoreError::InvalidJob(v) => AppError::Invalid { field: v.field, reason: v.reason },
             StoreError::InvalidPolicy(p) => AppError::Invalid { field: p.field, reason: p.reason },
             StoreError::Invalid { field, reason } => AppError::Invalid { field, reason },

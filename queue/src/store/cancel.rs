@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::audit::{Actor, record};
 use super::listing::JobFilter;
 use super::notify::notify_queues;
-use super::{Store, StoreError, job_from_row, jobs_from_rows};
+use super::{NamedRun, Store, StoreError, job_from_row, jobs_from_rows};
 use crate::job::{Job, JobState};
 
 /// Which jobs a bulk action applies to: listed ids, or everything matching a filter.
@@ -83,7 +83,7 @@ impl Store {
         let Some(row) = row else {
             // Nothing was written; a failed rollback closes the connection instead.
             let _ = tx.rollback().await;
-            return Err(self.refusal(id, "cancel", None).await);
+            return Err(self.refusal(id, "cancel", None, NamedRun::default()).await);
         };
         let previous: JobState = row.try_get("previous_state")?;
         if let Some(actor) = actor {

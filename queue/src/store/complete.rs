@@ -5,7 +5,7 @@ use jiff::Timestamp;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{Store, StoreError, jobs_from_rows};
+use super::{NamedRun, Store, StoreError, jobs_from_rows};
 use crate::job::Job;
 
 /// A finished execution to record.
@@ -104,7 +104,7 @@ impl Store {
         let jobs = self.complete_rows(std::slice::from_ref(c)).await?;
         match jobs.into_iter().next() {
             Some(job) => Ok(job),
-            None => Err(self.refusal(c.id, "complete", c.worker_id.as_deref()).await),
+            None => Err(self.refusal(c.id, "complete", c.worker_id.as_deref(), NamedRun { attempt: c.attempt, started_at: c.started_at }).await),
         }
     }
 
@@ -172,11 +172,23 @@ impl Store {
         jobs_from_rows(&rows)
     }
 
-    /// Releases one job; not active (or not this worker's) is a conflict.
-    pub async fn release_one(&self, id: Uuid, worker_id: Option<&str>, reason: &str) -> Result<Job, StoreError> {
-        match self.release(&[id], worker_id, reason).await?.into_iter().next() {
+    /// Releases one job (an OJS nack with `requeue: true`); not active, not this worker's,
+    /// or no longer at the run named, is a conflict.
+    pub async fn release_one(&self, id: Uuid, worker_id: Option<&str>, run: NamedRun, reason: &str) -> Result<Job, StoreError> {
+        let rows = sqlx::query(release_sql!(
+            "j.id = $1 AND ($2::text IS NULL OR j.locked_by = $2) AND ($4::int4 IS NULL OR j.attempt = $4)
+       AND ($5::int8 IS NULL OR j.started_at = 'epoch'::timestamptz + $5 * interval '1 microsecond')"
+        ))
+        .bind(id)
+        .bind(worker_id)
+        .bind(reason)
+        .bind(run.attempt)
+        .bind(run.started_us())
+        .fetch_all(&self.pool)
+        .await?;
+        match jobs_from_rows(&rows)?.into_iter().next() {
             Some(job) => Ok(job),
-            None => Err(self.refusal(id, "release", worker_id).await),
+            None => Err(self.refusal(id, "release", worker_id, run).await),
         }
     }
 }

@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use sqlx::Row;
 
-use super::{Store, StoreError, job_from_row, millis, ts, ts_opt};
+use super::{NamedRun, Store, StoreError, job_from_row, millis, ts, ts_opt};
 use crate::job::{Job, JobState, NewJob, OnConflict, UniqueSpec};
 use crate::policy::{self, PolicyPatch, RetryPolicy};
 
@@ -264,7 +264,7 @@ impl Store {
         .await?;
         match row {
             Some(row) => Ok(job_from_row(&row)?),
-            None => Err(self.refusal(id, "activate", None).await),
+            None => Err(self.refusal(id, "activate", None, NamedRun::default()).await),
         }
     }
 }

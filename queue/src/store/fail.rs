@@ -13,7 +13,7 @@ use sqlx::{Arguments, PgConnection, Row};
 use uuid::Uuid;
 
 use super::policies::PolicyLayers;
-use super::{Store, StoreError, jobs_from_rows, millis};
+use super::{NamedRun, Store, StoreError, jobs_from_rows, millis};
 use crate::job::{Job, JobState};
 use crate::outcome::{Decision, HandlerError, NextStep, Outcome};
 use crate::policy::RetryPolicy;
@@ -170,7 +170,9 @@ impl<'a> From<&'a FailedRun> for FailingRun<'a> {
             worker_id: run.worker_id.as_deref(),
             error_code: run.error_code.as_deref(),
             immediate: run.immediate,
-            started_at: None,
+            // The job was read (or locked) just before: the write lands only on the run read,
+            // not on a claim of the same attempt number made in between.
+            started_at: run.job.started_at,
         }
     }
 }
@@ -351,10 +353,20 @@ impl Store {
     /// Records one failed execution of an active job (OJS nack). Not active, or held by
     /// another worker than the one named, is a conflict.
     pub async fn fail(&self, failure: &Failure) -> Result<FailureResult, StoreError> {
-        let mut out = self.fail_batch(std::slice::from_ref(failure)).await?;
+        self.fail_run(failure, None).await
+    }
+
+    /// Like [`Store::fail`], for a caller that also names when the run it reports started
+    /// (see [`NamedRun`]): a job claimed again since, even at the same attempt number, is a
+    /// conflict rather than charged with another run's failure.
+    pub async fn fail_run(&self, failure: &Failure, started_at: Option<Timestamp>) -> Result<FailureResult, StoreError> {
+        let mut out = self.fail_batch_at(std::slice::from_ref(failure), &[started_at]).await?;
         match out.pop() {
             Some(r) => Ok(r),
-            None => Err(self.refusal(failure.id, "fail", failure.worker_id.as_deref()).await),
+            None => {
+                let run = NamedRun { attempt: failure.attempt, started_at };
+                Err(self.refusal(failure.id, "fail", failure.worker_id.as_deref(), run).await)
+            }
         }
     }
 
@@ -362,6 +374,12 @@ impl Store {
     /// at that attempt, or that name another worker than the one holding the job, are skipped
     /// and absent from the answer.
     pub async fn fail_batch(&self, failures: &[Failure]) -> Result<Vec<FailureResult>, StoreError> {
+        self.fail_batch_at(failures, &[]).await
+    }
+
+    /// [`Store::fail_batch`], each failure at index `i` also guarded by the start `started[i]`
+    /// names, where there is one.
+    async fn fail_batch_at(&self, failures: &[Failure], started: &[Option<Timestamp>]) -> Result<Vec<FailureResult>, StoreError> {
         if failures.is_empty() {
             return Ok(Vec::new());
         }
@@ -379,9 +397,11 @@ impl Store {
         let mut locked: HashMap<Uuid, Job> = jobs_from_rows(&rows)?.into_iter().map(|j| (j.id, j)).collect();
         let runs: Vec<FailedRun> = failures
             .iter()
-            .filter_map(|f| {
+            .enumerate()
+            .filter_map(|(i, f)| {
                 let job = locked.remove(&f.id)?;
-                if f.attempt.is_some_and(|a| a != job.attempt) {
+                let named = NamedRun { attempt: f.attempt, started_at: started.get(i).copied().flatten() };
+                if !named.matches(job.attempt, job.started_at) {
                     return None;
                 }
                 Some(FailedRun {

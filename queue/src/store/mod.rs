@@ -176,6 +176,11 @@ pub enum StoreError {
     /// The job is active, but held by another worker than the one that asked.
     #[error("cannot {action} job {id}: worker {worker} does not hold it")]
     NotHeld { id: Uuid, action: &'static str, worker: String },
+    /// The job is active, but in another run than the one the caller named (it was handed
+    /// back or rescued and claimed again since): the caller's result belongs to a run that
+    /// has ended.
+    #[error("cannot {action} job {id}: the run named has ended; the job is active in attempt {attempt}, started {started_at}")]
+    RunEnded { id: Uuid, action: &'static str, attempt: i32, started_at: String },
     /// A job with this id, or a live job with this unique key, already exists.
     #[error("duplicate: {reason}")]
     Duplicate { reason: String, existing: Option<Uuid> },
@@ -420,15 +425,46 @@ impl Store {
     /// Why a write for `worker` (if named) of job `id` was refused: the job is gone
     /// ([`StoreError::NotFound`]), it is held by another worker, or it is not in a state the
     /// action applies to.
-    pub(crate) async fn refusal(&self, id: Uuid, action: &'static str, worker: Option<&str>) -> StoreError {
+    pub(crate) async fn refusal(&self, id: Uuid, action: &'static str, worker: Option<&str>, run: NamedRun) -> StoreError {
         match self.get_job(id).await {
             Ok(Some(job)) if job.state == JobState::Active && worker.is_some_and(|w| job.locked_by.as_deref() != Some(w)) => {
                 StoreError::NotHeld { id, action, worker: worker.unwrap_or_default().to_owned() }
             }
+            Ok(Some(job)) if job.state == JobState::Active && !run.matches(job.attempt, job.started_at) => StoreError::RunEnded {
+                id,
+                action,
+                attempt: job.attempt,
+                started_at: job.started_at.map(|t| t.to_string()).unwrap_or_default(),
+            },
             Ok(Some(job)) => StoreError::Conflict { id, state: job.state, action },
             Ok(None) => StoreError::NotFound(id),
             Err(e) => e,
         }
+    }
+}
+
+/// The run of an active job that a result names: its attempt number and when it started, as
+/// the claim that handed it out said. Attempt numbers repeat (a release or a snooze gives one
+/// back), so the start is what tells a run from the next claim of the same attempt; a result
+/// sent again after its first answer was lost must not land on that next claim. Unset parts
+/// are not checked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NamedRun {
+    pub attempt: Option<i32>,
+    pub started_at: Option<jiff::Timestamp>,
+}
+
+impl NamedRun {
+    /// Whether a job at `attempt`, started at `started_at`, is this run. Compared in
+    /// microseconds, as Postgres stores times.
+    pub fn matches(&self, attempt: i32, started_at: Option<jiff::Timestamp>) -> bool {
+        self.attempt.is_none_or(|a| a == attempt)
+            && self.started_at.is_none_or(|s| started_at.map(|t| t.as_microsecond()) == Some(s.as_microsecond()))
+    }
+
+    /// The start as the write statements take it: microseconds since the epoch.
+    pub(crate) fn started_us(&self) -> Option<i64> {
+        self.started_at.map(|t| t.as_microsecond())
     }
 }
 

@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{Store, StoreError, ts};
+use super::{NamedRun, Store, StoreError, ts};
 
 /// The longest progress message kept; longer ones are refused (they are shown to operators).
 pub const MAX_PROGRESS_MESSAGE: usize = 1_000;
@@ -102,7 +102,7 @@ impl Store {
             .await?;
         match row {
             Some(r) => progress_from_row(&r),
-            None => Err(self.refusal(report.job_id, "report progress", None).await),
+            None => Err(self.refusal(report.job_id, "report progress", None, NamedRun::default()).await),
         }
     }
 

@@ -249,6 +249,13 @@ impl From<StoreError> for ApiError {
                 .detail("job_id", id.to_string())
                 .detail("current_state", "active")
                 .detail("worker_id", worker),
+            StoreError::RunEnded { id, action, attempt, started_at } => {
+                ApiError::conflict(format!("cannot {action} job {id}: the run named has ended; the job is active in attempt {attempt}, started {started_at}"))
+                    .detail("job_id", id.to_string())
+                    .detail("current_state", "active")
+                    .detail("current_attempt", attempt)
+                    .detail("current_started_at", started_at)
+            }
             StoreError::Duplicate { reason, existing } => {
                 let mut err = ApiError::new(
                     StatusCode::CONFLICT,

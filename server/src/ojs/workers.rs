@@ -8,7 +8,7 @@ use axum::{Extension, Json};
 use jiff::Timestamp;
 use rebound_queue::job::validate_queue;
 use rebound_queue::outcome::NextStep;
-use rebound_queue::store::{ClaimRequest, Completion, Failure, JobProgress, ProcessUsage, ProgressReport, WorkerRegistration};
+use rebound_queue::store::{ClaimRequest, Completion, Failure, JobProgress, NamedRun, ProcessUsage, ProgressReport, WorkerRegistration};
 use rebound_queue::storage_retry::StorageRetry;
 use rebound_queue::{HandlerError, Job, Outcome};
 use tokio_util::sync::CancellationToken;
@@ -102,14 +102,32 @@ fn record_start_latency(state: &AppState, job: &Job) {
 /// Why a fetch handed its jobs back: see [`fetch`].
 pub const UNHEARD_FETCH_REASON: &str = "fetched for a caller that stopped waiting for the answer (it hung up, or was answered 408), so nobody received the job; the attempt is not counted";
 
+/// The run an ack or nack is about, where the caller names it: the job's `attempt` and
+/// `started_at` as the fetch returned them (Rebound's addition to the worker protocol; the
+/// SDKs send neither). A nack re-sent after its answer was lost, or an ack from a worker that
+/// fetched the same job again, then cannot land on a later run of it: handing a job back
+/// gives its attempt number back, so only the start tells the runs apart.
+fn named_run(f: &Fields<'_>) -> Result<NamedRun, ApiError> {
+    let attempt = f.i64_in("attempt", 1, i64::from(i32::MAX))?.and_then(|a| i32::try_from(a).ok());
+    let started_at = match f.str("started_at")? {
+        None => None,
+        Some(s) => Some(s.parse::<Timestamp>().map_err(|e| {
+            let shown: String = s.chars().take(64).collect();
+            f.error("started_at", format!("must be the job's started_at as the fetch returned it, an RFC 3339 timestamp with an offset; got {shown:?} ({e})"))
+        })?),
+    };
+    Ok(NamedRun { attempt, started_at })
+}
+
 /// `POST /ojs/v1/workers/ack`: an active job completed.
 pub async fn ack(State(state): State<AppState>, body: JsonObject) -> Result<Json<Value>, ApiError> {
     let f = body.fields();
+    let run = named_run(&f)?;
     let completion = Completion {
         id: f.required_uuid("job_id")?,
-        attempt: None,
+        attempt: run.attempt,
         worker_id: worker_id(&f, false)?.map(str::to_owned),
-        started_at: None,
+        started_at: run.started_at,
         result: f.get("result").cloned(),
     };
     let job = state.store.complete(&completion).await?;
@@ -191,6 +209,7 @@ pub async fn nack(State(state): State<AppState>, body: JsonObject) -> Result<Jso
     let f = body.fields();
     let id = f.required_uuid("job_id")?;
     let worker = worker_id(&f, false)?;
+    let run = named_run(&f)?;
     let requeue = f.bool("requeue")?.unwrap_or(false);
     let error = f.object("error")?;
     if requeue {
@@ -199,7 +218,7 @@ pub async fn nack(State(state): State<AppState>, body: JsonObject) -> Result<Jso
             None => "requeued by the worker".to_owned(),
         };
         // Only the holder hands a job back, as only it acks or fails it (worker protocol §5.6).
-        let job = state.store.release_one(id, worker, &reason).await?;
+        let job = state.store.release_one(id, worker, run, &reason).await?;
         let mut m = nack_answer(&job);
         m.insert("job".into(), job_json(&job));
         return Ok(Json(Value::Object(m)));
@@ -213,8 +232,8 @@ pub async fn nack(State(state): State<AppState>, body: JsonObject) -> Result<Jso
         handler_error.retryable = true;
     }
     let outcome = handler_outcome(&code, handler_error);
-    let failure = Failure { id, attempt: None, worker_id: worker.map(str::to_owned), outcome, error_code: Some(code) };
-    let result = state.store.fail(&failure).await?;
+    let failure = Failure { id, attempt: run.attempt, worker_id: worker.map(str::to_owned), outcome, error_code: Some(code) };
+    let result = state.store.fail_run(&failure, run.started_at).await?;
     let job = &result.job;
     state.metrics.count(JobCounter::Failed, &job.job_type, &job.queue);
     let follow_up = match result.decision.next {

@@ -453,6 +453,55 @@ async fn only_the_worker_holding_a_job_can_ack_or_nack_it() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
 }
 
+/// An ack or nack that names its run (`attempt` and `started_at` as the fetch returned them)
+/// lands only on that run. A requeue nack gives the attempt number back, so the next fetch
+/// runs attempt 1 again: a nack or ack of the first run, sent again (its answer lost), must
+/// not fail, hand back or complete the second.
+#[tokio::test]
+async fn a_result_naming_its_run_never_lands_on_a_later_run_of_the_same_attempt() {
+    let s = TestServer::new().await;
+    let job = s.enqueue(json!({"type": "run.job", "args": [], "options": {"queue": "rq"}})).await;
+    let id = job["id"].as_str().unwrap_or_default().to_owned();
+    let first = s.fetch("rq").await;
+    assert_eq!((first["id"].as_str(), first["attempt"].as_i64()), (Some(id.as_str()), Some(1)), "{first}");
+    let first_start = first["started_at"].clone();
+    assert!(first_start.is_string(), "{first}");
+    let requeue = json!({"job_id": id, "worker_id": "w1", "requeue": true, "attempt": 1, "started_at": first_start});
+    let r = s.post("/ojs/v1/workers/nack", requeue.clone()).await;
+    assert_eq!((r.status, r.body["state"].as_str()), (StatusCode::OK, Some("available")), "{}", r.text);
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let second = s.fetch("rq").await;
+    assert_eq!((second["id"].as_str(), second["attempt"].as_i64()), (Some(id.as_str()), Some(1)), "the attempt number came back: {second}");
+    assert_ne!(second["started_at"], first_start, "{second}");
+
+    // The first run's results, each refused with what the job is running now.
+    let stale = [
+        ("/ojs/v1/workers/nack", requeue),
+        ("/ojs/v1/workers/nack", json!({"job_id": id, "worker_id": "w1", "attempt": 1, "started_at": first_start, "error": {"code": "boom", "message": "first run"}})),
+        ("/ojs/v1/workers/nack", json!({"job_id": id, "started_at": first_start, "error": {"code": "DISCARD", "message": "first run"}})),
+        ("/ojs/v1/workers/ack", json!({"job_id": id, "worker_id": "w1", "attempt": 1, "started_at": first_start})),
+        ("/ojs/v1/workers/ack", json!({"job_id": id, "attempt": 2})),
+    ];
+    for (path, body) in stale {
+        let r = s.post(path, body.clone()).await;
+        assert_eq!(r.status, StatusCode::CONFLICT, "{body}: {}", r.text);
+        let details = &r.body["error"]["details"];
+        assert_eq!((&details["current_attempt"], &details["current_started_at"]), (&json!(1), &second["started_at"]), "{body}: {}", r.text);
+    }
+    let r = s.get(&format!("/ojs/v1/jobs/{id}")).await;
+    assert_eq!((r.body["job"]["state"].as_str(), &r.body["job"]["started_at"]), (Some("active"), &second["started_at"]), "untouched: {}", r.text);
+    assert!(r.body["job"].get("errors").is_none_or(|e| e.as_array().is_some_and(Vec::is_empty)), "no failure recorded: {}", r.text);
+
+    // The second run's own nack and ack land.
+    let r = s
+        .post("/ojs/v1/workers/nack", json!({"job_id": id, "worker_id": "w1", "attempt": 1, "started_at": second["started_at"], "error": {"code": "boom", "message": "second run"}}))
+        .await;
+    assert_eq!((r.status, r.body["attempt"].as_i64()), (StatusCode::OK, Some(1)), "{}", r.text);
+    let r = s.post("/ojs/v1/workers/ack", json!({"job_id": id, "started_at": second["started_at"]})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "retryable now, not active: {}", r.text);
+    assert_eq!(r.body["error"]["details"]["current_state"], "retryable", "{}", r.text);
+}
+
 /// ojs-events: every event of a traced job carries its trace id (§8.1, from `meta.trace_id` or
 /// a W3C `traceparent`); `job.failed` says whether the error allowed a retry, and
 /// `job.discarded` names the attempts made and the last error.
