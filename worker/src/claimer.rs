@@ -18,7 +18,7 @@ use std::time::Duration;
 use rebound_queue::storage_retry::StorageRetry;
 use rebound_queue::store::ClaimRequest;
 use rebound_queue::{Job, Store, StoreError};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -46,6 +46,9 @@ pub struct Claimer {
     pub retry: StorageRetry,
     /// Notified when jobs become available in this queue.
     pub wake: Arc<Notify>,
+    /// Moves each time the notification listener gets (back) onto the database (see
+    /// [`crate::notifier::Notifier::listening`]).
+    pub listened: watch::Receiver<u64>,
     pub running: Arc<RunningJobs>,
     pub dispatcher: Dispatcher,
     /// Results not yet written; no claims while it holds `max_backlog` or more.
@@ -62,6 +65,7 @@ impl Claimer {
     /// Claims until `shutdown` fires; returns how many jobs it claimed.
     pub async fn run(self, shutdown: CancellationToken) -> u64 {
         let mut claimed_total = 0u64;
+        let mut listened = self.listened.clone();
         let mut outage = OutageBackoff::like(&self.retry);
         let batch_max = self.batch_max.max(1) as usize;
         loop {
@@ -94,6 +98,8 @@ impl Claimer {
                 self.take_free_slots(&mut slots, batch_max);
             }
             let wanted = slots.len();
+            // A reconnect from here on ends an outage wait after this claim at once.
+            listened.borrow_and_update();
             let request = ClaimRequest {
                 worker_id: self.worker_id.clone(),
                 queues: vec![self.queue.clone()],
@@ -113,13 +119,14 @@ impl Claimer {
                 Err(e) => {
                     drop(slots);
                     self.health.claims_failing(&e);
-                    // The listener wakes every loop once it is connected again, which ends
-                    // the wait: claims resume when the database is back, not up to a whole
-                    // backoff (10 s) later.
+                    // The listener getting back onto the database ends the wait: claims resume
+                    // when it is back, not up to a whole backoff (10 s) later. A notification
+                    // for the queue does not: claims failing for any other reason (a broken
+                    // trigger, a revoked grant) would then be retried as fast as jobs arrive.
                     let what = format!("claiming from queue {}", self.queue);
                     let waited = tokio::select! {
                         w = outage.wait_logged(&what, &e, &shutdown) => w,
-                        _ = self.wake.notified() => !shutdown.is_cancelled(),
+                        r = listened.changed() => r.is_ok() && !shutdown.is_cancelled(),
                     };
                     if !waited {
                         break;

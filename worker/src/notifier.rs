@@ -13,7 +13,7 @@ use std::time::Duration;
 use rebound_queue::Store;
 use rebound_queue::storage_retry::StorageRetry;
 use rebound_queue::store::Notification;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::live_policies::LivePolicies;
@@ -31,6 +31,10 @@ pub struct Notifier {
     pub policies: Arc<LivePolicies>,
     /// Told when the connection was lost: a claim may have committed unanswered meanwhile.
     pub orphans: Arc<Orphans>,
+    /// Counts the times the listener got (back) onto the database. A claim loop waiting out
+    /// an outage ends its wait when this moves, and only then: a queue's notifications say
+    /// nothing about whether its claims can succeed again.
+    pub listening: watch::Sender<u64>,
 }
 
 impl Notifier {
@@ -48,6 +52,7 @@ impl Notifier {
                     // waking every loop now shortens that wait. Policies may have changed
                     // unheard too: read them again now that changes will be heard.
                     self.wake_all();
+                    self.listening.send_modify(|n| *n = n.wrapping_add(1));
                     self.policies.invalidate();
                     self.policies.reload(&self.store).await;
                     l

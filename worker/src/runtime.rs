@@ -242,6 +242,7 @@ impl Worker {
             store: self.store.clone(),
         });
         let wakes: HashMap<String, Arc<Notify>> = self.queues.iter().map(|(q, _)| (q.clone(), Arc::new(Notify::new()))).collect();
+        let (listening, listened) = tokio::sync::watch::channel(0u64);
         let notifier = Notifier {
             store: self.store.clone(),
             wakes: wakes.clone(),
@@ -249,6 +250,7 @@ impl Worker {
             retry: s.claim_retry.clone(),
             policies,
             orphans: orphans.clone(),
+            listening,
         };
         let notifier_task = tokio::spawn(notifier.run(shutdown.clone()));
 
@@ -270,6 +272,7 @@ impl Worker {
                     poll_interval: s.poll_interval,
                     retry: s.claim_retry.clone(),
                     wake: wake.clone(),
+                    listened: listened.clone(),
                     running: running.clone(),
                     dispatcher: dispatcher.clone(),
                     backlog: backlog.clone(),

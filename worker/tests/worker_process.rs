@@ -551,3 +551,38 @@ async fn a_429_with_retry_after_holds_its_rate_limit_key() {
     let adjusted = db.store.rate_limit_events(&rebound_queue::store::EventFilter { types: vec!["rate_limit.dynamic_adjusted".into()], limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(adjusted.len(), 1, "{adjusted:?}");
 }
+
+/// A claim that fails for a reason other than an outage (here a trigger that refuses every
+/// claim) is retried on the outage backoff, not once per notification: the database keeps
+/// notifying as jobs arrive, and a loop woken by each would retry, and log, as fast as they
+/// come. Once the cause is gone the backed-off loop claims again and every job runs.
+#[tokio::test]
+async fn claims_failing_while_notifications_flow_back_off_instead_of_retrying_per_notification() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'claims refused by the test'; END $$;
+         CREATE TRIGGER refuse_claims BEFORE UPDATE ON jobs FOR EACH ROW WHEN (NEW.state = 'active') EXECUTE FUNCTION refuse_claims();",
+    )
+    .execute(db.store.pool())
+    .await
+    .unwrap();
+    let config = fast_config("", "default = 4", "[handlers.\"x.y\"]\nkind = \"demo\"\nbehaviour = \"succeed\"\n");
+    let mut worker = WorkerProcess::start(&db.url, &config, &[]);
+    wait_registered(&db.store, &worker).await;
+    let failed_claims = |log: &str| log.lines().filter(|l| l.contains("claiming from queue default failed")).count();
+    // 120 jobs, one per enqueue, over about three seconds: 120 notifications.
+    for i in 0..120 {
+        db.store.enqueue(NewJob::new("x.y", json!([i]))).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let during = failed_claims(&worker.log_text());
+    assert!(during >= 1, "the claims did fail:\n{}", worker.log_text());
+    assert!(during <= 20, "{during} failed claims in 3 s of notifications: retried per notification, not backed off");
+    assert_eq!(count_in_state(&db.store, "available").await, 120);
+    sqlx::raw_sql("DROP TRIGGER refuse_claims ON jobs").execute(db.store.pool()).await.unwrap();
+    eventually("all 120 jobs completed", LONG, || async { (count_in_state(&db.store, "completed").await == 120).then_some(()) }).await;
+    assert!(worker.log_text().contains("claims work again"), "{}", worker.log_text());
+    worker.signal("TERM");
+    assert_eq!(worker.exit_within(Duration::from_secs(20)).await.expect("exits").code(), Some(0));
+}
