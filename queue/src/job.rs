@@ -149,6 +149,9 @@ pub struct Job {
     pub rate_limit_key: Option<String>,
     /// `available` but waiting for a slot of its key: no claim takes it until it is admitted.
     pub rate_limited: bool,
+    /// What the job does when its key's limit leaves it waiting (cleared to `wait` by an
+    /// operator's retry, run-now or re-drive).
+    pub on_limit: OnLimit,
 }
 
 impl Job {
@@ -278,7 +281,8 @@ pub struct JobRateLimit {
 }
 
 /// What a keyed job does when its key's limit leaves it waiting (OJS `on_limit`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OnLimit {
     /// Stays `available` and is admitted when the limit allows.
     #[default]
@@ -401,6 +405,7 @@ impl NewJob {
             last_error: None,
             retry_delay_ms: None,
             updated_at: created_at,
+            on_limit: self.rate_limit.as_ref().map_or(OnLimit::Wait, |r| r.on_limit),
             rate_limit_key: self.rate_limit.map(|r| r.key),
             rate_limited: false,
         }

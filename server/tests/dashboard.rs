@@ -8,6 +8,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use rebound_queue::outcome::{HandlerError, Outcome};
 use rebound_queue::store::{AuditFilter, ClaimRequest, Failure, ProgressReport, Role};
+use rebound_queue::job::OnLimit;
 use rebound_queue::{Job, JobState, NewJob, PolicyPatch};
 use rebound_server::auth::hash_token;
 use rebound_server::dashboard_auth::SESSION_COOKIE;
@@ -179,6 +180,26 @@ async fn a_running_job_shows_its_latest_progress() {
     let page = d.get(&format!("/jobs/{}", job.id), Some(&b)).await;
     assert!(page.text.contains("62.5%: rows &lt;6 250&gt; of 10 000 (attempt 1,"), "the latest report, escaped: {}", page.text);
     assert!(!page.text.contains("started"));
+}
+
+/// A keyed job's page says what it does when its key holds it; one its key dropped shows the
+/// `dropped` row without an attempt number (it never ran).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_dropped_by_its_rate_limit_key_says_so_and_numbers_no_attempt() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Viewer).await;
+    let dropped = NewJob::new("feed.refresh", json!([])).rate_limit("feed:x", Some(0)).on_limit(OnLimit::Drop);
+    let dropped = d.db.store.enqueue(dropped).await.expect("enqueue").job;
+    assert_eq!(dropped.state, JobState::Discarded, "a key of 0 drops it at once");
+    let waits = d.db.store.enqueue(NewJob::new("feed.refresh", json!([1])).rate_limit("feed:x", None)).await.expect("enqueue").job;
+    let b = d.sign_in("olivia", "correct horse").await;
+    let page = d.get(&format!("/jobs/{}", dropped.id), Some(&b)).await;
+    assert!(page.text.contains("drop (discard without running)"), "{}", page.text);
+    assert!(page.text.contains("outcome-dropped"), "{}", page.text);
+    assert!(page.text.contains(r#"<td class="num">–</td>"#), "no attempt number: {}", page.text);
+    assert!(!page.text.contains(r#"<td class="num">0</td>"#), "{}", page.text);
+    let page = d.get(&format!("/jobs/{}", waits.id), Some(&b)).await;
+    assert!(page.text.contains("wait for the key"), "{}", page.text);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -153,6 +153,7 @@ mod detail {
     use rebound_queue::job::Attempt;
     use rebound_queue::policy::ResolvedPolicy;
     use rebound_queue::{Job, JobState};
+    use rebound_queue::job::OnLimit;
 
     use super::*;
 
@@ -205,6 +206,12 @@ mod detail {
             // Available but not picked up: say why, or an operator looks for a missing worker.
             let waiting = job.rate_limited && job.state == JobState::Available;
             envelope.push(("Rate-limit key".into(), if waiting { format!("{k} (waiting for a free slot or the key's next rate window)") } else { k.clone() }));
+            let held = match job.on_limit {
+                OnLimit::Wait => "wait for the key",
+                OnLimit::Reschedule => "reschedule to when the key lets it start",
+                OnLimit::Drop => "drop (discard without running)",
+            };
+            envelope.push(("When held by its key".into(), held.to_owned()));
         }
 
         let attempt_views = attempts
@@ -490,7 +497,9 @@ fn AttemptTimeline(attempts: Vec<AttemptView>) -> impl IntoView {
                         let started = a.started.clone().unwrap_or_else(|| a.finished.clone());
                         view! {
                             <tr>
-                                <td class="num">{a.attempt}</td>
+                                // A row of a job that never ran (dropped by its rate-limit key)
+                                // has no attempt to number.
+                                <td class="num">{if a.attempt > 0 { a.attempt.to_string() } else { "–".to_owned() }}</td>
                                 <td class="mono">{a.worker.unwrap_or_else(|| "–".into())}</td>
                                 <td title=started.at.clone()>{started.at.clone()}</td>
                                 <td>{a.duration.unwrap_or_else(|| "–".into())}</td>

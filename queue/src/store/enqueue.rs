@@ -1,5 +1,7 @@
 //! Enqueue: single, batch (all-or-nothing), and unique keys with reject / ignore / replace.
 
+use std::collections::HashMap;
+
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -111,7 +113,7 @@ pub(super) async fn insert_one(conn: &mut PgConnection, job: &NewJob, max_attemp
         // the answer of an enqueue that has already happened.
         Some(row) => {
             let mut stored = stored_job(job.clone(), id, &row)?;
-            read_rate_limited(conn, &mut [&mut stored]).await?;
+            read_back_settled(conn, &mut [&mut stored]).await?;
             Ok(stored)
         }
         None => Err(StoreError::Duplicate { reason: format!("a job with id {id} already exists"), existing: Some(id) }),
@@ -315,10 +317,10 @@ async fn record_rate_limit_keys<'a>(conn: &mut PgConnection, jobs: impl Iterator
     Ok(())
 }
 
-/// Marks the keyed jobs of `stored` that their insert left waiting for a slot, and those its
-/// `on_limit` dropped or rescheduled (the trigger decides that after the rows are written, so
-/// the insert's own answer cannot say).
-async fn read_rate_limited(conn: &mut PgConnection, stored: &mut [&mut Job]) -> Result<(), StoreError> {
+/// Reads back what the rate-limit trigger settled for the keyed jobs of `stored`: those their
+/// insert left waiting for a slot, and those its `on_limit` dropped or rescheduled (the
+/// trigger decides that after the rows are written, so the insert's own answer cannot say).
+async fn read_back_settled(conn: &mut PgConnection, stored: &mut [&mut Job]) -> Result<(), StoreError> {
     let ids: Vec<Uuid> = stored.iter().filter(|j| j.rate_limit_key.is_some()).map(|j| j.id).collect();
     if ids.is_empty() {
         return Ok(());
@@ -327,9 +329,10 @@ async fn read_rate_limited(conn: &mut PgConnection, stored: &mut [&mut Job]) -> 
         .bind(&ids)
         .fetch_all(&mut *conn)
         .await?;
+    let mut by_id: HashMap<Uuid, &mut Job> = stored.iter_mut().map(|j| (j.id, &mut **j)).collect();
     for row in &rows {
         let id: Uuid = row.try_get("id")?;
-        if let Some(job) = stored.iter_mut().find(|j| j.id == id) {
+        if let Some(job) = by_id.get_mut(&id) {
             job.state = row.try_get("state")?;
             job.rate_limited = row.try_get::<bool, _>("rate_limited")? && job.state == JobState::Available;
             job.scheduled_at = ts(row, "scheduled_at")?;
@@ -463,7 +466,7 @@ pub(super) async fn insert_many(
         let row = stored.get(&id).ok_or_else(|| StoreError::Missing { what: format!("inserted job {id}") })?;
         out.push(Enqueued { job: stored_job(job, id, row)?, outcome: EnqueueOutcome::Created });
     }
-    read_rate_limited(conn, &mut out.iter_mut().map(|e| &mut e.job).collect::<Vec<_>>()).await?;
+    read_back_settled(conn, &mut out.iter_mut().map(|e| &mut e.job).collect::<Vec<_>>()).await?;
     Ok(out)
 }
 

@@ -128,7 +128,7 @@ use sqlx::{ColumnIndex, PgPool, Row};
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::job::{Attempt, Job, JobState, JobValidationError};
+use crate::job::{Attempt, Job, JobState, JobValidationError, OnLimit};
 use lenient::{StoredJson, StoredTime};
 use crate::policy::PolicyError;
 
@@ -570,6 +570,7 @@ struct JobColumns {
     // Located leniently: a result that leaves them out reads an unkeyed job.
     rate_limit_key: Option<usize>,
     rate_limited: Option<usize>,
+    on_limit: Option<usize>,
 }
 
 impl JobColumns {
@@ -608,6 +609,7 @@ impl JobColumns {
             updated_at: "updated_at".index(row)?,
             rate_limit_key: "rate_limit_key".index(row).ok(),
             rate_limited: "rate_limited".index(row).ok(),
+            on_limit: "rate_limit_on_limit".index(row).ok(),
         })
     }
 
@@ -651,6 +653,11 @@ impl JobColumns {
             rate_limited: match self.rate_limited {
                 Some(i) => row.try_get(i)?,
                 None => false,
+            },
+            // A value this version does not know (a later one's) reads as the default.
+            on_limit: match self.on_limit {
+                Some(i) => row.try_get::<Option<&str>, _>(i)?.and_then(OnLimit::parse).unwrap_or_default(),
+                None => OnLimit::Wait,
             },
         })
     }
