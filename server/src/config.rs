@@ -127,6 +127,17 @@ pub struct ServeArgs {
     /// `Last-Event-ID` (e.g. "15m"). Bounds how long one client holds a stream.
     #[arg(long, env = "REBOUND_EVENT_STREAM_LIFETIME", default_value = "15m", value_parser = parse_duration)]
     pub event_stream_lifetime: Duration,
+
+    /// OJS API requests a second each caller (an API token, or with `--api-auth none` a client
+    /// address) may make, on average, on this server; past its burst a request is answered 429
+    /// with `Retry-After`. Every answer carries `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
+    /// 0 turns the limit (and the headers) off.
+    #[arg(long, env = "REBOUND_API_RATE_LIMIT", default_value_t = 1000)]
+    pub api_rate_limit: u32,
+
+    /// How many requests a caller may make at once before the rate applies (0: twice the rate).
+    #[arg(long, env = "REBOUND_API_RATE_BURST", default_value_t = 0)]
+    pub api_rate_burst: u32,
 }
 
 /// A dashboard role.
@@ -196,6 +207,10 @@ pub struct ServerConfig {
     pub behind_proxy: bool,
     /// See [`ServeArgs::max_event_streams`].
     pub max_event_streams: usize,
+    /// See [`ServeArgs::api_rate_limit`].
+    pub api_rate_limit: u32,
+    /// See [`ServeArgs::api_rate_burst`].
+    pub api_rate_burst: u32,
     /// See [`ServeArgs::event_stream_lifetime`].
     pub event_stream_lifetime: Duration,
 }
@@ -214,6 +229,8 @@ impl Default for ServerConfig {
             secure_cookies: false,
             behind_proxy: false,
             max_event_streams: 64,
+            api_rate_limit: 1000,
+            api_rate_burst: 0,
             event_stream_lifetime: Duration::from_secs(15 * 60),
         }
     }
@@ -233,6 +250,8 @@ impl From<&ServeArgs> for ServerConfig {
             secure_cookies: a.secure_cookies,
             behind_proxy: a.behind_proxy,
             max_event_streams: a.max_event_streams,
+            api_rate_limit: a.api_rate_limit,
+            api_rate_burst: a.api_rate_burst,
             event_stream_lifetime: a.event_stream_lifetime,
         }
     }
@@ -267,6 +286,7 @@ mod tests {
         assert!(!cfg.test_mode);
         // The command line's defaults are the in-process ones the tests start from.
         assert_eq!((cfg.max_event_streams, cfg.event_stream_lifetime), (ServerConfig::default().max_event_streams, ServerConfig::default().event_stream_lifetime));
+        assert_eq!((cfg.api_rate_limit, cfg.api_rate_burst), (ServerConfig::default().api_rate_limit, ServerConfig::default().api_rate_burst));
         assert_eq!(cfg.session_idle_timeout, Duration::from_secs(30 * 60));
         assert_eq!(cfg.session_idle_timeout, ServerConfig::default().session_idle_timeout);
         let cli = Cli::try_parse_from(["rebound-server", "serve", "--api-auth", "none", "--test-mode", "--listen", "127.0.0.1:0"])

@@ -67,6 +67,8 @@ pub struct AppState {
     /// [`ojs::body_budget`]), in units of a KiB, and how many units it has.
     pub body_budget: Arc<Semaphore>,
     pub body_budget_units: usize,
+    /// Each API caller's bucket of requests (`api_rate_limit`); `None` without a limit.
+    pub request_limits: Option<Arc<ojs::request_limit::RequestLimits>>,
 }
 
 /// How many argon2 password checks run at once.
@@ -78,6 +80,7 @@ impl AppState {
         // Beyond MAX_PERMITS the semaphore would panic; that many is no limit anyway.
         let event_streams = Arc::new(Semaphore::new(config.max_event_streams.min(Semaphore::MAX_PERMITS)));
         let body_budget = ojs::body_budget::budget(config.max_body_bytes_in_flight);
+        let request_limits = ojs::request_limit::RequestLimits::new(config.api_rate_limit, config.api_rate_burst).map(Arc::new);
         AppState {
             store,
             config: Arc::new(config),
@@ -90,6 +93,7 @@ impl AppState {
             request_tasks: request_task::RequestTasks::default(),
             body_budget_units: body_budget.available_permits(),
             body_budget,
+            request_limits,
         }
     }
 }

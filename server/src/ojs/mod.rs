@@ -17,6 +17,7 @@ mod named_pages;
 pub mod offset_pages;
 mod policies;
 pub mod query;
+pub mod request_limit;
 mod queues;
 mod rate_limits;
 mod replay_rules;
@@ -107,6 +108,7 @@ pub fn router(state: AppState) -> Router {
     let protected = protected
         .route_layer(from_fn_with_state(state.clone(), body_budget::admit))
         .route_layer(from_fn(query::refuse_nul))
+        .route_layer(from_fn_with_state(state.clone(), request_limit::limit))
         .route_layer(from_fn_with_state(state.clone(), auth::require_token));
 
     Router::new()

@@ -5,7 +5,9 @@
 
 use axum::Json;
 use axum::extract::State;
+use rebound_queue::storage_retry::StorageRetry;
 use rebound_queue::{Store, StoreError};
+use tokio_util::sync::CancellationToken;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -15,7 +17,11 @@ use crate::AppState;
 /// `POST /ojs/v1/admin/reset`: deletes every job, attempt, policy, queue setting and audit entry.
 pub async fn reset(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     tracing::info!("test mode: wiping all jobs and settings");
-    state.store.reset_all().await?;
+    // The TRUNCATE locks every table at once, so it can deadlock with a maintenance pass that
+    // holds one of them and wants another; Postgres ends one of the two, and a reset that
+    // failed leaves the last case's jobs for the next. Sent again (it is idempotent), it lands.
+    let retry = StorageRetry::storage_default();
+    retry.run("resetting for the next conformance case", &CancellationToken::new(), || state.store.reset_all()).await?;
     Ok(Json(json!({ "reset": true })))
 }
 

@@ -325,3 +325,46 @@ async fn a_throttled_sign_in_is_refused_without_waiting_for_a_password_check() {
     assert_eq!(failures, 9, "a refused attempt is not counted");
     drop(held);
 }
+
+/// ojs-rate-limiting §10.4: each API token has its own bucket of requests. Every answer says
+/// where the caller stands (`X-RateLimit-Limit`, `-Remaining`, `-Reset`); past the burst a
+/// request is a 429 `rate_limited` with a decimal `Retry-After`, and runs nothing; another
+/// token is not held back, and the bucket refills at the rate.
+#[tokio::test]
+async fn each_token_has_a_bucket_of_requests_and_past_it_gets_429_with_the_headers() {
+    let s = TestServer::with_config(ServerConfig { api_auth: ApiAuth::Token, api_rate_limit: 1, api_rate_burst: 3, ..ServerConfig::default() }).await;
+    let (a, b) = (generate_token().expect("randomness"), generate_token().expect("randomness"));
+    s.db.store.create_token("svc-a", &hash_token(&a), &Actor::new("test")).await.expect("create token");
+    s.db.store.create_token("svc-b", &hash_token(&b), &Actor::new("test")).await.expect("create token");
+    let s = &s;
+    let enqueue = |token: &str| {
+        let auth = format!("Bearer {token}");
+        let body = json!({"type": "limited.job", "args": []}).to_string().into_bytes();
+        async move { s.raw("POST", "/ojs/v1/jobs", &[("authorization", auth.as_str()), ("content-type", JSON)], body).await }
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    for left in [2, 1, 0] {
+        let r = enqueue(&a).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+        assert_eq!((r.header("x-ratelimit-limit"), r.header("x-ratelimit-remaining")), (Some("3"), Some(left.to_string().as_str())), "{:?}", r.headers);
+        let reset: u64 = r.header("x-ratelimit-reset").and_then(|v| v.parse().ok()).expect("a reset time");
+        assert!((now..=now + 2).contains(&reset), "{reset} vs {now}");
+    }
+    let r = enqueue(&a).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
+    r.assert_ojs_error("rate limited");
+    assert_eq!((r.body["error"]["code"].as_str(), r.body["error"]["retryable"].as_bool()), (Some("rate_limited"), Some(true)), "{}", r.text);
+    let wait: f64 = r.header("retry-after").and_then(|v| v.parse().ok()).expect("a decimal Retry-After");
+    assert!(wait > 0.0 && wait <= 1.0, "one request drips in every second: {wait}");
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(s.job_count().await, 3, "the refused request ran nothing");
+    let r = enqueue(&b).await;
+    assert_eq!((r.status, r.header("x-ratelimit-remaining")), (StatusCode::CREATED, Some("2")), "another token has its own bucket: {}", r.text);
+    tokio::time::sleep(Duration::from_secs_f64(wait) + Duration::from_millis(10)).await;
+    let r = enqueue(&a).await;
+    assert_eq!(r.status, StatusCode::CREATED, "refilled: {}", r.text);
+    // A request that is not let in is not counted: strangers cannot empty a token's bucket.
+    let r = s.raw("GET", "/ojs/v1/queues", &[("authorization", "Bearer nope")], Vec::new()).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text);
+    assert_eq!(r.header("x-ratelimit-limit"), None);
+}
