@@ -281,7 +281,7 @@ pub struct JobRateLimit {
 }
 
 /// What a keyed job does when its key's limit leaves it waiting (OJS `on_limit`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnLimit {
     /// Stays `available` and is admitted when the limit allows.

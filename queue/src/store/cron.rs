@@ -22,9 +22,9 @@ use super::audit::{Actor, record};
 use super::events::EventFilter;
 use super::enqueue::{check, insert_one};
 use super::notify::notify_queues;
-use super::{Store, StoreError, ts, ts_opt};
+use super::{Store, StoreError, Window, ts, ts_opt};
 use crate::cron_schedule::CronSchedule;
-use crate::job::{Job, NewJob};
+use crate::job::{Job, JobRateLimit, NewJob, OnLimit};
 use crate::policy::PolicyPatch;
 
 /// What a tick does while an earlier run of the same cron job is running (`enqueue`: has not
@@ -86,8 +86,54 @@ pub struct CronTemplate {
     pub visibility_timeout_ms: Option<i64>,
     /// A partial retry policy (see [`PolicyPatch::to_json`]).
     pub retry: Option<Value>,
+    /// The rate-limit key every triggered job shares, and the limits it sets. (Absent from
+    /// templates stored before templates could have one.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<TemplateRateLimit>,
     /// The options as the client sent them, to echo back.
     pub options: Value,
+}
+
+/// A template's [`JobRateLimit`], as stored with the template.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TemplateRateLimit {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// At most `limit` starts per `period_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<TemplateWindow>,
+    #[serde(default)]
+    pub on_limit: OnLimit,
+}
+
+/// A template's rate window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateWindow {
+    pub limit: u32,
+    pub period_ms: u64,
+}
+
+impl From<&JobRateLimit> for TemplateRateLimit {
+    fn from(r: &JobRateLimit) -> Self {
+        TemplateRateLimit {
+            key: r.key.clone(),
+            concurrency: r.concurrency,
+            window: r.rate.map(|w| TemplateWindow { limit: w.limit, period_ms: u64::try_from(w.period.as_millis()).unwrap_or(u64::MAX) }),
+            on_limit: r.on_limit,
+        }
+    }
+}
+
+impl From<&TemplateRateLimit> for JobRateLimit {
+    fn from(r: &TemplateRateLimit) -> Self {
+        JobRateLimit {
+            key: r.key.clone(),
+            concurrency: r.concurrency,
+            rate: r.window.map(|w| Window { limit: w.limit, period: std::time::Duration::from_millis(w.period_ms) }),
+            on_limit: r.on_limit,
+        }
+    }
 }
 
 impl CronTemplate {
@@ -103,6 +149,7 @@ impl CronTemplate {
             timeout_ms: job.timeout_ms,
             visibility_timeout_ms: job.visibility_timeout_ms,
             retry: job.retry.as_ref().map(PolicyPatch::to_json),
+            rate_limit: job.rate_limit.as_ref().map(TemplateRateLimit::from),
             options,
         }
     }
@@ -125,6 +172,9 @@ impl CronTemplate {
         if let Some(r) = &self.retry {
             job.retry = Some(PolicyPatch::from_json(r)?);
         }
+        // Checked with the rest of the job where it is enqueued (`check`): a hand-edited
+        // template that no longer validates records a failed tick.
+        job.rate_limit = self.rate_limit.as_ref().map(JobRateLimit::from);
         Ok(job)
     }
 }

@@ -18,7 +18,6 @@ use serde_json::{Map, Value, json};
 use super::body::{Fields, JsonObject, json_kind};
 use super::envelope::{job_json, parse_new_job};
 use super::error::ApiError;
-use super::unsupported::unsupported;
 use super::named_pages::{self, NamedPage};
 use super::query::QueryParams;
 use crate::AppState;
@@ -91,10 +90,6 @@ fn template(f: &Fields<'_>) -> Result<CronTemplate, ApiError> {
     let job = parse_new_job(&envelope_fields, jiff::Timestamp::now())?;
     if job.unique.is_some() || job.scheduled_at.is_some() || job.expires_at.is_some() || job.pending {
         return Err(fields.error("options", "unique, scheduled_at, delay_until, expires_at and pending do not apply to cron jobs"));
-    }
-    // Kept in `options` but not in the template, it would be echoed back and never applied.
-    if job.rate_limit.is_some() {
-        return Err(unsupported("a cron job's rate_limit").detail("field", "options.rate_limit").hint("limit the cron job's queue instead: PUT /ojs/v1/admin/queues/{name}/rate-limit"));
     }
     let options = map.get("options").cloned().unwrap_or_else(|| json!({}));
     Ok(CronTemplate::from_job(&job, options))

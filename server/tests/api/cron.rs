@@ -187,6 +187,34 @@ async fn template_timeout_and_meta_apply_to_every_job() {
     assert_eq!(r.status, StatusCode::CREATED, "seven days is the longest timeout: {}", r.text);
 }
 
+/// A template's `rate_limit` applies to every job it makes: each tick's job shares the key,
+/// so with a concurrency of 1 a second tick's job waits while the first is unfinished, and
+/// the window and `on_limit` come along (a spent window drops the third). The template is
+/// echoed as sent.
+#[tokio::test]
+async fn a_template_s_rate_limit_applies_to_every_job_it_makes() {
+    let s = TestServer::new().await;
+    let options = json!({"queue": "feeds", "rate_limit": {"key": "feed:acme", "concurrency": 1, "rate": {"limit": 2, "period": "PT1H"}, "on_limit": "drop"}});
+    let r = s.post("/ojs/v1/cron", json!({"name": "feed", "expression": "@hourly", "overlap_policy": "allow", "job_template": {"type": "feed.pull", "options": options}})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!(r.body["cron"]["job_template"]["options"]["rate_limit"]["key"], "feed:acme", "echoed: {}", r.text);
+    let first = s.post("/ojs/v1/cron/feed/trigger", json!({})).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.text);
+    assert_eq!(first.body["job"]["state"], "available", "{}", first.text);
+    let job = s.db.store.get_job(first.body["job"]["id"].as_str().unwrap_or_default().parse().expect("id")).await.expect("read").expect("job");
+    assert_eq!(job.rate_limit_key.as_deref(), Some("feed:acme"));
+    let fetched = s.fetch("feeds").await;
+    assert_eq!(fetched["id"], first.body["job"]["id"]);
+    // The key's one slot is taken: the next tick's job is dropped (on_limit), not left waiting.
+    let second = s.post("/ojs/v1/cron/feed/trigger", json!({})).await;
+    assert_eq!(second.status, StatusCode::CREATED, "{}", second.text);
+    assert_eq!(second.body["job"]["state"], "discarded", "{}", second.text);
+    let r = s.get("/ojs/v1/rate-limits/feed:acme").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!((r.body["concurrency"]["limit"].as_i64(), r.body["concurrency"]["active"].as_i64(), r.body["waiting_count"].as_i64()), (Some(1), Some(1), Some(0)), "the template set the key's limit: {}", r.text);
+    assert_eq!((r.body["rate"]["limit"].as_i64(), r.body["rate"]["period"].as_str(), r.body["rate"]["current_count"].as_i64()), (Some(2), Some("PT1H"), Some(1)), "and its window: {}", r.text);
+}
+
 #[tokio::test]
 async fn lookups_of_impossible_names_are_not_found() {
     let s = TestServer::new().await;
