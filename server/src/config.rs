@@ -131,8 +131,11 @@ pub struct ServeArgs {
     /// OJS API requests a second each caller (an API token, or with `--api-auth none` a client
     /// address) may make, on average, on this server; past its burst a request is answered 429
     /// with `Retry-After`. Every answer carries `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
-    /// 0 turns the limit (and the headers) off.
-    #[arg(long, env = "REBOUND_API_RATE_LIMIT", default_value_t = 1000)]
+    /// 0 turns the limit (and the headers) off. The default stops a client stuck in a loop, not
+    /// a fleet: an OJS worker makes about two requests per job (its fetches take many), and
+    /// every worker sharing a token, or an address without authentication (behind a proxy,
+    /// give `--behind-proxy`), shares its bucket.
+    #[arg(long, env = "REBOUND_API_RATE_LIMIT", default_value_t = 5000)]
     pub api_rate_limit: u32,
 
     /// How many requests a caller may make at once before the rate applies (0: twice the rate).
@@ -229,7 +232,7 @@ impl Default for ServerConfig {
             secure_cookies: false,
             behind_proxy: false,
             max_event_streams: 64,
-            api_rate_limit: 1000,
+            api_rate_limit: 5000,
             api_rate_burst: 0,
             event_stream_lifetime: Duration::from_secs(15 * 60),
         }

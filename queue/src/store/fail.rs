@@ -171,8 +171,10 @@ impl<'a> From<&'a FailedRun> for FailingRun<'a> {
             error_code: run.error_code.as_deref(),
             immediate: run.immediate,
             // The job was read (or locked) just before: the write lands only on the run read,
-            // not on a claim of the same attempt number made in between.
-            started_at: run.job.started_at,
+            // not on a claim of the same attempt number made in between. (A start out of range,
+            // read as the extreme it was clamped to, could never match: such a hand-edited row
+            // is written unguarded, as before, rather than never rescued.)
+            started_at: run.job.started_at.filter(|t| *t != Timestamp::MIN && *t != Timestamp::MAX),
         }
     }
 }

@@ -179,8 +179,8 @@ pub enum StoreError {
     /// The job is active, but in another run than the one the caller named (it was handed
     /// back or rescued and claimed again since): the caller's result belongs to a run that
     /// has ended.
-    #[error("cannot {action} job {id}: the run named has ended; the job is active in attempt {attempt}, started {started_at}")]
-    RunEnded { id: Uuid, action: &'static str, attempt: i32, started_at: String },
+    #[error("cannot {action} job {id}: the run named has ended; the job is active in attempt {attempt}, started {}", .started_at.as_deref().unwrap_or("at an unknown time"))]
+    RunEnded { id: Uuid, action: &'static str, attempt: i32, started_at: Option<String> },
     /// A job with this id, or a live job with this unique key, already exists.
     #[error("duplicate: {reason}")]
     Duplicate { reason: String, existing: Option<Uuid> },
@@ -434,7 +434,7 @@ impl Store {
                 id,
                 action,
                 attempt: job.attempt,
-                started_at: job.started_at.map(|t| t.to_string()).unwrap_or_default(),
+                started_at: job.started_at.map(|t| t.to_string()),
             },
             Ok(Some(job)) => StoreError::Conflict { id, state: job.state, action },
             Ok(None) => StoreError::NotFound(id),

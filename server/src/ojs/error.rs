@@ -250,7 +250,10 @@ impl From<StoreError> for ApiError {
                 .detail("current_state", "active")
                 .detail("worker_id", worker),
             StoreError::RunEnded { id, action, attempt, started_at } => {
-                ApiError::conflict(format!("cannot {action} job {id}: the run named has ended; the job is active in attempt {attempt}, started {started_at}"))
+                ApiError::conflict(format!(
+                    "cannot {action} job {id}: the run named has ended; the job is active in attempt {attempt}, started {}",
+                    started_at.as_deref().unwrap_or("at an unknown time")
+                ))
                     .detail("job_id", id.to_string())
                     .detail("current_state", "active")
                     .detail("current_attempt", attempt)

@@ -91,10 +91,11 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
                                 "PUT /rate-limits/{key}: an operator's override of a keyed limit ({concurrency, expires_at}; {} removes it; a lowered limit holds back admitted jobs not yet claimed)",
                                 "PUT /admin/queues/{name}/rate-limit",
                                 "rate_limit.exceeded (per statement and key that left jobs waiting: key, strategy, limit, current, parked) and rate_limit.released (per admitted job: key, strategy, job_id, queue, job_type) (RL-006)",
+                                "API request limits (§10.4): a bucket per API token (or client address without API authentication) per server process, X-RateLimit-Limit/-Remaining/-Reset on every authenticated answer, 429 rate_limited with a decimal Retry-After past it (--api-rate-limit, --api-rate-burst)",
+                                "a cron template's rate_limit, shared by every job it makes",
                                 "dynamic limits (RL-R003): a nack whose error carries rate_limit_until (or a Rust handler's error details with it, or a 429 with Retry-After answered to the worker's http handler) holds the job's key until then, at most a day: nothing admitted, admitted jobs not yet claimed held back; rate_limit.dynamic_adjusted (key, until, reason)"],
                 "not_implemented": ["per-key throttles (a job's rate_limit.throttle is refused: 422 unsupported; throttle the queue), and a rate in a key's override (422: the rate is its jobs')",
-                                    "temporary overrides of queue limits (expires_at on a queue limit: 422 unsupported)",
-                                    "X-RateLimit-* headers"],
+                                    "temporary overrides of queue limits (expires_at on a queue limit: 422 unsupported)"]
             },
             "events": {
                 "implemented": ["job.enqueued, job.scheduled, job.started, job.heartbeat (worker and API heartbeats, with visible_until), job.progress, job.completed, job.failed, job.retrying, job.discarded, job.expired, job.cancelled",

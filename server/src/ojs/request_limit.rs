@@ -6,7 +6,9 @@
 //!
 //! The buckets live in this process: a fleet of servers behind a balancer gives each caller
 //! one bucket per server. That is what the limit is for: to keep one runaway client from taking
-//! a server's share of the database, not to meter use. A refused request costs no database work.
+//! a server's share of the database, not to meter use. A refused request costs the lookup of
+//! its token (authentication comes first, so that strangers cannot empty a caller's bucket)
+//! and nothing else.
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -142,8 +144,10 @@ pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> R
             }
             .detail("retry_after_seconds", retry_in.as_secs_f64());
             let mut res = err.into_response();
-            // OJS: seconds as a decimal, so a client waits no longer than it must.
-            if let Ok(v) = HeaderValue::from_str(&format!("{:.3}", retry_in.as_secs_f64())) {
+            // OJS: seconds as a decimal, so a client waits no longer than it must; rounded up to
+            // the millisecond, so one that waits exactly that long is let in.
+            let millis = retry_in.as_micros().div_ceil(1000).max(1);
+            if let Ok(v) = HeaderValue::from_str(&format!("{}.{:03}", millis / 1000, millis % 1000)) {
                 res.headers_mut().insert(RETRY_AFTER, v);
             }
             put_standing(res.headers_mut(), limits.burst(), 0, retry_in);
