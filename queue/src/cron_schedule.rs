@@ -114,6 +114,9 @@ impl CronSchedule {
     /// instant of the jump, which fires nothing and is recorded as a `dst_skip`
     /// ([`CronSchedule::skips_at`]; OJS §9.2: every occurrence that enqueues nothing is an
     /// event). One gap is one such tick, however many of the schedule's times it swallowed.
+    /// When the schedule also names the wall-clock time the jump lands on (`0 2,3 * * *`
+    /// jumping from 02:00 to 03:00), the skip is a microsecond before the jump and the jump
+    /// itself fires: two ticks, one for each time.
     pub fn next_tick_after(&self, after: Timestamp) -> Option<Timestamp> {
         match &self.kind {
             Kind::Every(interval) => after.checked_add(*interval).ok(),
@@ -122,20 +125,40 @@ impl CronSchedule {
                 // over others to the next day, so gaps are looked for here, in the zone's
                 // transitions, rather than read from what it returns.
                 let next = cron.find_next_occurrence(&after.to_zoned(self.zone.clone()), false).ok()?.timestamp();
-                Some(self.swallowing_gap(cron, after, next).unwrap_or(next))
+                Some(match self.swallowing_gap(cron, after, next) {
+                    Some(jump) => {
+                        let skip = self.skip_tick(cron, jump);
+                        if skip > after { skip } else { jump }
+                    }
+                    None => next,
+                })
             }
         }
     }
 
+    /// The tick that records the skip of a gap ending at `jump`: the jump itself, or a
+    /// microsecond (the database's precision) before it when the schedule fires at the jump.
+    fn skip_tick(&self, cron: &Cron, jump: Timestamp) -> Timestamp {
+        if cron.is_time_matching(&jump.to_zoned(self.zone.clone())).unwrap_or(false) {
+            jump.checked_sub(SignedDuration::from_micros(1)).unwrap_or(jump)
+        } else {
+            jump
+        }
+    }
+
     /// Whether `at`, a tick from [`CronSchedule::next_tick_after`], stands for a wall-clock
-    /// time that a daylight-saving jump swallowed (it is the instant of the jump, and the
-    /// schedule does not name that instant's own wall-clock time): such a tick fires nothing.
+    /// time that a daylight-saving jump swallowed (the skip tick of a gap that swallowed one
+    /// of the schedule's times, and not itself a time the schedule names): such a tick fires
+    /// nothing.
     pub fn skips_at(&self, at: Timestamp) -> bool {
         match &self.kind {
             Kind::Every(_) => false,
             Kind::Calendar(cron) => {
+                let (Ok(just_before), Ok(until)) = (at.checked_sub(SignedDuration::from_nanos(1)), at.checked_add(SignedDuration::from_micros(1))) else {
+                    return false;
+                };
                 !cron.is_time_matching(&at.to_zoned(self.zone.clone())).unwrap_or(false)
-                    && at.checked_sub(SignedDuration::from_nanos(1)).is_ok_and(|just_before| self.swallowing_gap(cron, just_before, at) == Some(at))
+                    && self.swallowing_gap(cron, just_before, until).is_some_and(|jump| self.skip_tick(cron, jump) == at)
             }
         }
     }
@@ -440,5 +463,28 @@ mod dst_tests {
         // A tick set off the schedule by hand (not a jump) still fires.
         assert!(!half_two.skips_at(ts("2026-03-08T07:01:00Z")));
         assert!(!CronSchedule::new("@hourly", "America/New_York").unwrap().skips_at(ts("2026-03-08T07:00:00Z")), "03:00 EDT is a time @hourly names");
+    }
+
+    #[test]
+    fn a_gap_landing_on_a_named_time_skips_the_swallowed_one_and_fires_the_other() {
+        // 02:00 does not exist on 2026-03-08 in New York; 03:00 EDT does, and is named too.
+        let two_and_three = CronSchedule::new("0 2,3 * * *", "America/New_York").unwrap();
+        let skip = two_and_three.next_tick_after(ts("2026-03-08T05:00:00Z")).expect("a tick");
+        assert_eq!(skip, ts("2026-03-08T06:59:59.999999Z"), "the skip, a microsecond before the jump");
+        assert!(two_and_three.skips_at(skip), "02:00 is recorded as skipped");
+        let fire = two_and_three.next_tick_after(skip).expect("a tick");
+        assert_eq!(fire, ts("2026-03-08T07:00:00Z"), "03:00 EDT");
+        assert!(!two_and_three.skips_at(fire), "and fires");
+        assert_eq!(two_and_three.next_tick_after(fire), Some(ts("2026-03-09T06:00:00Z")), "then 02:00 EDT the next day");
+        assert_eq!(two_and_three.next_after(ts("2026-03-08T05:00:00Z")), Some(fire), "the next firing passes over the skip");
+        assert_eq!(two_and_three.tick_after(ts("2026-03-07T08:00:00Z"), ts("2026-03-07T08:00:01Z")), Some(skip), "the firing pass stops at the skip");
+        // @hourly names every hour: the swallowed 02:00 is a skip, 03:00 fires.
+        let hourly = CronSchedule::new("@hourly", "America/New_York").unwrap();
+        assert_eq!(hourly.next_tick_after(ts("2026-03-08T06:00:00Z")), Some(skip));
+        assert!(hourly.skips_at(skip));
+        assert_eq!(hourly.next_tick_after(skip), Some(fire));
+        // A microsecond before a jump whose own time is not named is no tick of anything.
+        let half_two = CronSchedule::new("30 2 * * *", "America/New_York").unwrap();
+        assert!(!half_two.skips_at(skip));
     }
 }

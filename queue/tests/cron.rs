@@ -300,6 +300,23 @@ async fn a_time_swallowed_by_daylight_saving_is_a_skip_event_not_a_run() {
     assert_eq!(after_gap, "2026-03-08T07:30:00Z".parse().unwrap(), "03:30 EDT, the run after the gap, though it is long past");
     assert_eq!(db.store.fire_due_crons(10).await.unwrap().fired, 1, "and it fires, once");
     assert_eq!(cron_jobs_of(&db.store, "twice").await.len(), 1);
+
+    // The jump lands on a time the schedule names (02:00 swallowed, 03:00 named): the skip is
+    // recorded a microsecond before the jump, and 03:00 fires after it.
+    let landing = CronSpec { schedule: CronSchedule::new("0 2,3 * * *", "America/New_York").expect("schedule"), ..spec("landing", "* * * * *", OverlapPolicy::Allow) };
+    db.store.register_cron(&landing, &Actor::new("t")).await.unwrap();
+    let skip = landing.schedule.next_tick_after("2026-03-08T05:00:00Z".parse().unwrap()).expect("a tick");
+    sqlx::query("UPDATE cron_jobs SET next_run_at = $2::timestamptz WHERE name = $1").bind("landing").bind(skip.to_string()).execute(db.store.pool()).await.unwrap();
+    let pass = db.store.fire_due_crons(10).await.unwrap();
+    assert_eq!((pass.fired, pass.skipped), (0, 1));
+    let fire: Timestamp = "2026-03-08T07:00:00Z".parse().unwrap();
+    assert_eq!(db.store.cron_job("landing").await.unwrap().unwrap().next_tick_at, Some(fire), "03:00 EDT is next");
+    let skips = db.store.cron_events(&EventFilter { types: vec!["cron.skipped".into()], limit: 10, ..Default::default() }).await.unwrap();
+    let landed: Vec<_> = skips.iter().filter(|e| e.cron_name == "landing").collect();
+    assert_eq!(landed.len(), 1, "{skips:?}");
+    assert_eq!((landed[0].reason, landed[0].scheduled_time), (Some("dst_skip"), skip), "kept to the microsecond");
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().fired, 1, "then 03:00 fires");
+    assert_eq!(cron_jobs_of(&db.store, "landing").await.len(), 1);
 }
 
 #[tokio::test]
