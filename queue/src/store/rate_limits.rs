@@ -163,6 +163,35 @@ impl Store {
         Ok(limit)
     }
 
+    /// Sets only a queue's concurrency limit (`None` removes it), keeping its rate and
+    /// throttle and their windows as they are (the admin API's queue `concurrency`). Audited.
+    /// Returns the queue's limits now.
+    pub async fn set_queue_concurrency(&self, queue: &str, concurrency: Option<u32>, actor: &Actor) -> Result<Option<QueueRateLimit>, StoreError> {
+        validate_queue(queue)?;
+        let mut tx = self.begin().await?;
+        // Locked, so that a concurrent change of the rate is neither lost nor half-read.
+        let row = sqlx::query("SELECT * FROM queues WHERE name = $1 FOR UPDATE").bind(queue).fetch_optional(&mut *tx).await?;
+        let current = row.as_ref().map(limit_from_row).transpose()?.unwrap_or_default();
+        let limit = Some(QueueRateLimit { concurrency, ..current }).filter(QueueRateLimit::is_limited);
+        if let Some(l) = &limit {
+            l.validate()?;
+        }
+        sqlx::query(
+            "INSERT INTO queues (name, rate_limit, concurrency_limit, updated_at) VALUES ($1, $2, $3, now())
+             ON CONFLICT (name) DO UPDATE SET rate_limit = EXCLUDED.rate_limit, concurrency_limit = EXCLUDED.concurrency_limit, updated_at = now()",
+        )
+        .bind(queue)
+        .bind(limit.map(|l| l.to_json()))
+        .bind(concurrency.map(|c| i32::try_from(c).unwrap_or(i32::MAX)))
+        .execute(&mut *tx)
+        .await?;
+        record(&mut tx, actor, "queue.concurrency", Some(queue), json!({"concurrency": concurrency, "rate_limit": limit.map(|l| l.to_json())})).await?;
+        // A raised or removed limit may free waiting jobs now.
+        notify_queues(&mut *tx, &[queue.to_owned()]).await?;
+        tx.commit().await?;
+        Ok(limit)
+    }
+
     /// Every queue with limits, and their state now.
     pub async fn rate_limit_states(&self, queue: Option<&str>) -> Result<Vec<RateLimitState>, StoreError> {
         let rows = sqlx::query(

@@ -127,19 +127,38 @@ pub async fn purge_queue(State(state): State<AppState>, caller: Caller, Path(nam
     Ok(Json(json!({ "purged_count": purged, "states": names, "queue": name, "has_more": has_more })))
 }
 
-/// `PUT /admin/queues/{name}/config`: the queue's `rate_limit` (null to remove it). Other
-/// settings of the spec (`concurrency`, `retention`) belong to Rebound's workers' configuration.
+/// `PUT /admin/queues/{name}/config`: the queue's `rate_limit` (null to remove it) and
+/// `concurrency` (its concurrency limit across every worker; null removes it; alone, it
+/// leaves the rate and throttle as they are). `retention` belongs to the pruner's configuration.
 pub async fn queue_config(State(state): State<AppState>, caller: Caller, Path(name): Path<String>, body: JsonObject) -> Result<Json<Value>, ApiError> {
     let f = body.fields();
-    for key in ["concurrency", "retention"] {
-        if f.get(key).is_some() {
-            return Err(unsupported(format!("queue {key} over the API (set it in the worker's configuration)")).detail("field", key));
-        }
+    if f.get("retention").is_some() {
+        return Err(unsupported("queue retention over the API (set it in the pruner's configuration)").detail("field", "retention"));
     }
-    f.only(&["rate_limit"])?;
-    let limit = super::rate_limits::parse(&f, "rate_limit")?;
-    let saved = state.store.set_queue_rate_limit(queue_name(&name)?, limit.as_ref(), &caller.actor()).await?;
-    Ok(Json(json!({ "name": name, "configuration": { "rate_limit": saved.map(|l| l.to_json()) } })))
+    f.only(&["rate_limit", "concurrency"])?;
+    // Most of the queue's jobs active at once, across every worker and fetch: the queue's
+    // concurrency limit (null removes it).
+    // (`get` reads null as absent; here null means "remove".)
+    let concurrency = match f.map().get("concurrency") {
+        None => None,
+        Some(Value::Null) => Some(None),
+        Some(_) => Some(Some(u32::try_from(f.i64_in("concurrency", 0, i64::from(i32::MAX))?.unwrap_or(0)).unwrap_or(u32::MAX))),
+    };
+    let queue = queue_name(&name)?;
+    let saved = match (f.map().contains_key("rate_limit"), concurrency) {
+        (false, Some(c)) => state.store.set_queue_concurrency(queue, c, &caller.actor()).await?,
+        (_, c) => {
+            let mut limit = super::rate_limits::parse(&f, "rate_limit")?;
+            if let Some(c) = c {
+                limit.get_or_insert_with(Default::default).concurrency = c;
+            }
+            state.store.set_queue_rate_limit(queue, limit.as_ref(), &caller.actor()).await?
+        }
+    };
+    Ok(Json(json!({ "name": name, "configuration": {
+        "concurrency": saved.and_then(|l| l.concurrency),
+        "rate_limit": saved.map(|l| l.to_json()),
+    } })))
 }
 
 // ---- jobs ------------------------------------------------------------------------------

@@ -428,6 +428,41 @@ async fn queue_rate_limits_over_http() {
     assert_eq!(s.get("/ojs/v1/rate-limits/queue:none").await.status, StatusCode::NOT_FOUND);
 }
 
+/// admin-api §6: a queue's `concurrency` through its config is the queue's concurrency limit
+/// across every worker and fetch. Alone it keeps the queue's rate (and its window); with a
+/// `rate_limit` it sets the limit's concurrency; null removes it; bad values name the field.
+#[tokio::test]
+async fn a_queue_s_concurrency_is_set_through_its_config() {
+    let s = TestServer::new().await;
+    let config = "/ojs/v1/admin/queues/cq/config";
+    let r = s.call("PUT", config, Some(json!({"rate_limit": {"rate": {"limit": 3, "period": "PT1H"}}}))).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    for i in 0..4 {
+        s.enqueue(json!({"type": "cq.job", "args": [i], "options": {"queue": "cq"}})).await;
+    }
+    assert!(s.fetch("cq").await.is_object(), "one of the window's three");
+    let r = s.call("PUT", config, Some(json!({"concurrency": 1}))).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!((&r.body["configuration"]["concurrency"], &r.body["configuration"]["rate_limit"]), (&json!(1), &json!({"concurrency": 1, "rate": {"limit": 3, "period": "PT1H"}})), "{}", r.text);
+    assert_eq!(s.fetch("cq").await, Value::Null, "one active: the queue is full");
+    let r = s.get("/ojs/v1/rate-limits/queue:cq").await;
+    assert_eq!((r.body["rate"]["current_count"].as_i64(), r.body["concurrency"]["active"].as_i64()), (Some(1), Some(1)), "the window kept its count: {}", r.text);
+    let r = s.call("PUT", config, Some(json!({"concurrency": null}))).await;
+    assert_eq!((r.status, &r.body["configuration"]["concurrency"]), (StatusCode::OK, &Value::Null), "{}", r.text);
+    let r = s.post("/ojs/v1/workers/fetch", json!({"queues": ["cq"], "count": 10})).await;
+    assert_eq!(r.body["jobs"].as_array().map(Vec::len), Some(2), "the rest of the window: {}", r.text);
+    // With a rate_limit, the concurrency is the limit's.
+    let r = s.call("PUT", config, Some(json!({"concurrency": 2, "rate_limit": {"throttle": {"limit": 1, "period": "PT1S"}}}))).await;
+    assert_eq!(r.body["configuration"]["rate_limit"], json!({"concurrency": 2, "throttle": {"limit": 1, "period": "PT1S"}}), "{}", r.text);
+    for bad in [json!({"concurrency": -1}), json!({"concurrency": "3"}), json!({"concurrency": 1.5})] {
+        let r = s.call("PUT", config, Some(bad.clone())).await;
+        assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("concurrency")), "{bad}: {}", r.text);
+    }
+    let r = s.call("PUT", config, Some(json!({"retention": {"completed": "P14D"}}))).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::UNPROCESSABLE_ENTITY, Some("retention")), "{}", r.text);
+    assert_eq!(s.get("/ojs/v1/admin/queues/cq").await.body["configuration"]["rate_limit"]["concurrency"], 2, "nothing half-saved");
+}
+
 /// ojs-errors ERR-006: every 503 says when to come back.
 #[tokio::test]
 async fn an_unavailable_backend_answers_503_with_retry_after() {
