@@ -309,3 +309,54 @@ async fn listings_by_state_read_every_lane_in_id_order() {
     assert_eq!(expected.len(), 2);
     assert_eq!(listed(s, &wide, 1).await, expected);
 }
+
+/// A queue's own retention overrides the pruner's for its finished jobs, shorter or longer;
+/// the other queues keep the pruner's (a day for completed jobs, a week for discarded ones).
+#[tokio::test]
+async fn a_queue_s_own_retention_overrides_the_pruner_s() {
+    use rebound_queue::store::{Actor, QueueRetention};
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let hour = Duration::from_secs(3600);
+    s.set_queue_retention("short", QueueRetention { completed: Some(hour), discarded: None }, &Actor::new("t")).await.unwrap();
+    s.set_queue_retention("long", QueueRetention { completed: Some(30 * 24 * hour), discarded: Some(hour) }, &Actor::new("t")).await.unwrap();
+    assert_eq!(s.queue_retention("plain").await.unwrap(), QueueRetention::default());
+    // In each queue: a job completed two days ago, one completed two hours ago, and one
+    // cancelled two hours ago (each made an hour before it finished: the pruner reads the
+    // UUIDv7 id's time).
+    for queue in ["short", "long", "plain"] {
+        for (args, finished_hours) in [(json!(["old"]), 48), (json!(["recent"]), 2), (json!(["cancelled"]), 2)] {
+            let cancel = args == json!(["cancelled"]);
+            let job = s.enqueue(NewJob::new("ret.job", args).queue(queue)).await.unwrap().job;
+            sqlx::query(
+                "UPDATE jobs SET state = CASE WHEN $3 THEN 'cancelled'::job_state ELSE 'completed'::job_state END,
+                     completed_at = CASE WHEN $3 THEN NULL ELSE now() - $2 * interval '1 hour' END,
+                     cancelled_at = CASE WHEN $3 THEN now() - $2 * interval '1 hour' END,
+                     updated_at = now() - $2 * interval '1 hour',
+                     id = (left(replace(rebound_id_floor(now() - ($2 + 1) * interval '1 hour')::text, '-', ''), 12) || right(replace(id::text, '-', ''), 20))::uuid
+                 WHERE id = $1",
+            )
+            .bind(job.id)
+            .bind(finished_hours)
+            .bind(cancel)
+            .execute(s.pool())
+            .await
+            .unwrap();
+        }
+    }
+    let report = s.prune(&PruneConfig::default()).await.unwrap();
+    let left: Vec<(String, String)> =
+        sqlx::query_as("SELECT queue, args->>0 FROM jobs ORDER BY queue, args->>0").fetch_all(s.pool()).await.unwrap();
+    let left: Vec<(&str, &str)> = left.iter().map(|(q, a)| (q.as_str(), a.as_str())).collect();
+    assert_eq!(
+        left,
+        [
+            ("long", "old"), ("long", "recent"), // a month's retention; its cancelled job went after an hour
+            ("plain", "cancelled"), ("plain", "recent"), // the pruner's day and week
+            ("short", "cancelled"), // an hour for completed jobs; its discards follow the pruner's week
+        ],
+        "{report:?}"
+    );
+    assert_eq!((report.completed, report.discarded), (3, 1));
+    assert_counts_exact(s, "after pruning by queue").await;
+}

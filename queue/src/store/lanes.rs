@@ -37,6 +37,17 @@ pub(crate) enum Source {
     Lanes(Vec<Lane>),
 }
 
+impl Source {
+    /// This source without the lanes of `queues`. (Reading the table as a whole, a query
+    /// leaves them out with a condition of its own.)
+    pub(crate) fn without_queues(self, queues: &[String]) -> Source {
+        match self {
+            Source::Lanes(lanes) => Source::Lanes(lanes.into_iter().filter(|l| !queues.contains(&l.queue)).collect()),
+            Source::Table => Source::Table,
+        }
+    }
+}
+
 /// One (queue, type, state, dead_letter) prefix of `jobs_listed`.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Lane {

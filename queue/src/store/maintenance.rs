@@ -30,7 +30,16 @@ pub struct RescueReport {
     pub timed_out: u64,
 }
 
-/// Retention settings for the pruner.
+/// Which queues one pass of `Store::prune_finished` covers.
+#[derive(Clone, Copy, Debug)]
+enum PruneScope<'a> {
+    /// Every queue but these (they have a retention of their own).
+    Every { but: &'a [String] },
+    Only(&'a str),
+}
+
+/// Retention settings for the pruner. A queue's own retention
+/// ([`super::QueueRetention`]) overrides the finished-job times for that queue.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PruneConfig {
     pub completed_after: Duration,
@@ -322,9 +331,13 @@ impl Store {
     /// alone (an index-only read); the finish time is checked on the candidates' rows, so a
     /// window of candidates that were created long ago but finished recently is stepped over,
     /// a few windows per call. Returns how many went.
-    async fn prune_finished(&self, states: &[JobState], finished: &'static str, after: Duration, batch: i64) -> Result<u64, StoreError> {
+    async fn prune_finished(&self, states: &[JobState], finished: &'static str, after: Duration, batch: i64, scope: PruneScope<'_>) -> Result<u64, StoreError> {
         let after = millis(after);
-        let source = self.source_for(LaneKeys { states, dead_letter: Some(false), ..Default::default() }).await?;
+        let (only, but): (Option<&str>, &[String]) = match scope {
+            PruneScope::Every { but } => (None, but),
+            PruneScope::Only(queue) => (Some(queue), &[]),
+        };
+        let source = self.source_for(LaneKeys { states, queue: only, dead_letter: Some(false), ..Default::default() }).await?.without_queues(but);
         let listed = JobState::sql_literals(states);
         let mut deleted = 0u64;
         let mut after_id: Option<Uuid> = None;
@@ -333,6 +346,12 @@ impl Store {
             source.push_ids(&mut qb, Order::OldestFirst, batch, |qb, in_lane| {
                 if !in_lane {
                     qb.push(format_args!(" AND j.state IN ({listed}) AND NOT j.dead_letter"));
+                    if let Some(q) = only {
+                        qb.push(" AND j.queue = ").push_bind(q.to_owned());
+                    }
+                    if !but.is_empty() {
+                        qb.push(" AND NOT (j.queue = ANY(").push_bind(but.to_vec()).push("))");
+                    }
                 }
                 qb.push(" AND j.id < rebound_id_floor(now() - ").push_bind(after).push(" * interval '1 millisecond')");
                 if let Some(id) = after_id {
@@ -363,8 +382,26 @@ impl Store {
 
     /// Pruner: one bounded pass of retention. Call again while it keeps deleting.
     pub async fn prune(&self, cfg: &PruneConfig) -> Result<PruneReport, StoreError> {
-        let completed = self.prune_finished(&[JobState::Completed], "completed_at", cfg.completed_after, cfg.batch).await?;
-        let discarded = self.prune_finished(&[JobState::Cancelled, JobState::Discarded], "updated_at", cfg.discarded_after, cfg.batch).await?;
+        // Queues with a retention of their own are pruned by it, one by one, and left out of
+        // the pass over the rest.
+        let own = self.queue_retentions().await?;
+        let mut pruned = [0u64; 2];
+        for (i, (states, finished, after)) in [
+            (&[JobState::Completed][..], "completed_at", cfg.completed_after),
+            (&[JobState::Cancelled, JobState::Discarded][..], "updated_at", cfg.discarded_after),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let kept: Vec<(&str, Duration)> =
+                own.iter().filter_map(|(q, r)| (if i == 0 { r.completed } else { r.discarded }).map(|d| (q.as_str(), d))).collect();
+            let names: Vec<String> = kept.iter().map(|(q, _)| (*q).to_owned()).collect();
+            pruned[i] += self.prune_finished(states, finished, after, cfg.batch, PruneScope::Every { but: &names }).await?;
+            for (q, d) in kept {
+                pruned[i] += self.prune_finished(states, finished, d, cfg.batch, PruneScope::Only(q)).await?;
+            }
+        }
+        let [completed, discarded] = pruned;
         // Dead letters queue by queue (the queues that have any, from the counters), by the
         // (queue, dead_lettered_at) index.
         let old_dead = sqlx::query_scalar::<_, i64>(delete_with_history!(

@@ -154,7 +154,7 @@ pub use notify::{JobListener, NOTIFY_CHANNEL, Notification, POLICY_CHANNEL};
 pub use policies::{DEFAULT_POLICY_KEY, PolicyLayers, PolicyVersion, StoredPolicy};
 pub use progress::{JobProgress, MAX_PROGRESS_DATA, MAX_PROGRESS_MESSAGE, ProgressReport};
 pub use maintenance_mode::Maintenance;
-pub use queues::QueueInfo;
+pub use queues::{QueueInfo, QueueRetention};
 pub use replay_rules::{MAX_REPLAY_RULES, MAX_REPLAYS, REPLAY_MARGIN, ReplayReport, ReplayRule, ReplayRuleSpec, check_rule_name};
 pub use rate_limits::{KeyedRateLimit, QueueRateLimit, RateLimitOverride, RateLimitState, Window};
 pub use workflows::{BatchCallbacks, CALLBACKS, GraphStep, MAX_WORKFLOW_DEPTH, MAX_WORKFLOW_JOBS, NESTED_WORKFLOW_QUEUE, NestedCounts, NewWorkflow, Workflow, WorkflowCancel, WorkflowMember, WorkflowType};

@@ -114,3 +114,74 @@ impl Store {
         self.queue(name).await
     }
 }
+
+/// A queue's own retention of its finished jobs, over the pruner's configuration
+/// ([`super::PruneConfig`]); an unset part follows the pruner's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct QueueRetention {
+    /// How long completed jobs are kept after they completed.
+    pub completed: Option<std::time::Duration>,
+    /// How long cancelled and (not dead-lettered) discarded jobs are kept.
+    pub discarded: Option<std::time::Duration>,
+}
+
+impl QueueRetention {
+    /// Whether either part is set.
+    pub fn is_set(&self) -> bool {
+        self.completed.is_some() || self.discarded.is_some()
+    }
+}
+
+fn retention_of(row: &sqlx::postgres::PgRow) -> Result<QueueRetention, StoreError> {
+    let part = |column: &str| -> Result<Option<std::time::Duration>, StoreError> {
+        Ok(row.try_get::<Option<i64>, _>(column)?.map(|ms| std::time::Duration::from_millis(ms.unsigned_abs())))
+    };
+    Ok(QueueRetention { completed: part("retain_completed_ms")?, discarded: part("retain_discarded_ms")? })
+}
+
+impl Store {
+    /// A queue's own retention (unset parts: the pruner's).
+    pub async fn queue_retention(&self, queue: &str) -> Result<QueueRetention, StoreError> {
+        let row = sqlx::query("SELECT retain_completed_ms, retain_discarded_ms FROM queues WHERE name = $1").bind(queue).fetch_optional(&self.pool).await?;
+        row.as_ref().map(retention_of).transpose().map(Option::unwrap_or_default)
+    }
+
+    /// The queues with a retention of their own, by name.
+    pub async fn queue_retentions(&self) -> Result<Vec<(String, QueueRetention)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT name, retain_completed_ms, retain_discarded_ms FROM queues
+             WHERE retain_completed_ms IS NOT NULL OR retain_discarded_ms IS NOT NULL ORDER BY name",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok((r.try_get("name")?, retention_of(r)?))).collect()
+    }
+
+    /// Sets a queue's own retention (both parts: an unset one follows the pruner's). Each part
+    /// is at most [`crate::bounds::MAX_INTERVAL`]. Audited. The pruner applies it at its next
+    /// pass.
+    pub async fn set_queue_retention(&self, queue: &str, retention: QueueRetention, actor: &Actor) -> Result<QueueRetention, StoreError> {
+        validate_queue(queue)?;
+        for (field, d) in [("retention.completed", retention.completed), ("retention.discarded", retention.discarded)] {
+            if let Some(d) = d {
+                crate::bounds::check_interval(d).map_err(|reason| StoreError::invalid(field, reason))?;
+            }
+        }
+        let ms = |d: Option<std::time::Duration>| d.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "INSERT INTO queues (name, retain_completed_ms, retain_discarded_ms, updated_at) VALUES ($1, $2, $3, now())
+             ON CONFLICT (name) DO UPDATE SET retain_completed_ms = EXCLUDED.retain_completed_ms,
+                 retain_discarded_ms = EXCLUDED.retain_discarded_ms, updated_at = now()",
+        )
+        .bind(queue)
+        .bind(ms(retention.completed))
+        .bind(ms(retention.discarded))
+        .execute(&mut *tx)
+        .await?;
+        let iso = |d: Option<std::time::Duration>| d.map(crate::policy::iso8601::format);
+        record(&mut tx, actor, "queue.retention", Some(queue), json!({"completed": iso(retention.completed), "discarded": iso(retention.discarded)})).await?;
+        tx.commit().await?;
+        Ok(retention)
+    }
+}

@@ -12,7 +12,7 @@ use axum::extract::{Path, State};
 use jiff::Timestamp;
 use rebound_queue::job::{validate_queue, validate_type};
 use rebound_queue::policy::iso8601;
-use rebound_queue::store::{BulkReport, JobFilter, JobSelection, Maintenance, QueueInfo, WorkerInfo};
+use rebound_queue::store::{BulkReport, JobFilter, JobSelection, Maintenance, QueueInfo, QueueRetention, WorkerInfo};
 use rebound_queue::{Job, JobState};
 use serde_json::{Map, Value, json};
 
@@ -91,7 +91,8 @@ pub async fn queue(State(state): State<AppState>, Path(name): Path<String>) -> R
     let limit = state.store.queue_rate_limit(&name).await?;
     let oldest_at = state.store.oldest_available_at(&name).await?;
     if let Some(m) = v.as_object_mut() {
-        m.insert("configuration".into(), json!({ "rate_limit": limit.map(|l| l.to_json()) }));
+        let retention = state.store.queue_retention(&name).await?;
+        m.insert("configuration".into(), json!({ "concurrency": limit.and_then(|l| l.concurrency), "rate_limit": limit.map(|l| l.to_json()), "retention": retention_json(&retention) }));
         m.insert("oldest_available_at".into(), json!(oldest_at.map(|t| t.to_string())));
     }
     Ok(Json(v))
@@ -132,10 +133,7 @@ pub async fn purge_queue(State(state): State<AppState>, caller: Caller, Path(nam
 /// leaves the rate and throttle as they are). `retention` belongs to the pruner's configuration.
 pub async fn queue_config(State(state): State<AppState>, caller: Caller, Path(name): Path<String>, body: JsonObject) -> Result<Json<Value>, ApiError> {
     let f = body.fields();
-    if f.get("retention").is_some() {
-        return Err(unsupported("queue retention over the API (set it in the pruner's configuration)").detail("field", "retention"));
-    }
-    f.only(&["rate_limit", "concurrency"])?;
+    f.only(&["rate_limit", "concurrency", "retention"])?;
     // Most of the queue's jobs active at once, across every worker and fetch: the queue's
     // concurrency limit (null removes it).
     // (`get` reads null as absent; here null means "remove".)
@@ -145,20 +143,55 @@ pub async fn queue_config(State(state): State<AppState>, caller: Caller, Path(na
         Some(_) => Some(Some(u32::try_from(f.i64_in("concurrency", 0, i64::from(i32::MAX))?.unwrap_or(0)).unwrap_or(u32::MAX))),
     };
     let queue = queue_name(&name)?;
+    // Read in full before anything is saved: a bad part refuses the whole body.
+    let retention = match f.map().get("retention") {
+        None => None,
+        Some(Value::Null) => Some(QueueRetention::default()),
+        Some(_) => Some(retention(&f)?),
+    };
+    let limit = super::rate_limits::parse(&f, "rate_limit")?;
+    // An empty body removes the limits, as it always has; one that names only the retention
+    // leaves them as they are.
+    let limits_named = f.map().contains_key("rate_limit") || concurrency.is_some() || f.map().is_empty();
     let saved = match (f.map().contains_key("rate_limit"), concurrency) {
+        _ if !limits_named => state.store.queue_rate_limit(queue).await?,
         (false, Some(c)) => state.store.set_queue_concurrency(queue, c, &caller.actor()).await?,
         (_, c) => {
-            let mut limit = super::rate_limits::parse(&f, "rate_limit")?;
+            let mut limit = limit;
             if let Some(c) = c {
                 limit.get_or_insert_with(Default::default).concurrency = c;
             }
             state.store.set_queue_rate_limit(queue, limit.as_ref(), &caller.actor()).await?
         }
     };
+    let kept = match retention {
+        Some(r) => state.store.set_queue_retention(queue, r, &caller.actor()).await?,
+        None => state.store.queue_retention(queue).await?,
+    };
     Ok(Json(json!({ "name": name, "configuration": {
         "concurrency": saved.and_then(|l| l.concurrency),
         "rate_limit": saved.map(|l| l.to_json()),
+        "retention": retention_json(&kept),
     } })))
+}
+
+/// A queue config's `retention`: `{completed, discarded}`, each an ISO-8601 duration or null
+/// (the pruner's).
+fn retention(f: &Fields<'_>) -> Result<QueueRetention, ApiError> {
+    let r = f.object("retention")?.ok_or_else(|| f.error("retention", "must be an object {completed, discarded}"))?;
+    r.only(&["completed", "discarded"])?;
+    let part = |key: &str| -> Result<Option<Duration>, ApiError> {
+        match r.str(key)? {
+            None => Ok(None),
+            Some(s) => iso8601::parse(s).map(Some).map_err(|e| r.error(key, e)),
+        }
+    };
+    Ok(QueueRetention { completed: part("completed")?, discarded: part("discarded")? })
+}
+
+fn retention_json(r: &QueueRetention) -> Value {
+    let iso = |d: Option<Duration>| d.map(iso8601::format);
+    json!({ "completed": iso(r.completed), "discarded": iso(r.discarded) })
 }
 
 // ---- jobs ------------------------------------------------------------------------------

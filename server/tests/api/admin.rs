@@ -431,8 +431,9 @@ async fn queue_rate_limits_over_http() {
 /// admin-api §6: a queue's `concurrency` through its config is the queue's concurrency limit
 /// across every worker and fetch. Alone it keeps the queue's rate (and its window); with a
 /// `rate_limit` it sets the limit's concurrency; null removes it; bad values name the field.
+/// Its `retention` is the queue's own (the pruner applies it: see `counts_and_search.rs`).
 #[tokio::test]
-async fn a_queue_s_concurrency_is_set_through_its_config() {
+async fn a_queue_s_concurrency_and_retention_are_set_through_its_config() {
     let s = TestServer::new().await;
     let config = "/ojs/v1/admin/queues/cq/config";
     let r = s.call("PUT", config, Some(json!({"rate_limit": {"rate": {"limit": 3, "period": "PT1H"}}}))).await;
@@ -458,9 +459,24 @@ async fn a_queue_s_concurrency_is_set_through_its_config() {
         let r = s.call("PUT", config, Some(bad.clone())).await;
         assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("concurrency")), "{bad}: {}", r.text);
     }
-    let r = s.call("PUT", config, Some(json!({"retention": {"completed": "P14D"}}))).await;
-    assert_eq!((r.status, r.error_field()), (StatusCode::UNPROCESSABLE_ENTITY, Some("retention")), "{}", r.text);
-    assert_eq!(s.get("/ojs/v1/admin/queues/cq").await.body["configuration"]["rate_limit"]["concurrency"], 2, "nothing half-saved");
+    // The retention alone leaves the limits as they are; a bad part refuses the whole body.
+    let r = s.call("PUT", config, Some(json!({"retention": {"completed": "P14D", "discarded": "PT1H"}}))).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!((&r.body["configuration"]["retention"], &r.body["configuration"]["concurrency"]), (&json!({"completed": "PT336H", "discarded": "PT1H"}), &json!(2)), "durations as Rebound writes them: {}", r.text);
+    for (bad, field) in [
+        (json!({"retention": {"completed": "soon"}}), "retention.completed"),
+        (json!({"retention": {"discarded": "P400D"}}), "retention.discarded"),
+        (json!({"retention": {"kept": "P1D"}}), "retention.kept"),
+        (json!({"retention": "P1D"}), "retention"),
+        (json!({"concurrency": 7, "retention": {"completed": 5}}), "retention.completed"),
+    ] {
+        let r = s.call("PUT", config, Some(bad.clone())).await;
+        assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some(field)), "{bad}: {}", r.text);
+    }
+    let q = s.get("/ojs/v1/admin/queues/cq").await;
+    assert_eq!((&q.body["configuration"]["rate_limit"]["concurrency"], &q.body["configuration"]["retention"]["completed"]), (&json!(2), &json!("PT336H")), "nothing half-saved: {}", q.text);
+    let r = s.call("PUT", config, Some(json!({"retention": null}))).await;
+    assert_eq!((&r.body["configuration"]["retention"], &r.body["configuration"]["concurrency"]), (&json!({"completed": null, "discarded": null}), &json!(2)), "{}", r.text);
 }
 
 /// ojs-errors ERR-006: every 503 says when to come back.
