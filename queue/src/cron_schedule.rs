@@ -148,8 +148,8 @@ impl CronSchedule {
 
     /// Whether `at`, a tick from [`CronSchedule::next_tick_after`], stands for a wall-clock
     /// time that a daylight-saving jump swallowed (the skip tick of a gap that swallowed one
-    /// of the schedule's times, and not itself a time the schedule names): such a tick fires
-    /// nothing.
+    /// of the schedule's times: the jump, or a microsecond before it when the schedule names
+    /// the jump's own time): such a tick fires nothing.
     pub fn skips_at(&self, at: Timestamp) -> bool {
         match &self.kind {
             Kind::Every(_) => false,
@@ -157,8 +157,9 @@ impl CronSchedule {
                 let (Ok(just_before), Ok(until)) = (at.checked_sub(SignedDuration::from_nanos(1)), at.checked_add(SignedDuration::from_micros(1))) else {
                     return false;
                 };
-                !cron.is_time_matching(&at.to_zoned(self.zone.clone())).unwrap_or(false)
-                    && self.swallowing_gap(cron, just_before, until).is_some_and(|jump| self.skip_tick(cron, jump) == at)
+                // Whatever `at` itself reads as: croner matches whole seconds, so a per-second
+                // schedule names the microsecond before a jump too.
+                self.swallowing_gap(cron, just_before, until).is_some_and(|jump| self.skip_tick(cron, jump) == at)
             }
         }
     }
@@ -486,5 +487,16 @@ mod dst_tests {
         // A microsecond before a jump whose own time is not named is no tick of anything.
         let half_two = CronSchedule::new("30 2 * * *", "America/New_York").unwrap();
         assert!(!half_two.skips_at(skip));
+        // Every second: 01:59:59 EST fires, the gap is one skip (croner reads the skip tick as
+        // 01:59:59 too, which this schedule names), then 03:00:00 EDT fires.
+        let every_second = CronSchedule::new("* * * * * *", "America/New_York").unwrap();
+        let last = every_second.next_tick_after(ts("2026-03-08T06:59:58Z")).expect("a tick");
+        assert_eq!(last, ts("2026-03-08T06:59:59Z"));
+        assert!(!every_second.skips_at(last));
+        assert_eq!(every_second.next_tick_after(last), Some(skip));
+        assert!(every_second.skips_at(skip), "a skip, not a second run of 01:59:59");
+        assert_eq!(every_second.next_tick_after(skip), Some(fire));
+        assert!(!every_second.skips_at(fire));
+        assert_eq!(every_second.next_after(last), Some(fire));
     }
 }

@@ -396,9 +396,14 @@ impl Store {
             let kept: Vec<(&str, Duration)> =
                 own.iter().filter_map(|(q, r)| (if i == 0 { r.completed } else { r.discarded }).map(|d| (q.as_str(), d))).collect();
             let names: Vec<String> = kept.iter().map(|(q, _)| (*q).to_owned()).collect();
+            // One batch across them all, as without queues of their own: a pass stays bounded.
             pruned[i] += self.prune_finished(states, finished, after, cfg.batch, PruneScope::Every { but: &names }).await?;
             for (q, d) in kept {
-                pruned[i] += self.prune_finished(states, finished, d, cfg.batch, PruneScope::Only(q)).await?;
+                let left = cfg.batch - i64::try_from(pruned[i]).unwrap_or(i64::MAX);
+                if left <= 0 {
+                    break;
+                }
+                pruned[i] += self.prune_finished(states, finished, d, left, PruneScope::Only(q)).await?;
             }
         }
         let [completed, discarded] = pruned;

@@ -158,6 +158,7 @@ pub async fn queue_config(State(state): State<AppState>, caller: Caller, Path(na
         (false, Some(c)) => state.store.set_queue_concurrency(queue, c, &caller.actor()).await?,
         (_, c) => {
             let mut limit = limit;
+            // A top-level concurrency wins over one inside the rate_limit.
             if let Some(c) = c {
                 limit.get_or_insert_with(Default::default).concurrency = c;
             }
@@ -180,10 +181,16 @@ pub async fn queue_config(State(state): State<AppState>, caller: Caller, Path(na
 fn retention(f: &Fields<'_>) -> Result<QueueRetention, ApiError> {
     let r = f.object("retention")?.ok_or_else(|| f.error("retention", "must be an object {completed, discarded}"))?;
     r.only(&["completed", "discarded"])?;
+    // Bounded here too, not only by the store: nothing of the body may be saved before a
+    // part of it is refused.
     let part = |key: &str| -> Result<Option<Duration>, ApiError> {
         match r.str(key)? {
             None => Ok(None),
-            Some(s) => iso8601::parse(s).map(Some).map_err(|e| r.error(key, e)),
+            Some(s) => {
+                let d = iso8601::parse(s).map_err(|e| r.error(key, e))?;
+                rebound_queue::bounds::check_interval(d).map_err(|e| r.error(key, e))?;
+                Ok(Some(d))
+            }
         }
     };
     Ok(QueueRetention { completed: part("completed")?, discarded: part("discarded")? })

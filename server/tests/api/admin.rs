@@ -469,6 +469,7 @@ async fn a_queue_s_concurrency_and_retention_are_set_through_its_config() {
         (json!({"retention": {"kept": "P1D"}}), "retention.kept"),
         (json!({"retention": "P1D"}), "retention"),
         (json!({"concurrency": 7, "retention": {"completed": 5}}), "retention.completed"),
+        (json!({"concurrency": 7, "retention": {"completed": "P400D"}}), "retention.completed"),
     ] {
         let r = s.call("PUT", config, Some(bad.clone())).await;
         assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some(field)), "{bad}: {}", r.text);
