@@ -116,6 +116,12 @@ impl ApiError {
         )
     }
 
+    /// `429 rate_limited`, retryable: the caller is to come back later (the caller of this sets
+    /// `Retry-After` to when).
+    pub fn rate_limited(message: impl Into<String>, hint: impl Into<String>) -> Self {
+        ApiError { retryable: true, ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", "rate_limit_error", message, hint) }
+    }
+
     /// Missing, wrong or revoked credentials.
     pub fn unauthenticated(reason: &str) -> Self {
         ApiError::new(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::header::RETRY_AFTER;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use jiff::Timestamp;
@@ -578,16 +578,10 @@ async fn open_stream(state: AppState, channel: Channel, mut sel: Selection, head
 
 /// `429`: every stream place is taken.
 fn streams_full(limit: usize) -> Response {
-    let err = ApiError {
-        retryable: true,
-        ..ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            "rate_limit_error",
-            format!("event streams are at their limit: {limit} open at once on this server"),
-            "retry later, or poll GET /ojs/v1/events with after= instead of streaming",
-        )
-    }
+    let err = ApiError::rate_limited(
+        format!("event streams are at their limit: {limit} open at once on this server"),
+        "retry later, or poll GET /ojs/v1/events with after= instead of streaming",
+    )
     .detail("limit", limit)
     .detail("retry_after_seconds", STREAMS_FULL_RETRY_SECS);
     let mut res = err.into_response();

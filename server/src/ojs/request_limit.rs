@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header::RETRY_AFTER;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
@@ -132,16 +132,10 @@ pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> R
             res
         }
         Standing::Refused { retry_in } => {
-            let err = ApiError {
-                retryable: true,
-                ..ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limited",
-                    "rate_limit_error",
-                    format!("too many requests: at most {} at once, then {} a second, for each caller", limits.burst(), limits.per_second),
-                    "retry after the Retry-After header's seconds, or spread the requests out (a fetch can take many jobs at once)",
-                )
-            }
+            let err = ApiError::rate_limited(
+                format!("too many requests: at most {} at once, then {} a second, for each caller", limits.burst(), limits.per_second),
+                "retry after the Retry-After header's seconds, or spread the requests out (a fetch can take many jobs at once)",
+            )
             .detail("retry_after_seconds", retry_in.as_secs_f64());
             let mut res = err.into_response();
             // OJS: seconds as a decimal, so a client waits no longer than it must; rounded up to
