@@ -142,8 +142,15 @@ fn retention_of(row: &sqlx::postgres::PgRow) -> Result<QueueRetention, StoreErro
 impl Store {
     /// A queue's own retention (unset parts: the pruner's).
     pub async fn queue_retention(&self, queue: &str) -> Result<QueueRetention, StoreError> {
-        let row = sqlx::query("SELECT retain_completed_ms, retain_discarded_ms FROM queues WHERE name = $1").bind(queue).fetch_optional(&self.pool).await?;
-        row.as_ref().map(retention_of).transpose().map(Option::unwrap_or_default)
+        Ok(self.queue_settings(queue).await?.1)
+    }
+
+    /// A queue's limits, if it has any, and its own retention: its settings row, read once.
+    pub async fn queue_settings(&self, queue: &str) -> Result<(Option<super::QueueRateLimit>, QueueRetention), StoreError> {
+        let row = sqlx::query("SELECT * FROM queues WHERE name = $1").bind(queue).fetch_optional(&self.pool).await?;
+        let Some(row) = row else { return Ok((None, QueueRetention::default())) };
+        let limit = super::rate_limits::limit_from_row(&row)?;
+        Ok((Some(limit).filter(super::QueueRateLimit::is_limited), retention_of(&row)?))
     }
 
     /// The queues with a retention of their own, by name.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::{Value, json};
-use sqlx::Row;
+use sqlx::{PgConnection, Row};
 use sqlx::postgres::PgRow;
 
 use super::audit::{Actor, record};
@@ -101,7 +101,7 @@ pub struct RateLimitState {
     pub throttle_next_allowed_at: Option<Timestamp>,
 }
 
-fn limit_from_row(r: &PgRow) -> Result<QueueRateLimit, StoreError> {
+pub(super) fn limit_from_row(r: &PgRow) -> Result<QueueRateLimit, StoreError> {
     let window = |max: Option<i32>, period: Option<i64>| match (max, period) {
         (Some(m), Some(p)) => Some(Window { limit: u32::try_from(m).unwrap_or(0), period: Duration::from_millis(p.unsigned_abs()) }),
         _ => None,
@@ -123,42 +123,18 @@ fn limit_from_row(r: &PgRow) -> Result<QueueRateLimit, StoreError> {
 impl Store {
     /// A queue's limits, if it has any.
     pub async fn queue_rate_limit(&self, queue: &str) -> Result<Option<QueueRateLimit>, StoreError> {
-        let row = sqlx::query("SELECT * FROM queues WHERE name = $1").bind(queue).fetch_optional(&self.pool).await?;
-        Ok(row.as_ref().map(limit_from_row).transpose()?.filter(QueueRateLimit::is_limited))
+        Ok(self.queue_settings(queue).await?.0)
     }
 
     /// Sets a queue's limits (`None` or an empty limit removes them); they apply to the next
-    /// claim. Audited. Returns what is now in force.
+    /// claim, and its rate and throttle windows start afresh. Audited. Returns what is now in
+    /// force.
     pub async fn set_queue_rate_limit(&self, queue: &str, limit: Option<&QueueRateLimit>, actor: &Actor) -> Result<Option<QueueRateLimit>, StoreError> {
         validate_queue(queue)?;
         let limit = limit.copied().filter(QueueRateLimit::is_limited);
-        if let Some(l) = &limit {
-            l.validate()?;
-        }
-        let l = limit.unwrap_or_default();
-        let throttle_period = l.throttle.map(|w| millis(w.period) / i64::from(w.limit.max(1)));
         let mut tx = self.begin().await?;
-        sqlx::query(
-            "INSERT INTO queues (name, rate_limit, concurrency_limit, rate_max, rate_period_ms, throttle_max, throttle_period_ms, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, now())
-             ON CONFLICT (name) DO UPDATE SET rate_limit = EXCLUDED.rate_limit, concurrency_limit = EXCLUDED.concurrency_limit,
-                 rate_max = EXCLUDED.rate_max, rate_period_ms = EXCLUDED.rate_period_ms,
-                 throttle_max = EXCLUDED.throttle_max, throttle_period_ms = EXCLUDED.throttle_period_ms,
-                 rate_window_start = NULL, rate_window_used = 0, throttle_window_start = NULL, throttle_window_used = 0,
-                 updated_at = now()",
-        )
-        .bind(queue)
-        .bind(limit.map(|l| l.to_json()))
-        .bind(l.concurrency.map(|c| i32::try_from(c).unwrap_or(i32::MAX)))
-        .bind(l.rate.map(|w| i32::try_from(w.limit).unwrap_or(i32::MAX)))
-        .bind(l.rate.map(|w| millis(w.period)))
-        .bind(l.throttle.map(|_| 1i32))
-        .bind(throttle_period)
-        .execute(&mut *tx)
-        .await?;
+        write_queue_limit(&mut tx, queue, limit, false).await?;
         record(&mut tx, actor, "queue.rate_limit", Some(queue), json!({"rate_limit": limit.map(|l| l.to_json())})).await?;
-        // A raised or removed limit may free waiting jobs now.
-        notify_queues(&mut *tx, &[queue.to_owned()]).await?;
         tx.commit().await?;
         Ok(limit)
     }
@@ -173,21 +149,8 @@ impl Store {
         let row = sqlx::query("SELECT * FROM queues WHERE name = $1 FOR UPDATE").bind(queue).fetch_optional(&mut *tx).await?;
         let current = row.as_ref().map(limit_from_row).transpose()?.unwrap_or_default();
         let limit = Some(QueueRateLimit { concurrency, ..current }).filter(QueueRateLimit::is_limited);
-        if let Some(l) = &limit {
-            l.validate()?;
-        }
-        sqlx::query(
-            "INSERT INTO queues (name, rate_limit, concurrency_limit, updated_at) VALUES ($1, $2, $3, now())
-             ON CONFLICT (name) DO UPDATE SET rate_limit = EXCLUDED.rate_limit, concurrency_limit = EXCLUDED.concurrency_limit, updated_at = now()",
-        )
-        .bind(queue)
-        .bind(limit.map(|l| l.to_json()))
-        .bind(concurrency.map(|c| i32::try_from(c).unwrap_or(i32::MAX)))
-        .execute(&mut *tx)
-        .await?;
+        write_queue_limit(&mut tx, queue, limit, true).await?;
         record(&mut tx, actor, "queue.concurrency", Some(queue), json!({"concurrency": concurrency, "rate_limit": limit.map(|l| l.to_json())})).await?;
-        // A raised or removed limit may free waiting jobs now.
-        notify_queues(&mut *tx, &[queue.to_owned()]).await?;
         tx.commit().await?;
         Ok(limit)
     }
@@ -427,4 +390,39 @@ impl Store {
         }
         Ok(keys.len() as u64 + u64::try_from(ended).unwrap_or(0))
     }
+}
+
+/// Writes a queue's limits (validated here; `None` removes them) and wakes its workers: a raised
+/// or removed limit may free waiting jobs now. The rate and throttle windows start afresh
+/// unless `keep_windows`.
+async fn write_queue_limit(tx: &mut PgConnection, queue: &str, limit: Option<QueueRateLimit>, keep_windows: bool) -> Result<(), StoreError> {
+    if let Some(l) = &limit {
+        l.validate()?;
+    }
+    let l = limit.unwrap_or_default();
+    let throttle_period = l.throttle.map(|w| millis(w.period) / i64::from(w.limit.max(1)));
+    sqlx::query(
+        "INSERT INTO queues (name, rate_limit, concurrency_limit, rate_max, rate_period_ms, throttle_max, throttle_period_ms, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, now())
+         ON CONFLICT (name) DO UPDATE SET rate_limit = EXCLUDED.rate_limit, concurrency_limit = EXCLUDED.concurrency_limit,
+             rate_max = EXCLUDED.rate_max, rate_period_ms = EXCLUDED.rate_period_ms,
+             throttle_max = EXCLUDED.throttle_max, throttle_period_ms = EXCLUDED.throttle_period_ms,
+             rate_window_start = CASE WHEN $8 THEN queues.rate_window_start END,
+             rate_window_used = CASE WHEN $8 THEN queues.rate_window_used ELSE 0 END,
+             throttle_window_start = CASE WHEN $8 THEN queues.throttle_window_start END,
+             throttle_window_used = CASE WHEN $8 THEN queues.throttle_window_used ELSE 0 END,
+             updated_at = now()",
+    )
+    .bind(queue)
+    .bind(limit.map(|l| l.to_json()))
+    .bind(l.concurrency.map(|c| i32::try_from(c).unwrap_or(i32::MAX)))
+    .bind(l.rate.map(|w| i32::try_from(w.limit).unwrap_or(i32::MAX)))
+    .bind(l.rate.map(|w| millis(w.period)))
+    .bind(l.throttle.map(|_| 1i32))
+    .bind(throttle_period)
+    .bind(keep_windows)
+    .execute(&mut *tx)
+    .await?;
+    notify_queues(&mut *tx, &[queue.to_owned()]).await?;
+    Ok(())
 }

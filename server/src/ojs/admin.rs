@@ -88,10 +88,9 @@ pub async fn queues(State(state): State<AppState>, q: QueryParams) -> Result<Jso
 pub async fn queue(State(state): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
     let q = state.store.queue(queue_name(&name)?).await?;
     let mut v = queue_item(&q);
-    let limit = state.store.queue_rate_limit(&name).await?;
+    let (limit, retention) = state.store.queue_settings(&name).await?;
     let oldest_at = state.store.oldest_available_at(&name).await?;
     if let Some(m) = v.as_object_mut() {
-        let retention = state.store.queue_retention(&name).await?;
         m.insert("configuration".into(), json!({ "concurrency": limit.and_then(|l| l.concurrency), "rate_limit": limit.map(|l| l.to_json()), "retention": retention_json(&retention) }));
         m.insert("oldest_available_at".into(), json!(oldest_at.map(|t| t.to_string())));
     }
