@@ -67,18 +67,24 @@ test('a rate-limit key seen, overridden and released from the Queues page', asyn
   }
 });
 
-test('a key with a rate window shows how much of it is spent', async () => {
+test('a key with a rate window shows how much of it is spent, one with a throttle its spacing', async () => {
   const key = 'mailer:e2e';
   for (let i = 0; i < 3; i++) {
     const res = await post('/ojs/v1/jobs', { type: 'mail.send', args: [i], options: { queue: 'keyed-mail', rate_limit: { key, rate: { limit: 2, period: 'PT1H' } } } });
+    assert.equal(res.status, 201);
+  }
+  const paced = 'paced:e2e';
+  for (let i = 0; i < 2; i++) {
+    const res = await post('/ojs/v1/jobs', { type: 'mail.send', args: [i], options: { queue: 'keyed-mail', rate_limit: { key: paced, throttle: { limit: 2, period: 'PT1H' } } } });
     assert.equal(res.status, 201);
   }
   const { page, close } = await openBrowser({ javaScriptEnabled: false });
   try {
     await signIn(page);
     await page.goto(`${BASE_URL}/queues`);
-    const cells = await page.$$eval(`table.rate-limit-keys tr:has(td:text-is("${key}")) td`, (tds) => tds.slice(0, 5).map((td) => td.textContent.trim()));
-    assert.deepEqual(cells, [key, '2 per PT1H (2 this window)', '0', '2', '1'], 'two admitted in the window, one waiting for the next');
+    const row = (k) => page.$$eval(`table.rate-limit-keys tr:has(td:text-is("${k}")) td`, (tds) => tds.slice(0, 5).map((td) => td.textContent.trim()));
+    assert.deepEqual(await row(key), [key, '2 per PT1H (2 this window)', '0', '2', '1'], 'two admitted in the window, one waiting for the next');
+    assert.deepEqual(await row(paced), [paced, '2 per PT1H, spaced evenly', '0', '1', '1'], 'one admitted, one waiting for the spacing');
   } finally {
     await close();
   }

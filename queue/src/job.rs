@@ -276,6 +276,10 @@ pub struct JobRateLimit {
     /// Sets the key's rate window (fixed windows, starts counted at admission; the newest
     /// enqueue naming one wins); `None` leaves it as it is. A limit of 0 holds every job.
     pub rate: Option<crate::store::Window>,
+    /// Sets the key's throttle: its jobs start at least `period / limit` apart (counted at
+    /// admission, as the rate window is; the newest enqueue naming one wins); `None` leaves it
+    /// as it is.
+    pub throttle: Option<crate::store::Window>,
     /// What this job does when its key's limit leaves it waiting.
     pub on_limit: OnLimit,
 }
@@ -427,10 +431,20 @@ impl NewJob {
     /// and keeps a window [`NewJob::rate_limit_window`] set for the same key).
     pub fn rate_limit(mut self, key: impl Into<String>, concurrency: Option<u32>) -> Self {
         let key = key.into();
-        let kept = self.rate_limit.take().filter(|r| r.key == key);
-        let (rate, on_limit) = kept.map_or((None, OnLimit::Wait), |r| (r.rate, r.on_limit));
-        self.rate_limit = Some(JobRateLimit { key, concurrency, rate, on_limit });
+        let kept = self.kept_rate_limit(&key);
+        self.rate_limit = Some(JobRateLimit { key, concurrency, ..kept });
         self
+    }
+
+    /// The keyed limit set so far for `key` (a default one if none is, or it names another).
+    fn kept_rate_limit(&mut self, key: &str) -> JobRateLimit {
+        self.rate_limit.take().filter(|r| r.key == key).unwrap_or(JobRateLimit {
+            key: key.to_owned(),
+            concurrency: None,
+            rate: None,
+            throttle: None,
+            on_limit: OnLimit::Wait,
+        })
     }
 
     /// What the job does when its key's limit leaves it waiting (a [`NewJob::rate_limit`] or
@@ -446,9 +460,18 @@ impl NewJob {
     /// `period` (and keeps a concurrency [`NewJob::rate_limit`] set for the same key).
     pub fn rate_limit_window(mut self, key: impl Into<String>, limit: u32, period: std::time::Duration) -> Self {
         let key = key.into();
-        let kept = self.rate_limit.take().filter(|r| r.key == key);
-        let (concurrency, on_limit) = kept.map_or((None, OnLimit::Wait), |r| (r.concurrency, r.on_limit));
-        self.rate_limit = Some(JobRateLimit { key, concurrency, rate: Some(crate::store::Window { limit, period }), on_limit });
+        let kept = self.kept_rate_limit(&key);
+        self.rate_limit = Some(JobRateLimit { key, rate: Some(crate::store::Window { limit, period }), ..kept });
+        self
+    }
+
+    /// Shares the throttle of rate-limit `key`, setting it to at most `limit` starts per
+    /// `period`, spaced evenly (at least `period / limit` apart), keeping whatever else is set
+    /// for the same key.
+    pub fn rate_limit_throttle(mut self, key: impl Into<String>, limit: u32, period: std::time::Duration) -> Self {
+        let key = key.into();
+        let kept = self.kept_rate_limit(&key);
+        self.rate_limit = Some(JobRateLimit { key, throttle: Some(crate::store::Window { limit, period }), ..kept });
         self
     }
 
@@ -490,6 +513,9 @@ impl NewJob {
                     return Err(JobValidationError::new("options.rate_limit.rate.limit", format!("must be at most {MAX_RATE_LIMIT_CONCURRENCY}")));
                 }
                 w.check_period().map_err(|reason| JobValidationError::new("options.rate_limit.rate.period", reason))?;
+            }
+            if let Some(w) = &limit.throttle {
+                w.check_throttle().map_err(|(field, reason)| JobValidationError::new(format!("options.rate_limit.throttle.{field}"), reason))?;
             }
         }
         self.check_storable()

@@ -810,3 +810,81 @@ async fn the_sweep_drops_what_a_settle_passed_over() {
     assert_eq!(s.job(passed.id).await.unwrap().state, JobState::Discarded);
     assert_eq!(slots(s, "k").await, (0, 1, 0), "the admitted job keeps its slot");
 }
+
+/// Ends `key`'s throttle spacing now, as if it had passed.
+async fn end_spacing(store: &Store, key: &str) {
+    sqlx::query(
+        "UPDATE rate_limit_keys SET throttle_window_start = throttle_window_start - throttle_period_ms * interval '1 millisecond' / throttle_max
+         WHERE key = $1",
+    )
+    .bind(key)
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
+/// A key's throttle (RL-R002) spaces its jobs' starts at least `period / limit` apart across
+/// queues: one is admitted per spacing, in line order, beside the key's concurrency; the
+/// scheduler is told when the spacing ends; a job that asks to be rescheduled is, one spacing
+/// after the one before it.
+#[tokio::test]
+async fn a_throttle_spaces_its_keys_starts() {
+    use rebound_queue::job::OnLimit;
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let hour = Duration::from_secs(3600);
+    // Two per hour: one every 30 minutes.
+    let throttled = |queue: &str, n: i64| NewJob::new("rl.keyed", json!([n])).queue(queue).rate_limit_throttle("api", 2, hour);
+    s.enqueue_batch((0..3).map(|n| throttled(if n % 2 == 0 { "a" } else { "b" }, n)).collect()).await.unwrap();
+    let mut urgent = throttled("a", 3);
+    urgent.priority = 5;
+    let late = s.enqueue(urgent).await.unwrap().job;
+    assert!(!late.rate_limited, "it outranks the admitted job no worker has claimed and takes its place");
+    let k = s.rate_limit_key("api").await.unwrap().unwrap();
+    assert_eq!((k.throttle.map(|w| (w.limit, w.period)), k.admitted, k.waiting, k.rate), (Some((2, hour)), 1, 3, None), "{k:?}");
+    let next = k.throttle_next_allowed_at.expect("the spacing is running");
+    let now = jiff::Timestamp::now();
+    assert!(next > now + jiff::SignedDuration::from_mins(29) && next <= now + jiff::SignedDuration::from_mins(30), "{next}");
+    let exceeded = rate_limit_events(s, "rate_limit.exceeded").await;
+    assert!(exceeded.iter().all(|e| e["strategy"] == "throttle"), "{exceeded:?}");
+    assert_eq!(exceeded.iter().map(|e| e["parked"].as_i64().unwrap_or(0)).sum::<i64>(), 3, "{exceeded:?}");
+
+    // Finishing the job frees nothing before the spacing ends; the scheduler knows when it does.
+    let first = s.claim(&request("w", &["a", "b"], 10)).await.unwrap();
+    assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), vec![late.id]);
+    s.complete(&done(&first[0])).await.unwrap();
+    assert_eq!(slots(s, "api").await, (0, 0, 3));
+    assert_eq!(s.settle_rate_limits(100).await.unwrap(), 0, "no room before the spacing ends");
+    let wait = s.time_until_next_due().await.unwrap().expect("jobs wait for the spacing");
+    assert!(wait > Duration::from_secs(29 * 60) && wait <= Duration::from_secs(30 * 60), "{wait:?}");
+
+    // Each spacing admits one, in line order.
+    end_spacing(s, "api").await;
+    assert_eq!(s.settle_rate_limits(100).await.unwrap(), 1);
+    assert_eq!(slots(s, "api").await, (0, 1, 2));
+    assert_eq!(s.claim(&request("w", &["a", "b"], 10)).await.unwrap().iter().map(|j| j.args[0].as_i64()).collect::<Vec<_>>(), vec![Some(0)]);
+    assert_eq!(s.settle_rate_limits(100).await.unwrap(), 0);
+    // An admitted job no worker claimed before the spacing ended starts in the next one.
+    end_spacing(s, "api").await;
+    s.settle_rate_limits(100).await.unwrap();
+    end_spacing(s, "api").await;
+    s.settle_rate_limits(100).await.unwrap();
+    assert_eq!(slots(s, "api").await, (1, 1, 1), "the admitted job fills the next spacing");
+
+    // Beside a concurrency, both hold: the spacing over, the one slot is taken.
+    s.enqueue(NewJob::new("rl.keyed", json!([9])).queue("a").rate_limit("api", Some(2))).await.unwrap();
+    assert_eq!(slots(s, "api").await, (1, 1, 2), "the slot is free, the spacing is not");
+    end_spacing(s, "api").await;
+    s.settle_rate_limits(100).await.unwrap();
+    assert_eq!(slots(s, "api").await, (1, 1, 2), "the spacing is over, the slots are taken");
+    assert_eq!(s.time_until_next_due().await.unwrap(), None, "nothing to wait for but a slot");
+
+    // Rescheduled jobs come back one spacing apart, in line order.
+    let resched = |n: i64| NewJob::new("rl.keyed", json!([n])).queue("r").rate_limit_throttle("spaced", 1, hour).on_limit(OnLimit::Reschedule);
+    let jobs: Vec<Job> = s.enqueue_batch((0..3).map(resched).collect()).await.unwrap().into_iter().map(|e| e.job).collect();
+    let states: Vec<JobState> = jobs.iter().map(|j| j.state).collect();
+    assert_eq!(states, [JobState::Available, JobState::Scheduled, JobState::Scheduled]);
+    let (b, c) = (s.job(jobs[1].id).await.unwrap(), s.job(jobs[2].id).await.unwrap());
+    assert!(b.scheduled_at > jiff::Timestamp::now() + jiff::SignedDuration::from_mins(59), "the spacing's end: {}", b.scheduled_at);
+    assert_eq!(c.scheduled_at.duration_since(b.scheduled_at), jiff::SignedDuration::from_hours(1), "one spacing later");
+}

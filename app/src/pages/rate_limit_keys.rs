@@ -59,14 +59,14 @@ pub async fn rate_limit_keys() -> Result<KeyList, AppError> {
                 }
                 (None, None) => own,
             };
-            // The key's rate window beside its concurrency: "3 · 100 per PT1M (40 this window)".
-            let limit = match &k.rate {
-                Some(w) => {
-                    let rate = format!("{} per {} ({} this window)", w.limit, rebound_queue::policy::iso8601::format(w.period), k.rate_used);
-                    if limit == "none" { rate } else { format!("{limit} · {rate}") }
-                }
-                None => limit,
-            };
+            // The key's rate window and throttle beside its concurrency:
+            // "3 · 100 per PT1M (40 this window) · 10 per PT1S, spaced evenly".
+            let period = |w: &rebound_queue::store::Window| rebound_queue::policy::iso8601::format(w.period);
+            let windows = [
+                k.rate.map(|w| format!("{} per {} ({} this window)", w.limit, period(&w), k.rate_used)),
+                k.throttle.map(|w| format!("{} per {}, spaced evenly", w.limit, period(&w))),
+            ];
+            let limit = windows.into_iter().flatten().fold(limit, |shown, w| if shown == "none" { w } else { format!("{shown} · {w}") });
             KeyRow { key: k.key, limit, overridden: k.override_limit.is_some(), running: k.active, admitted: k.admitted, waiting: k.waiting }
         })
         .collect();

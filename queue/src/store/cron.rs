@@ -103,6 +103,9 @@ pub struct TemplateRateLimit {
     /// At most `limit` starts per `period_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<TemplateWindow>,
+    /// At most `limit` starts per `period_ms`, spaced evenly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<TemplateWindow>,
     #[serde(default)]
     pub on_limit: OnLimit,
 }
@@ -114,12 +117,25 @@ pub struct TemplateWindow {
     pub period_ms: u64,
 }
 
+impl From<Window> for TemplateWindow {
+    fn from(w: Window) -> Self {
+        TemplateWindow { limit: w.limit, period_ms: u64::try_from(w.period.as_millis()).unwrap_or(u64::MAX) }
+    }
+}
+
+impl From<TemplateWindow> for Window {
+    fn from(w: TemplateWindow) -> Self {
+        Window { limit: w.limit, period: std::time::Duration::from_millis(w.period_ms) }
+    }
+}
+
 impl From<&JobRateLimit> for TemplateRateLimit {
     fn from(r: &JobRateLimit) -> Self {
         TemplateRateLimit {
             key: r.key.clone(),
             concurrency: r.concurrency,
-            window: r.rate.map(|w| TemplateWindow { limit: w.limit, period_ms: u64::try_from(w.period.as_millis()).unwrap_or(u64::MAX) }),
+            window: r.rate.map(TemplateWindow::from),
+            throttle: r.throttle.map(TemplateWindow::from),
             on_limit: r.on_limit,
         }
     }
@@ -130,7 +146,8 @@ impl From<&TemplateRateLimit> for JobRateLimit {
         JobRateLimit {
             key: r.key.clone(),
             concurrency: r.concurrency,
-            rate: r.window.map(|w| Window { limit: w.limit, period: std::time::Duration::from_millis(w.period_ms) }),
+            rate: r.window.map(Window::from),
+            throttle: r.throttle.map(Window::from),
             on_limit: r.on_limit,
         }
     }

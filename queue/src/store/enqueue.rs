@@ -8,8 +8,8 @@ use uuid::Uuid;
 
 use sqlx::Row;
 
-use super::{NamedRun, Store, StoreError, job_from_row, millis, ts, ts_opt};
-use crate::job::{Job, JobState, NewJob, OnConflict, UniqueSpec};
+use super::{NamedRun, Store, StoreError, Window, job_from_row, millis, ts, ts_opt};
+use crate::job::{Job, JobRateLimit, JobState, NewJob, OnConflict, UniqueSpec};
 use crate::policy::{self, PolicyPatch, RetryPolicy};
 
 /// What an enqueue did.
@@ -280,38 +280,50 @@ fn prefix_index(e: StoreError, i: usize) -> StoreError {
 
 /// Records the limits of the rate-limit keys `jobs` name, before they are inserted (the
 /// insert's trigger admits them against these). Per key, the last job that names a
-/// concurrency sets it; a key none sets keeps what it had (none: no limit). In key order, so
-/// that two batches naming the same keys lock them alike.
+/// concurrency sets it, and likewise its rate window and its throttle; a key none sets keeps
+/// what it had (none: no limit). In key order, so that two batches naming the same keys lock
+/// them alike.
 async fn record_rate_limit_keys<'a>(conn: &mut PgConnection, jobs: impl Iterator<Item = &'a NewJob>) -> Result<(), StoreError> {
     let whole = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
     let named: Vec<_> = jobs.filter_map(|j| j.rate_limit.as_ref()).collect();
     let keys: Vec<&str> = named.iter().map(|l| l.key.as_str()).collect();
     let limits: Vec<Option<i32>> = named.iter().map(|l| l.concurrency.map(whole)).collect();
-    let rates: Vec<Option<i32>> = named.iter().map(|l| l.rate.map(|w| whole(w.limit))).collect();
-    let periods: Vec<Option<i64>> = named.iter().map(|l| l.rate.map(|w| millis(w.period).max(1))).collect();
+    let windows = |pick: fn(&JobRateLimit) -> Option<Window>| -> (Vec<Option<i32>>, Vec<Option<i64>>) {
+        named.iter().map(|l| pick(l).map_or((None, None), |w| (Some(whole(w.limit)), Some(millis(w.period).max(1))))).unzip()
+    };
+    let (rates, periods) = windows(|l| l.rate);
+    let (throttles, throttle_periods) = windows(|l| l.throttle);
     if keys.is_empty() {
         return Ok(());
     }
-    // Per key, the newest job naming a concurrency sets it, and the newest naming a rate sets
-    // that (the window's count goes on; a new period applies from the window's start).
+    // Per key, the newest job naming a concurrency sets it, and the newest naming a rate or a
+    // throttle sets that (the window's count goes on; a new period applies from the window's
+    // start).
     sqlx::query(
-        "INSERT INTO rate_limit_keys (key, concurrency, rate_max, rate_period_ms)
+        "INSERT INTO rate_limit_keys (key, concurrency, rate_max, rate_period_ms, throttle_max, throttle_period_ms)
          SELECT key,
                 (array_agg(concurrency ORDER BY n DESC) FILTER (WHERE concurrency IS NOT NULL))[1],
                 (array_agg(rate_max ORDER BY n DESC) FILTER (WHERE rate_max IS NOT NULL))[1],
-                (array_agg(rate_period_ms ORDER BY n DESC) FILTER (WHERE rate_max IS NOT NULL))[1]
-         FROM unnest($1::text[], $2::int4[], $3::int4[], $4::int8[]) WITH ORDINALITY AS t(key, concurrency, rate_max, rate_period_ms, n)
+                (array_agg(rate_period_ms ORDER BY n DESC) FILTER (WHERE rate_max IS NOT NULL))[1],
+                (array_agg(throttle_max ORDER BY n DESC) FILTER (WHERE throttle_max IS NOT NULL))[1],
+                (array_agg(throttle_period_ms ORDER BY n DESC) FILTER (WHERE throttle_max IS NOT NULL))[1]
+         FROM unnest($1::text[], $2::int4[], $3::int4[], $4::int8[], $5::int4[], $6::int8[])
+              WITH ORDINALITY AS t(key, concurrency, rate_max, rate_period_ms, throttle_max, throttle_period_ms, n)
          GROUP BY key ORDER BY key
          ON CONFLICT (key) DO UPDATE
          SET concurrency = COALESCE(EXCLUDED.concurrency, rate_limit_keys.concurrency),
              rate_max = COALESCE(EXCLUDED.rate_max, rate_limit_keys.rate_max),
              rate_period_ms = COALESCE(EXCLUDED.rate_period_ms, rate_limit_keys.rate_period_ms),
+             throttle_max = COALESCE(EXCLUDED.throttle_max, rate_limit_keys.throttle_max),
+             throttle_period_ms = COALESCE(EXCLUDED.throttle_period_ms, rate_limit_keys.throttle_period_ms),
              updated_at = now()",
     )
     .bind(&keys)
     .bind(&limits)
     .bind(&rates)
     .bind(&periods)
+    .bind(&throttles)
+    .bind(&throttle_periods)
     .execute(&mut *conn)
     .await?;
     Ok(())

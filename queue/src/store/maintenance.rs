@@ -124,7 +124,7 @@ macro_rules! aged_by_at {
 }
 
 // A rate-limit key `k` the pruner may delete, `$1` ms being the retention: untouched for that
-// long, nothing in force on it (a handler's hold, an override, an open rate window), and no
+// long, nothing in force on it (a handler's hold, an override, an open rate or throttle window), and no
 // job naming it.
 macro_rules! prunable_key {
     () => {
@@ -132,6 +132,7 @@ macro_rules! prunable_key {
          AND (k.held_until IS NULL OR k.held_until <= now())
          AND (k.override_concurrency IS NULL OR k.override_expires_at <= now())
          AND (k.rate_window_start IS NULL OR k.rate_window_start + k.rate_period_ms * interval '1 millisecond' <= now())
+         AND (k.throttle_window_start IS NULL OR k.throttle_window_start + rebound_rate_limit_spacing(k) <= now())
          AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.rate_limit_key = k.key)"
     };
 }

@@ -1,6 +1,7 @@
 //! When the scheduler next has work: lets a maintenance loop sleep until the next scheduled or
-//! retryable job is due instead of polling on a fixed tick, so a retry due in 1 s becomes
-//! available at 1 s rather than up to a tick later.
+//! retryable job is due, or a rate-limit window that keeps jobs waiting ends, instead of polling
+//! on a fixed tick, so a retry due in 1 s becomes available at 1 s rather than up to a tick
+//! later, and a key's throttle spaces its jobs by its own spacing.
 
 use std::time::Duration;
 
@@ -27,12 +28,17 @@ impl Store {
         }
     }
 
-    /// Time until the earliest `scheduled` or `retryable` job is due, by the database's clock;
-    /// zero if one is already due, `None` if none is waiting.
+    /// Time until the earliest `scheduled` or `retryable` job is due, or a rate-limit key's
+    /// spent window (rate or throttle) ends while jobs wait for it, by the database's clock;
+    /// zero if one is already due, `None` if nothing is waiting for a time.
     pub async fn time_until_next_due(&self) -> Result<Option<Duration>, StoreError> {
+        // (LEAST passes over a NULL: nothing waiting of that kind.)
         let ms: Option<f64> = sqlx::query_scalar(
-            "SELECT EXTRACT(EPOCH FROM (min(scheduled_at) - now()))::float8 * 1000
-             FROM jobs WHERE state IN ('scheduled', 'retryable')",
+            "SELECT EXTRACT(EPOCH FROM (LEAST(
+                 (SELECT min(scheduled_at) FROM jobs WHERE state IN ('scheduled', 'retryable')),
+                 (SELECT min(rebound_rate_limit_windows_end(r))
+                  FROM rebound_rate_limit_waiting_keys() AS w(key) JOIN rate_limit_keys r ON r.key = w.key)
+             ) - now()))::float8 * 1000",
         )
         .fetch_one(&self.pool)
         .await?;

@@ -31,6 +31,19 @@ impl Window {
         }
         crate::bounds::check_interval(self.period)
     }
+
+    /// Why this window cannot be a throttle, naming its field (`limit` or `period`): a
+    /// throttle allows a start, spaced at least a millisecond from the last.
+    pub fn check_throttle(&self) -> Result<(), (&'static str, String)> {
+        if self.limit == 0 {
+            return Err(("limit", "must be at least 1 (use concurrency 0 to stop every start)".into()));
+        }
+        self.check_period().map_err(|reason| ("period", reason))?;
+        if millis(self.period) / i64::from(self.limit) < 1 {
+            return Err(("period", "spaces starts less than a millisecond apart; use rate instead".into()));
+        }
+        Ok(())
+    }
 }
 
 /// A queue's limits (OJS `RateLimitPolicy` at queue level). Every limit set must allow a
@@ -70,16 +83,11 @@ impl QueueRateLimit {
     }
 
     fn validate(&self) -> Result<(), StoreError> {
-        for (field, w) in [("rate", &self.rate), ("throttle", &self.throttle)] {
-            if let Some(w) = w {
-                w.check_period().map_err(|reason| StoreError::invalid(format!("{field}.period"), reason))?;
-                if field == "throttle" && w.limit == 0 {
-                    return Err(StoreError::invalid("throttle.limit", "must be at least 1 (use concurrency 0 to stop the queue)"));
-                }
-                if field == "throttle" && millis(w.period) / i64::from(w.limit) < 1 {
-                    return Err(StoreError::invalid("throttle", "spaces starts less than a millisecond apart; use rate instead"));
-                }
-            }
+        if let Some(w) = &self.rate {
+            w.check_period().map_err(|reason| StoreError::invalid("rate.period", reason))?;
+        }
+        if let Some(w) = &self.throttle {
+            w.check_throttle().map_err(|(field, reason)| StoreError::invalid(format!("throttle.{field}"), reason))?;
         }
         Ok(())
     }
@@ -101,11 +109,15 @@ pub struct RateLimitState {
     pub throttle_next_allowed_at: Option<Timestamp>,
 }
 
-pub(super) fn limit_from_row(r: &PgRow) -> Result<QueueRateLimit, StoreError> {
-    let window = |max: Option<i32>, period: Option<i64>| match (max, period) {
+/// The window stored in columns `max` and `period` (milliseconds) of a row, if both are set.
+fn stored_window(r: &PgRow, max: &str, period: &str) -> Result<Option<Window>, StoreError> {
+    Ok(match (r.try_get::<Option<i32>, _>(max)?, r.try_get::<Option<i64>, _>(period)?) {
         (Some(m), Some(p)) => Some(Window { limit: u32::try_from(m).unwrap_or(0), period: Duration::from_millis(p.unsigned_abs()) }),
         _ => None,
-    };
+    })
+}
+
+pub(super) fn limit_from_row(r: &PgRow) -> Result<QueueRateLimit, StoreError> {
     let stored: Option<Value> = r.try_get("rate_limit")?;
     // The throttle is stored as its one-start window; the limit as set is in `rate_limit`.
     let throttle = stored.as_ref().and_then(|v| v.get("throttle")).and_then(|t| {
@@ -115,7 +127,7 @@ pub(super) fn limit_from_row(r: &PgRow) -> Result<QueueRateLimit, StoreError> {
     });
     Ok(QueueRateLimit {
         concurrency: r.try_get::<Option<i32>, _>("concurrency_limit")?.map(|c| u32::try_from(c).unwrap_or(0)),
-        rate: window(r.try_get("rate_max")?, r.try_get("rate_period_ms")?),
+        rate: stored_window(r, "rate_max", "rate_period_ms")?,
         throttle,
     })
 }
@@ -239,6 +251,11 @@ pub struct KeyedRateLimit {
     /// Admissions counted in the current window, and when it ends (`None`: no window open).
     pub rate_used: i64,
     pub rate_window_resets_at: Option<Timestamp>,
+    /// The key's throttle (the newest enqueue naming one set it): admissions, so starts, at
+    /// least `period / limit` apart.
+    pub throttle: Option<Window>,
+    /// When the throttle admits the next job (`None`: now, or no throttle).
+    pub throttle_next_allowed_at: Option<Timestamp>,
     pub updated_at: Timestamp,
 }
 
@@ -257,6 +274,9 @@ SELECT r.key, r.concurrency, r.override_concurrency, r.override_expires_at, r.up
        COALESCE(r.rate_max - rebound_rate_limit_window_room(r), 0)::bigint AS rate_used,
        CASE WHEN rebound_rate_limit_window_room(r) < r.rate_max
             THEN r.rate_window_start + r.rate_period_ms * interval '1 millisecond' END AS rate_window_resets_at,
+       r.throttle_max, r.throttle_period_ms,
+       CASE WHEN rebound_rate_limit_throttle_room(r) = 0
+            THEN r.throttle_window_start + rebound_rate_limit_spacing(r) END AS throttle_next_allowed_at,
        (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = r.key AND j.state = 'active' AND NOT j.rate_limited) AS active,
        (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = r.key AND j.state = 'available' AND NOT j.rate_limited) AS admitted,
        (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = r.key AND j.state = 'available' AND j.rate_limited) AS waiting
@@ -279,35 +299,25 @@ fn key_state_from_row(r: &PgRow) -> Result<KeyedRateLimit, StoreError> {
         active: r.try_get("active")?,
         admitted: r.try_get("admitted")?,
         waiting: r.try_get("waiting")?,
-        rate: match (r.try_get::<Option<i32>, _>("rate_max")?, r.try_get::<Option<i64>, _>("rate_period_ms")?) {
-            (Some(m), Some(p)) => Some(Window { limit: u32::try_from(m).unwrap_or(0), period: Duration::from_millis(p.unsigned_abs()) }),
-            _ => None,
-        },
+        rate: stored_window(r, "rate_max", "rate_period_ms")?,
         rate_used: r.try_get("rate_used")?,
         rate_window_resets_at: ts_opt(r, "rate_window_resets_at")?,
+        throttle: stored_window(r, "throttle_max", "throttle_period_ms")?,
+        throttle_next_allowed_at: ts_opt(r, "throttle_next_allowed_at")?,
         updated_at: super::ts(r, "updated_at")?,
     })
 }
 
 /// Keys with jobs waiting and, by a read without locks, a free slot and room in their rate
-/// window, or a waiting job to drop (one another transaction held when its key was settled):
-/// the sweep settles these (a window that ended leaves its waiting jobs to it).
-/// The distinct waiting keys are read by skipping along `jobs_rate_waiting`, one probe each.
+/// window and throttle, or a waiting job to drop (one another transaction held when its key
+/// was settled): the sweep settles these (a window that ended leaves its waiting jobs to it).
 const KEYS_TO_SETTLE: &str = "
-WITH RECURSIVE waiting AS (
-    (SELECT rate_limit_key AS key FROM jobs WHERE state = 'available' AND rate_limited ORDER BY rate_limit_key LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.rate_limit_key FROM jobs j
-            WHERE j.state = 'available' AND j.rate_limited AND j.rate_limit_key > w.key
-            ORDER BY j.rate_limit_key LIMIT 1)
-    FROM waiting w WHERE w.key IS NOT NULL
-)
-SELECT w.key FROM waiting w LEFT JOIN rate_limit_keys r ON r.key = w.key
-WHERE w.key IS NOT NULL
-  AND (((rebound_rate_limit_in_force(r) IS NULL
+SELECT w.key FROM rebound_rate_limit_waiting_keys() AS w(key) LEFT JOIN rate_limit_keys r ON r.key = w.key
+WHERE (((rebound_rate_limit_in_force(r) IS NULL
           OR (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = w.key AND j.state IN ('available', 'active') AND NOT j.rate_limited)
              < rebound_rate_limit_in_force(r))
-         AND (rebound_rate_limit_window_room(r) IS NULL OR rebound_rate_limit_window_room(r) > 0))
+         AND (rebound_rate_limit_window_room(r) IS NULL OR rebound_rate_limit_window_room(r) > 0)
+         AND (rebound_rate_limit_throttle_room(r) IS NULL OR rebound_rate_limit_throttle_room(r) > 0))
        OR EXISTS (SELECT 1 FROM jobs j WHERE j.rate_limit_key = w.key AND j.state = 'available' AND j.rate_limited
                                          AND j.rate_limit_on_limit = 'drop' AND j.workflow_id IS NULL))
 LIMIT $1";

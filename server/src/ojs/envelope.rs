@@ -118,11 +118,10 @@ pub fn parse_new_job(f: &Fields<'_>, now: Timestamp) -> Result<NewJob, ApiError>
     Ok(job)
 }
 
-/// A job's `rate_limit` (ojs-rate-limiting §6): its `key`, the key's `concurrency` and `rate`
-/// window, and its `on_limit`. Per-key throttles are refused rather than accepted and not
-/// enforced: a client would believe its job limited.
+/// A job's `rate_limit` (ojs-rate-limiting §6): its `key`, the key's `concurrency`, `rate`
+/// window and `throttle` (or `max_per_second`, the conformance suites' shorthand for a
+/// throttle of that many per second), and its `on_limit`.
 fn parse_rate_limit(r: &Fields<'_>) -> Result<JobRateLimit, ApiError> {
-    super::rate_limits::refuse_key_windows(r, &["throttle", "max_per_second"])?;
     r.only(&["key", "concurrency", "rate", "throttle", "max_per_second", "on_limit"])?;
     let on_limit = match r.str("on_limit")? {
         None => OnLimit::Wait,
@@ -131,8 +130,9 @@ fn parse_rate_limit(r: &Fields<'_>) -> Result<JobRateLimit, ApiError> {
     let key = r.required_str("key")?;
     validate_rate_limit_key(key, &r.name("key")).map_err(|e| r.error("key", e.reason))?;
     let concurrency = r.i64_in("concurrency", 0, i64::from(MAX_RATE_LIMIT_CONCURRENCY))?.map(|c| u32::try_from(c).unwrap_or(0));
-    let rate = super::rate_limits::key_window(r)?;
-    Ok(JobRateLimit { key: key.to_owned(), concurrency, rate, on_limit })
+    let rate = super::rate_limits::key_window(r, "rate")?;
+    let throttle = super::rate_limits::key_throttle(r)?;
+    Ok(JobRateLimit { key: key.to_owned(), concurrency, rate, throttle, on_limit })
 }
 
 /// A job timeout: positive and at most [`bounds::MAX_TIMEOUT`].

@@ -140,6 +140,16 @@ fn keyed_json(k: &KeyedRateLimit) -> Value {
                 "algorithm": "fixed_window",
             }));
         }
+        if let Some(w) = &k.throttle {
+            let limit = json!({ "limit": w.limit, "period": iso8601::format(w.period) });
+            if let Some(l) = m.get_mut("limit").and_then(Value::as_object_mut) {
+                l.insert("throttle".into(), limit);
+            }
+            m.insert("throttle".into(), json!({
+                "limit": w.limit, "period": iso8601::format(w.period),
+                "next_allowed_at": k.throttle_next_allowed_at.map(|t| t.to_string()),
+            }));
+        }
     }
     v
 }
@@ -199,36 +209,53 @@ async fn set(state: &AppState, caller: &Caller, queue: &str, body: &JsonObject) 
     Ok(Json(json!({ "key": format!("queue:{queue}"), "queue": queue, "rate_limit": saved.map(|l| l.to_json()) })))
 }
 
-/// Refuses the per-key windows named in `windowed` (of `rate`, `throttle` and
-/// `max_per_second`), in a job's `rate_limit` or a key's override: a window accepted and not
-/// enforced would leave its client believing it limited. Keys have concurrency and `rate`
-/// windows (set by their jobs); throttles are the queue's.
-pub fn refuse_key_windows(f: &Fields<'_>, windowed: &[&str]) -> Result<(), ApiError> {
-    for windowed in windowed {
+/// Refuses windows in a key's override (`rate`, `throttle`, `max_per_second`): a key's
+/// windows are set by its jobs, and a window accepted and not applied would leave its client
+/// believing it in force.
+fn refuse_override_windows(f: &Fields<'_>) -> Result<(), ApiError> {
+    for windowed in ["rate", "throttle", "max_per_second"] {
         if f.get(windowed).is_some_and(|v| !v.is_null()) {
-            return Err(unsupported(format!("per-key {} here ({})", if *windowed == "rate" { "rate overrides" } else { "throttles" }, f.name(windowed)))
+            return Err(unsupported(format!("windows in a key's override ({})", f.name(windowed)))
                 .detail("field", f.name(windowed))
-                .hint("a key's rate window is set by its jobs' rate_limit.rate; throttle the queue: PUT /ojs/v1/admin/queues/{name}/rate-limit"));
+                .hint("a key's rate window and throttle are set by its jobs' rate_limit; override its concurrency (0 stops it)"));
         }
     }
     Ok(())
 }
 
-/// A job's per-key rate window, `rate: {limit, period}` (RL-R001).
-pub fn key_window(f: &Fields<'_>) -> Result<Option<Window>, ApiError> {
-    let w = window(f, "rate")?;
+/// A job's per-key window `name` (`rate` or `throttle`): `{limit, period}` (RL-R001, RL-R002).
+pub fn key_window(f: &Fields<'_>, name: &str) -> Result<Option<Window>, ApiError> {
+    let w = window(f, name)?;
     if let Some(w) = &w
         && w.limit > rebound_queue::job::MAX_RATE_LIMIT_CONCURRENCY
     {
-        return Err(ApiError::invalid_field(&f.name("rate.limit"), format!("must be at most {}", rebound_queue::job::MAX_RATE_LIMIT_CONCURRENCY)));
+        return Err(ApiError::invalid_field(&f.name(&format!("{name}.limit")), format!("must be at most {}", rebound_queue::job::MAX_RATE_LIMIT_CONCURRENCY)));
     }
     Ok(w)
+}
+
+/// A job's per-key throttle (RL-R002): `throttle: {limit, period}`, or `max_per_second: n`
+/// (the conformance suites' shorthand for `{n, PT1S}`), not both.
+pub fn key_throttle(f: &Fields<'_>) -> Result<Option<Window>, ApiError> {
+    let throttle = key_window(f, "throttle")?;
+    let shorthand = f.i64_in("max_per_second", 1, i64::from(rebound_queue::job::MAX_RATE_LIMIT_CONCURRENCY))?;
+    let throttle = match (throttle, shorthand) {
+        (Some(_), Some(_)) => return Err(f.error("max_per_second", "is a throttle of its own: give throttle or max_per_second, not both")),
+        (Some(t), None) => Some(t),
+        (None, Some(n)) => Some(Window { limit: u32::try_from(n).unwrap_or(1), period: std::time::Duration::from_secs(1) }),
+        (None, None) => None,
+    };
+    if let Some(t) = &throttle {
+        let field = |sub: &str| if shorthand.is_some() { "max_per_second".to_owned() } else { format!("throttle.{sub}") };
+        t.check_throttle().map_err(|(sub, reason)| f.error(&field(sub), reason))?;
+    }
+    Ok(throttle)
 }
 
 /// An override of a keyed limit: `{"concurrency": n, "expires_at": "…"}`; `{}` or a null
 /// `concurrency` removes the override.
 fn parse_override(f: &Fields<'_>) -> Result<Option<RateLimitOverride>, ApiError> {
-    refuse_key_windows(f, &["rate", "throttle", "max_per_second"])?;
+    refuse_override_windows(f)?;
     f.only(&["concurrency", "expires_at", "rate", "throttle", "max_per_second"])?;
     let Some(concurrency) = f.i64_in("concurrency", 0, i64::from(rebound_queue::job::MAX_RATE_LIMIT_CONCURRENCY))? else {
         if f.get("expires_at").is_some_and(|v| !v.is_null()) {

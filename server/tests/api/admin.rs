@@ -741,4 +741,45 @@ async fn keyed_rate_limits_over_http() {
     // An override is of the concurrency; a rate in it is refused, not ignored.
     let r = s.call("PUT", "/ojs/v1/rate-limits/mailer", Some(json!({"concurrency": 1, "rate": {"limit": 5, "period": "PT1M"}}))).await;
     assert_eq!((r.status, r.error_field()), (StatusCode::UNPROCESSABLE_ENTITY, Some("rate")), "{}", r.text);
+    let r = s.call("PUT", "/ojs/v1/rate-limits/mailer", Some(json!({"concurrency": 1, "throttle": {"limit": 5, "period": "PT1M"}}))).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::UNPROCESSABLE_ENTITY, Some("throttle")), "{}", r.text);
+
+    // A key's throttle (RL-R002): starts spaced period / limit apart, so the second job waits
+    // for the first's spacing to end, whichever queue it is in.
+    for (i, throttle) in [json!({"throttle": {"limit": 2, "period": "PT1H"}}), json!({"max_per_second": 1})].into_iter().enumerate() {
+        let key = format!("paced-{i}");
+        let mut options = json!({"key": key});
+        if let (Some(o), Some(t)) = (options.as_object_mut(), throttle.as_object()) {
+            o.extend(t.clone());
+        }
+        for (n, queue) in ["kt", "ku"].iter().enumerate() {
+            let job = s.enqueue(json!({"type": "rl.paced", "args": [n], "options": {"queue": queue, "rate_limit": options}})).await;
+            assert_eq!(job.get("rate_limited").is_some(), n == 1, "{job}");
+        }
+        let r = s.get(&format!("/ojs/v1/rate-limits/{key}")).await;
+        let (limit, period) = if i == 0 { (2, "PT1H") } else { (1, "PT1S") };
+        assert_eq!((r.body["throttle"]["limit"].as_i64(), r.body["throttle"]["period"].as_str(), r.body["waiting_count"].as_i64()),
+            (Some(limit), Some(period), Some(1)), "{}", r.text);
+        // (A second's spacing may be over on a loaded machine by the time it is read.)
+        assert!(i > 0 || r.body["throttle"]["next_allowed_at"].is_string(), "{}", r.text);
+        assert_eq!(r.body["limit"]["throttle"], json!({"limit": limit, "period": period}), "{}", r.text);
+    }
+    let before = s.job_count().await;
+    for (throttle, field) in [
+        (json!({"throttle": {"limit": 0, "period": "PT1S"}}), "options.rate_limit.throttle.limit"),
+        (json!({"throttle": {"limit": 5000, "period": "PT1S"}}), "options.rate_limit.throttle.period"),
+        (json!({"throttle": {"limit": 1}}), "options.rate_limit.throttle.period"),
+        (json!({"max_per_second": 0}), "options.rate_limit.max_per_second"),
+        (json!({"max_per_second": 5000}), "options.rate_limit.max_per_second"),
+        (json!({"max_per_second": 2, "throttle": {"limit": 2, "period": "PT1S"}}), "options.rate_limit.max_per_second"),
+    ] {
+        let mut options = json!({"key": "paced-bad"});
+        if let (Some(o), Some(t)) = (options.as_object_mut(), throttle.as_object()) {
+            o.extend(t.clone());
+        }
+        let r = s.post("/ojs/v1/jobs", json!({"type": "rl.paced", "args": [], "options": {"rate_limit": options}})).await;
+        assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some(field)), "{throttle}: {}", r.text);
+    }
+    assert_eq!(s.job_count().await, before, "nothing stored");
+    assert_eq!(s.get("/ojs/v1/rate-limits/paced-bad").await.status, StatusCode::NOT_FOUND, "no key made");
 }

@@ -189,12 +189,13 @@ async fn template_timeout_and_meta_apply_to_every_job() {
 
 /// A template's `rate_limit` applies to every job it makes: each tick's job shares the key,
 /// so with a concurrency of 1 a second tick's job waits while the first is unfinished, and
-/// the window and `on_limit` come along (a spent window drops the third). The template is
+/// the window, the throttle and `on_limit` come along. The template is
 /// echoed as sent.
 #[tokio::test]
 async fn a_template_s_rate_limit_applies_to_every_job_it_makes() {
     let s = TestServer::new().await;
-    let options = json!({"queue": "feeds", "rate_limit": {"key": "feed:acme", "concurrency": 1, "rate": {"limit": 2, "period": "PT1H"}, "on_limit": "drop"}});
+    let options = json!({"queue": "feeds", "rate_limit": {"key": "feed:acme", "concurrency": 1, "rate": {"limit": 2, "period": "PT1H"},
+                                                          "throttle": {"limit": 6, "period": "PT1H"}, "on_limit": "drop"}});
     let r = s.post("/ojs/v1/cron", json!({"name": "feed", "expression": "@hourly", "overlap_policy": "allow", "job_template": {"type": "feed.pull", "options": options}})).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     assert_eq!(r.body["cron"]["job_template"]["options"]["rate_limit"]["key"], "feed:acme", "echoed: {}", r.text);
@@ -213,6 +214,7 @@ async fn a_template_s_rate_limit_applies_to_every_job_it_makes() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!((r.body["concurrency"]["limit"].as_i64(), r.body["concurrency"]["active"].as_i64(), r.body["waiting_count"].as_i64()), (Some(1), Some(1), Some(0)), "the template set the key's limit: {}", r.text);
     assert_eq!((r.body["rate"]["limit"].as_i64(), r.body["rate"]["period"].as_str(), r.body["rate"]["current_count"].as_i64()), (Some(2), Some("PT1H"), Some(1)), "and its window: {}", r.text);
+    assert_eq!(r.body["limit"]["throttle"], json!({"limit": 6, "period": "PT1H"}), "and its throttle: {}", r.text);
 }
 
 #[tokio::test]

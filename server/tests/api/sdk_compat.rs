@@ -158,15 +158,13 @@ async fn unsupported_features_answer_422_unsupported() {
         assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")), "{method} {path}: {}", r.text);
         r.assert_ojs_error(path);
     }
-    // A job's own throttle would be accepted and not enforced (keys have concurrency and rate
-    // windows; throttles are the queue's): refused, nothing stored.
-    let before = s.job_count().await;
+    // A job's own throttle, in the SDKs' shorthand or at the top level, is the key's.
     let r = s.post("/ojs/v1/jobs", json!({"type": "rl.job", "args": [], "options": {"rate_limit": {"key": "tenant-1", "max_per_second": 5}}})).await;
-    assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unsupported")), "{}", r.text);
-    assert_eq!(r.body["error"]["details"]["field"], "options.rate_limit.max_per_second", "{}", r.text);
-    let r = s.post("/ojs/v1/jobs", json!({"type": "rl.job", "args": [], "rate_limit": {"key": "tenant-1", "throttle": {"limit": 5, "period": "PT1S"}}})).await;
-    assert_eq!((r.status, r.body["error"]["details"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("rate_limit.throttle")), "at the top level too: {}", r.text);
-    assert_eq!(s.job_count().await, before);
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let r = s.post("/ojs/v1/jobs", json!({"type": "rl.job", "args": [], "rate_limit": {"key": "tenant-1", "throttle": {"limit": 2, "period": "PT1S"}}})).await;
+    assert_eq!((r.status, r.body["job"]["rate_limited"].as_bool()), (StatusCode::CREATED, Some(true)), "at the top level too: {}", r.text);
+    let r = s.get("/ojs/v1/rate-limits/tenant-1").await;
+    assert_eq!(r.body["limit"]["throttle"], json!({"limit": 2, "period": "PT1S"}), "the newest sets it: {}", r.text);
     let r = s.get("/ojs/v1/no-such-thing").await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "a typo is still a 404");
     let r = s.raw("GET", "/ojs/v1/health", &[("ojs-version", "2.0")], Vec::new()).await;

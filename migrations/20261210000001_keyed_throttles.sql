@@ -1,0 +1,308 @@
+-- Per-key throttles (ojs-rate-limiting RL-R002): a job enqueued with
+-- `rate_limit: {key, throttle: {limit, period}}` spaces the starts of its key's jobs evenly,
+-- at least `period / limit` apart, across queues and processes, beside the key's concurrency
+-- and rate window.
+--
+-- A throttle is a second fixed window of one start whose period is that spacing, counted as
+-- the rate window is (…_keyed_rate_windows.sql): at admission, under the key's row lock, a job
+-- counting again each time it becomes claimable again, an admitted job nobody claimed counting
+-- in the window that begins after its own ended. The jobs it leaves waiting are admitted when
+-- the window ends, by the next statement that settles the key or by the scheduler, which wakes
+-- at the earliest end of a window that keeps jobs waiting.
+ALTER TABLE rate_limit_keys
+    ADD COLUMN throttle_max integer CHECK (throttle_max >= 1),
+    ADD COLUMN throttle_period_ms bigint CHECK (throttle_period_ms > 0),
+    ADD COLUMN throttle_window_start timestamptz,
+    ADD COLUMN throttle_window_used integer NOT NULL DEFAULT 0,
+    ADD CONSTRAINT rate_limit_keys_throttle_whole CHECK ((throttle_max IS NULL) = (throttle_period_ms IS NULL));
+
+-- The least time between two starts of a key's jobs (NULL: no throttle).
+CREATE FUNCTION rebound_rate_limit_spacing(r rate_limit_keys) RETURNS interval LANGUAGE sql IMMUTABLE AS $$
+    SELECT r.throttle_period_ms * interval '1 millisecond' / r.throttle_max
+$$;
+
+-- The starts a key's throttle allows now: 1 or 0 (NULL: no throttle).
+CREATE FUNCTION rebound_rate_limit_throttle_room(r rate_limit_keys) RETURNS integer LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN r.throttle_max IS NULL THEN NULL
+                WHEN r.throttle_window_start IS NULL OR r.throttle_window_start <= statement_timestamp() - rebound_rate_limit_spacing(r) THEN 1
+                ELSE GREATEST(1 - r.throttle_window_used, 0) END
+$$;
+
+-- When a key's waiting jobs can next be admitted by its windows: the end of every window of
+-- it that has no room left (NULL: none is spent, so only a slot can free them, or nothing
+-- holds them).
+CREATE FUNCTION rebound_rate_limit_windows_end(r rate_limit_keys) RETURNS timestamptz LANGUAGE sql STABLE AS $$
+    SELECT GREATEST(
+        CASE WHEN rebound_rate_limit_window_room(r) = 0 THEN r.rate_window_start + r.rate_period_ms * interval '1 millisecond' END,
+        CASE WHEN rebound_rate_limit_throttle_room(r) = 0 THEN r.throttle_window_start + rebound_rate_limit_spacing(r) END)
+$$;
+
+-- The keys that have jobs waiting, read by skipping along `jobs_rate_waiting`, one probe per
+-- key (the sweep's keys to settle, and the keys whose windows the scheduler waits for).
+CREATE FUNCTION rebound_rate_limit_waiting_keys() RETURNS SETOF text LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE waiting AS (
+        (SELECT rate_limit_key AS key FROM jobs WHERE state = 'available' AND rate_limited ORDER BY rate_limit_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.rate_limit_key FROM jobs j
+                WHERE j.state = 'available' AND j.rate_limited AND j.rate_limit_key > w.key
+                ORDER BY j.rate_limit_key LIMIT 1)
+        FROM waiting w WHERE w.key IS NOT NULL
+    )
+    SELECT key FROM waiting WHERE key IS NOT NULL
+$$;
+
+-- The admission of …_keyed_rate_windows.sql (renamed in …_rate_limit_on_limit.sql), restated
+-- with the throttle's window beside the rate window: a job is admitted only while both have
+-- room, and held back again when either is over.
+CREATE OR REPLACE FUNCTION rebound_rate_limit_admit(k text, entered uuid[] DEFAULT '{}', reorder boolean DEFAULT false)
+RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    r rate_limit_keys;
+    lim integer;
+    held bigint;
+    moved bigint := 0;
+    queued bigint := 0;
+    queues bigint;
+    ts timestamptz;
+    fresh boolean;
+    used bigint;
+    t_fresh boolean;
+    t_used bigint;
+    over_slots bigint;
+    over_rate bigint;
+    over_throttle bigint;
+    windowed boolean;
+    waiting boolean;
+    left_waiting bigint;
+    displaced bigint := 0;
+    locked bigint;
+    best record;
+    worst record;
+BEGIN
+    entered := COALESCE(entered, '{}');
+    -- No row: no limit (r stays all NULL).
+    SELECT * INTO r FROM rate_limit_keys WHERE key = k FOR UPDATE;
+    ts := clock_timestamp();
+    lim := rebound_rate_limit_in_force(r);
+    windowed := r.rate_max IS NOT NULL OR r.throttle_max IS NOT NULL;
+    waiting := EXISTS (SELECT 1 FROM jobs WHERE rate_limit_key = k AND state = 'available' AND rate_limited);
+    -- (The entered rows are this statement's own: locked by it already.)
+    IF waiting AND cardinality(entered) > 0 AND (lim IS NOT NULL OR windowed) THEN
+        UPDATE jobs SET rate_limited = true WHERE id = ANY(entered) AND state = 'available' AND NOT rate_limited;
+        GET DIAGNOSTICS queued = ROW_COUNT;
+    END IF;
+    -- Counted after the lock, with this statement's fresh snapshot (VOLATILE): every other
+    -- settling of the key has committed or not started. (READ COMMITTED, as every
+    -- transaction of the store is: a REPEATABLE READ snapshot would not see them.)
+    IF lim IS NOT NULL THEN
+        SELECT count(*) INTO held FROM jobs
+        WHERE rate_limit_key = k AND state IN ('available', 'active') AND NOT rate_limited;
+    END IF;
+    IF r.rate_max IS NOT NULL THEN
+        fresh := r.rate_window_start IS NULL OR r.rate_window_start <= ts - r.rate_period_ms * interval '1 millisecond';
+        IF fresh THEN
+            -- Admitted and not yet claimed (the entered ones among them): they start in this one.
+            SELECT count(*) INTO used FROM jobs WHERE rate_limit_key = k AND state = 'available' AND NOT rate_limited;
+        ELSE
+            used := r.rate_window_used + cardinality(entered) - queued;
+        END IF;
+    END IF;
+    IF r.throttle_max IS NOT NULL THEN
+        t_fresh := r.throttle_window_start IS NULL OR r.throttle_window_start <= ts - rebound_rate_limit_spacing(r);
+        IF t_fresh THEN
+            SELECT count(*) INTO t_used FROM jobs WHERE rate_limit_key = k AND state = 'available' AND NOT rate_limited;
+        ELSE
+            t_used := r.throttle_window_used + cardinality(entered) - queued;
+        END IF;
+    END IF;
+    over_slots := COALESCE(held - lim, 0);
+    over_rate := COALESCE(used - r.rate_max, 0);
+    over_throttle := COALESCE(t_used - 1, 0);
+    IF over_slots > 0 OR over_rate > 0 OR over_throttle > 0 THEN
+        WITH parked AS (
+            UPDATE jobs SET rate_limited = true
+            WHERE id = ANY(ARRAY(
+                SELECT id FROM jobs
+                WHERE rate_limit_key = k AND state = 'available' AND NOT rate_limited
+                ORDER BY priority, scheduled_at DESC, id DESC
+                LIMIT GREATEST(over_slots, over_rate, over_throttle)
+                FOR UPDATE SKIP LOCKED))
+            RETURNING id
+        )
+        SELECT count(*) INTO moved FROM parked;
+        IF moved > 0 THEN
+            INSERT INTO rate_limit_events (key, type, data)
+            VALUES (k, 'rate_limit.exceeded',
+                    CASE WHEN over_slots >= over_rate AND over_slots >= over_throttle
+                         THEN jsonb_build_object('key', k, 'strategy', 'concurrency', 'limit', lim, 'current', held - moved, 'parked', moved)
+                         WHEN over_rate >= over_throttle
+                         THEN jsonb_build_object('key', k, 'strategy', 'rate', 'limit', r.rate_max, 'current', used - moved,
+                                                 'parked', moved, 'window_resets_at',
+                                                 CASE WHEN fresh THEN ts ELSE r.rate_window_start END + r.rate_period_ms * interval '1 millisecond')
+                         ELSE jsonb_build_object('key', k, 'strategy', 'throttle', 'limit', r.throttle_max,
+                                                 'period_ms', r.throttle_period_ms, 'parked', moved, 'next_allowed_at',
+                                                 CASE WHEN t_fresh THEN ts ELSE r.throttle_window_start END + rebound_rate_limit_spacing(r)) END);
+        END IF;
+        -- Held back before any worker claimed them: they did not start.
+        used := GREATEST(used - moved, 0);
+        t_used := GREATEST(t_used - moved, 0);
+        held := held - moved;
+        moved := 0;
+    ELSIF (waiting OR queued > 0) AND (lim IS NULL OR held < lim) AND (r.rate_max IS NULL OR used < r.rate_max)
+          AND (r.throttle_max IS NULL OR t_used < 1) THEN
+        WITH admitted AS (
+            UPDATE jobs SET rate_limited = false
+            WHERE id = ANY(ARRAY(
+                SELECT id FROM jobs
+                WHERE rate_limit_key = k AND state = 'available' AND rate_limited
+                ORDER BY priority DESC, scheduled_at, id
+                -- LEAST passes over a NULL: no limit of that kind.
+                LIMIT LEAST(lim - held, r.rate_max - used, 1 - t_used)
+                FOR UPDATE SKIP LOCKED))
+            RETURNING id, queue, type
+        ), logged AS (
+            INSERT INTO rate_limit_events (key, type, data)
+            SELECT k, 'rate_limit.released',
+                   jsonb_build_object('key', k, 'strategy', CASE WHEN lim IS NOT NULL THEN 'concurrency'
+                                                                  WHEN r.rate_max IS NOT NULL THEN 'rate' ELSE 'throttle' END,
+                                      'job_id', a.id, 'queue', a.queue, 'job_type', a.type)
+            FROM admitted a
+            -- An entered job put in line and admitted at once never waited.
+            WHERE NOT a.id = ANY(entered)
+        ), notified AS (
+            -- Wakes the workers of the queues that got claimable work.
+            SELECT pg_notify('rebound_jobs', q.queue) FROM (SELECT DISTINCT queue FROM admitted) q
+        )
+        SELECT (SELECT count(*) FROM admitted), (SELECT count(*) FROM notified) INTO moved, queues;
+        used := used + moved;
+        t_used := t_used + moved;
+        held := held + moved;
+    END IF;
+    -- A job in line that outranks an admitted one no worker has claimed takes its place, one
+    -- pair at a time (usually none: admission goes in line order). Read without locks first,
+    -- both rows locked only to change places (a row another transaction holds ends the pass).
+    IF (queued > 0 OR reorder) AND (lim IS NOT NULL OR windowed) THEN
+        FOR i IN 1..1000 LOOP
+            SELECT id, priority, scheduled_at, queue, type INTO best FROM jobs
+            WHERE rate_limit_key = k AND state = 'available' AND rate_limited
+            ORDER BY priority DESC, scheduled_at, id LIMIT 1;
+            EXIT WHEN NOT FOUND;
+            SELECT id, priority, scheduled_at INTO worst FROM jobs
+            WHERE rate_limit_key = k AND state = 'available' AND NOT rate_limited
+            ORDER BY priority, scheduled_at DESC, id DESC LIMIT 1;
+            -- (ROW(...) <= ROW(...): the best in line does not outrank the worst admitted.)
+            EXIT WHEN NOT FOUND OR ROW(best.priority, worst.scheduled_at, worst.id) <= ROW(worst.priority, best.scheduled_at, best.id);
+            SELECT count(*) INTO locked FROM (
+                SELECT id FROM jobs
+                WHERE (id = best.id AND state = 'available' AND rate_limited) OR (id = worst.id AND state = 'available' AND NOT rate_limited)
+                FOR UPDATE SKIP LOCKED) l;
+            EXIT WHEN locked < 2;
+            UPDATE jobs SET rate_limited = (id = worst.id) WHERE id IN (best.id, worst.id);
+            PERFORM pg_notify('rebound_jobs', best.queue);
+            IF NOT best.id = ANY(entered) THEN
+                INSERT INTO rate_limit_events (key, type, data)
+                VALUES (k, 'rate_limit.released', jsonb_build_object('key', k, 'strategy', 'priority', 'job_id', best.id,
+                                                                     'queue', best.queue, 'job_type', best.type));
+            END IF;
+            IF NOT worst.id = ANY(entered) THEN
+                displaced := displaced + 1;
+            END IF;
+        END LOOP;
+    END IF;
+    -- Entered jobs put in line and left there, and admitted ones they displaced: this
+    -- statement made them wait, for a slot or for a window.
+    IF queued > 0 THEN
+        SELECT count(*) + displaced INTO left_waiting FROM jobs WHERE id = ANY(entered) AND rate_limited;
+        IF left_waiting > 0 THEN
+            INSERT INTO rate_limit_events (key, type, data)
+            VALUES (k, 'rate_limit.exceeded',
+                    CASE WHEN lim IS NOT NULL AND held >= lim
+                         THEN jsonb_build_object('key', k, 'strategy', 'concurrency', 'limit', lim, 'current', held, 'parked', left_waiting)
+                         WHEN r.rate_max IS NOT NULL AND used >= r.rate_max
+                         THEN jsonb_build_object('key', k, 'strategy', 'rate', 'limit', r.rate_max, 'current', used, 'parked', left_waiting)
+                         ELSE jsonb_build_object('key', k, 'strategy', 'throttle', 'limit', r.throttle_max,
+                                                 'period_ms', r.throttle_period_ms, 'parked', left_waiting) END);
+        END IF;
+    END IF;
+    -- A window begins at the first start counted after the last one ended. (One write for
+    -- both windows: the key's row is written at most once here.)
+    IF (r.rate_max IS NOT NULL AND (used <> r.rate_window_used OR (fresh AND used > 0)))
+       OR (r.throttle_max IS NOT NULL AND (t_used <> r.throttle_window_used OR (t_fresh AND t_used > 0))) THEN
+        UPDATE rate_limit_keys
+        SET rate_window_used = COALESCE(used, rate_window_used),
+            rate_window_start = CASE WHEN used IS NULL OR NOT fresh THEN rate_window_start WHEN used > 0 THEN ts END,
+            throttle_window_used = COALESCE(t_used, throttle_window_used),
+            throttle_window_start = CASE WHEN t_used IS NULL OR NOT t_fresh THEN throttle_window_start WHEN t_used > 0 THEN ts END
+        WHERE key = k;
+    END IF;
+END $$;
+
+-- The settle of …_rate_limit_on_limit_mends.sql, restated (CREATE OR REPLACE must) for the
+-- throttle: a job that would rather not wait is rescheduled to the end of every spent window
+-- of its key (the throttle's among them), or of a hold; and with a throttle, the jobs
+-- rescheduled together are spread one spacing apart, in line order, so that they do not all
+-- come back at one time only for all but one to be rescheduled again.
+CREATE OR REPLACE FUNCTION rebound_rate_limit_settle(k text, entered uuid[] DEFAULT '{}', reorder boolean DEFAULT false)
+RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    r rate_limit_keys;
+    until timestamptz;
+    at timestamptz;
+BEGIN
+    PERFORM rebound_rate_limit_admit(k, entered, reorder);
+    IF NOT EXISTS (SELECT 1 FROM jobs WHERE rate_limit_key = k AND state = 'available' AND rate_limited AND rate_limit_on_limit IS NOT NULL) THEN
+        RETURN;
+    END IF;
+    -- The clock, not the transaction's start: an enqueue's own drop must come after the job's
+    -- `job.enqueued`, positioned at the time in its id, which Rebound takes after the
+    -- transaction began. (An id a client chose, or one from a host whose clock is ahead, can
+    -- still sort after it: events say as much of such ids.)
+    at := clock_timestamp();
+    WITH dropped AS (
+        UPDATE jobs j
+        SET state = 'discarded', discarded_at = at, completed_at = at, updated_at = now(),
+            last_error = jsonb_build_object('type', 'rate_limit.dropped', 'code', 'rate_limit.dropped',
+                'message', 'the rate limit of key ' || k || ' was reached and the job asked to be dropped (on_limit: drop)',
+                'retryable', false, 'attempt', j.attempt,
+                'occurred_at', to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+        WHERE j.id = ANY(ARRAY(
+            SELECT id FROM jobs
+            WHERE rate_limit_key = k AND state = 'available' AND rate_limited AND rate_limit_on_limit = 'drop'
+              AND workflow_id IS NULL
+            FOR UPDATE SKIP LOCKED))
+        RETURNING j.id, j.type, j.queue, j.attempt
+    ), recorded AS (
+        INSERT INTO job_attempts (job_id, attempt, finished_at, outcome, error_type, error_code, error_message)
+        SELECT id, attempt, at, 'dropped', 'rate_limit.dropped', 'rate_limit.dropped',
+               'the rate limit of key ' || k || ' was reached and the job asked to be dropped (on_limit: drop)'
+        FROM dropped
+    )
+    INSERT INTO rate_limit_events (key, type, data)
+    SELECT k, 'rate_limit.dropped', jsonb_build_object('key', k, 'job_id', d.id, 'job_type', d.type, 'queue', d.queue)
+    FROM dropped d;
+
+    SELECT * INTO r FROM rate_limit_keys WHERE key = k;
+    until := GREATEST(
+        CASE WHEN r.held_until > now() THEN r.held_until END,
+        CASE WHEN r.override_concurrency = 0 AND r.override_expires_at > now() THEN r.override_expires_at END,
+        rebound_rate_limit_windows_end(r));
+    IF until > now() THEN
+        WITH picked AS (
+            SELECT id, row_number() OVER (ORDER BY priority DESC, scheduled_at, id) - 1 AS ahead
+            FROM jobs
+            WHERE id = ANY(ARRAY(
+                SELECT id FROM jobs
+                WHERE rate_limit_key = k AND state = 'available' AND rate_limited AND rate_limit_on_limit = 'reschedule'
+                  AND workflow_id IS NULL
+                FOR UPDATE SKIP LOCKED))
+        ), moved AS (
+            UPDATE jobs j SET state = 'scheduled', rate_limited = false, enqueued_at = NULL, updated_at = at,
+                              scheduled_at = until + COALESCE(p.ahead * rebound_rate_limit_spacing(r), interval '0')
+            FROM picked p
+            WHERE j.id = p.id
+            RETURNING j.id, j.queue
+        )
+        INSERT INTO job_transitions (at, queue, state, job_ids)
+        SELECT at, queue, 'scheduled', array_agg(id) FROM moved GROUP BY queue;
+    END IF;
+END $$;
