@@ -131,7 +131,7 @@ impl JobQuery {
             crate::error::check_queue(&self.queue)?;
         }
         if !self.job_type.is_empty() {
-            rebound_queue::job::validate_type(&self.job_type)
+            rebound_queue::job::validate_type_filter(&self.job_type)
                 .map_err(|v| AppError::Invalid { field: "job_type".into(), reason: requoted(v.reason, &self.job_type) })?;
         }
         if let Some(e) = too_long("error_type", &self.error_type, MAX_ERROR_TYPE_CHARS) {
@@ -140,7 +140,7 @@ impl JobQuery {
         if let Some(e) = too_long("text", &self.text, MAX_TEXT_CHARS) {
             return Err(e);
         }
-        if !matches!(self.sort.as_str(), "" | "died") {
+        if !matches!(self.sort.as_str(), "" | "oldest" | "died") {
             return Err(AppError::Invalid { field: "sort".into(), reason: format!("{} is not an order this page offers", quoted(&self.sort)) });
         }
         let window_start = |field: &str, value: &str| {
@@ -197,15 +197,16 @@ pub fn FilterForm(action: &'static str, query: Memo<JobQuery>, show_state: bool)
             <label>"Text" <input name="text" type="search" placeholder="in args or error message" value=move || q().text/></label>
             <WindowSelect label="Created" name="since" current=Signal::derive(move || q().since)/>
             {(!show_state).then(|| view! { <WindowSelect label="Died" name="died" current=Signal::derive(move || q().died)/> })}
-            {(!show_state).then(|| view! {
-                <label>
-                    "Order"
-                    <select name="sort">
-                        <option value="" selected=move || q().sort.is_empty()>"newest created"</option>
+            <label>
+                "Order"
+                <select name="sort">
+                    <option value="" selected=move || q().sort.is_empty()>"newest created"</option>
+                    <option value="oldest" selected=move || q().sort == "oldest">"oldest created"</option>
+                    {(!show_state).then(|| view! {
                         <option value="died" selected=move || q().sort == "died">"most recently died"</option>
-                    </select>
-                </label>
-            })}
+                    })}
+                </select>
+            </label>
             <button type="submit">"Filter"</button>
             <a class="button-link" href=action>"Clear"</a>
         </form>

@@ -555,6 +555,17 @@ pub fn validate_type(t: &str) -> Result<(), JobValidationError> {
     }
 }
 
+/// Checks a job-type filter: a job type, or a type's prefix followed by `.*` (`email.*`
+/// matches `email.send` and `email.digest.weekly`; see [`crate::store::JobFilter::job_type`]).
+pub fn validate_type_filter(t: &str) -> Result<(), JobValidationError> {
+    match t.strip_suffix(".*") {
+        Some(prefix) => validate_type(prefix).map_err(|_| {
+            JobValidationError::new("type", format!("{t:?} is not a job type or a prefix of one: use a type such as \"email.send\", or \"email.*\" for every type under email"))
+        }),
+        None => validate_type(t),
+    }
+}
+
 /// Queue names are `[a-z0-9][a-z0-9.-]*`, at most 128 characters.
 /// Args are a JSON array. The reason, for the caller to put under its own field name.
 pub fn check_args(args: &Value) -> Result<(), String> {

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use rebound_queue::outcome::{HandlerError, Outcome};
-use rebound_queue::store::{ClaimRequest, Completion, Failure, JobFilter, PruneConfig, SEARCH_WINDOW};
+use rebound_queue::store::{ClaimRequest, Completion, Failure, JobFilter, Order, PruneConfig, SEARCH_WINDOW};
 use rebound_queue::testing::TestDb;
-use rebound_queue::{JobState, NewJob, Store};
+use rebound_queue::{JobState, NewJob, Store, StoreError};
 use serde_json::json;
 
 /// Every (queue, type, state, dead_letter) group counted from the jobs table itself.
@@ -226,6 +226,21 @@ async fn listed(s: &Store, filter: &JobFilter, limit: i64) -> Vec<uuid::Uuid> {
     panic!("paging {filter:?} did not end");
 }
 
+/// [`listed`], oldest first.
+async fn listed_oldest_first(s: &Store, filter: &JobFilter, limit: i64) -> Vec<uuid::Uuid> {
+    let mut ids = Vec::new();
+    let mut after = None;
+    for _ in 0..1000 {
+        let page = s.list_jobs_ordered(filter, after, limit, Order::OldestFirst).await.unwrap();
+        ids.extend(page.items.iter().map(|j| j.id));
+        after = page.next;
+        if after.is_none() {
+            return ids;
+        }
+    }
+    panic!("paging {filter:?} did not end");
+}
+
 /// Inserts `n` jobs spread over `queues` × `types` × `states` (one after another, so
 /// neighbouring ids are in different lanes), with time-ordered UUIDv7 ids.
 async fn insert_spread(s: &Store, n: i64, queues: &[&str], types: &[&str], states: &[&str]) {
@@ -251,21 +266,23 @@ async fn insert_spread(s: &Store, n: i64, queues: &[&str], types: &[&str], state
 async fn listings_by_state_read_every_lane_in_id_order() {
     let db = TestDb::new().await;
     let s = &db.store;
-    insert_spread(s, 400, &["default", "mail", "billing"], &["a.one", "b.two", "c.three"], &["completed", "discarded", "retryable", "available"]).await;
+    insert_spread(s, 400, &["default", "mail", "billing"], &["a.one", "b.two", "c.three", "b.sub.four", "bb.five"], &["completed", "discarded", "retryable", "available", "active"]).await;
 
-    let states = [vec![JobState::Completed], vec![JobState::Completed, JobState::Discarded], vec![JobState::Retryable], vec![JobState::Available]];
+    // (No state: every state, lane by lane where a queue or type is given.)
+    let states = [vec![], vec![JobState::Completed], vec![JobState::Completed, JobState::Discarded], vec![JobState::Retryable], vec![JobState::Available]];
     let queues = [None, Some("mail"), Some("nowhere")];
-    let types = [None, Some("b.two")];
+    // An exact type, and a prefix: `b.*` is b.two and b.sub.four, not bb.five.
+    let types = [None, Some("b.two"), Some("b.*")];
     for st in &states {
         for q in queues {
             for t in types {
                 let filter = JobFilter { states: st.clone(), queue: q.map(str::to_string), job_type: t.map(str::to_string), ..Default::default() };
                 // What the table holds, newest first; `extra` is a literal condition.
                 let matching = |extra: &'static str| {
-                    let names: Vec<String> = st.iter().map(|s| s.as_str().to_string()).collect();
+                    let names: Vec<String> = if st.is_empty() { &JobState::ALL[..] } else { &st[..] }.iter().map(|s| s.as_str().to_string()).collect();
                     async move {
                         sqlx::query_scalar::<_, uuid::Uuid>(sqlx::AssertSqlSafe(format!(
-                            "SELECT id FROM jobs WHERE state::text = ANY($1) AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR type = $3) {extra}
+                            "SELECT id FROM jobs WHERE state::text = ANY($1) AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR type = $3 OR ($3 = 'b.*' AND type IN ('b.two', 'b.sub.four'))) {extra}
                              ORDER BY id DESC"
                         )))
                         .bind(names)
@@ -278,6 +295,9 @@ async fn listings_by_state_read_every_lane_in_id_order() {
                 };
                 let expected = matching("").await;
                 assert_eq!(listed(s, &filter, 7).await, expected, "pages of {filter:?}");
+                let oldest: Vec<uuid::Uuid> = expected.iter().rev().copied().collect();
+                assert_eq!(listed_oldest_first(s, &filter, 7).await, oldest, "oldest first, pages of {filter:?}");
+                assert_eq!(s.job_id_at_offset_ordered(&filter, 5, Order::OldestFirst).await.unwrap(), oldest.get(4).copied());
                 assert_eq!(s.count_jobs(&filter, 10_000).await.unwrap(), expected.len() as i64, "count of {filter:?}");
                 for offset in [1usize, 5, 20] {
                     assert_eq!(s.job_id_at_offset(&filter, offset as i64).await.unwrap(), expected.get(offset - 1).copied(), "offset {offset} of {filter:?}");
@@ -308,6 +328,16 @@ async fn listings_by_state_read_every_lane_in_id_order() {
             .unwrap();
     assert_eq!(expected.len(), 2);
     assert_eq!(listed(s, &wide, 1).await, expected);
+    // A prefix over more lanes than are worth merging reads the table too.
+    let prefixed = JobFilter { queue: None, job_type: Some("many.*".into()), ..wide };
+    let expected: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'completed' AND type LIKE 'many.%' ORDER BY id DESC").fetch_all(s.pool()).await.unwrap();
+    assert_eq!(expected.len(), 600);
+    assert_eq!(listed(s, &prefixed, 250).await, expected);
+    assert_eq!(listed_oldest_first(s, &prefixed, 250).await, expected.iter().rev().copied().collect::<Vec<_>>());
+    let search = JobFilter { text: Some("lane".into()), ..prefixed.clone() };
+    assert!(matches!(s.list_jobs_ordered(&search, None, 10, Order::OldestFirst).await, Err(StoreError::Invalid { .. })), "a search lists newest first");
+    assert_eq!(s.count_jobs(&prefixed, 10_000).await.unwrap(), 600, "from the counters");
 }
 
 /// A queue's own retention overrides the pruner's for its finished jobs, shorter or longer;

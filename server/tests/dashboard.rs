@@ -759,4 +759,16 @@ async fn dead_letters_are_shown_most_recently_dead_first_on_request() {
     assert!(bad.text.contains("sort"), "names the field");
     let bad_cursor = d.get("/dead-letters?sort=died&after=not-a-cursor", Some(&b)).await;
     assert_eq!(bad_cursor.status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    // Oldest created first, here and on the jobs page, where a type prefix selects both.
+    for page in ["/dead-letters?sort=oldest", "/jobs?sort=oldest&job_type=order.*"] {
+        let oldest = d.get(page, Some(&b)).await;
+        assert_eq!(oldest.status, StatusCode::OK, "{page}");
+        assert!(position(&oldest.text, first.id) < position(&oldest.text, second.id), "{page}: oldest created first");
+    }
+    let newest = d.get("/jobs?job_type=order.*", Some(&b)).await;
+    assert!(position(&newest.text, second.id) < position(&newest.text, first.id), "newest created first by default");
+    let search = d.get("/jobs?sort=oldest&text=anything", Some(&b)).await;
+    assert_eq!(search.status, StatusCode::UNPROCESSABLE_ENTITY, "a search lists newest first");
+    assert!(search.text.contains("newest first"), "and says so");
 }

@@ -109,7 +109,15 @@ pub async fn list_jobs(#[server(default)] query: JobQuery, #[server(default)] af
         });
     }
     let after = if after.is_empty() { None } else { Some(parse_uuid("after", "a page cursor (a job id)", &after)?) };
-    let (page, counted) = store.list_jobs_counted(&filter, after, PAGE_SIZE, COUNT_CAP).await?;
+    let (page, counted) = if query.sort == "oldest" {
+        if filter.is_search() {
+            return Err(AppError::Invalid { field: "sort".into(), reason: "a search (text, error type, died) lists its matches newest first".into() });
+        }
+        let page = store.list_jobs_ordered(&filter, after, PAGE_SIZE, rebound_queue::store::Order::OldestFirst).await?;
+        (page, store.count_jobs_bounded(&filter, COUNT_CAP).await?)
+    } else {
+        store.list_jobs_counted(&filter, after, PAGE_SIZE, COUNT_CAP).await?
+    };
     Ok(JobsPageData {
         rows: page.items.iter().map(|j| JobRow::from_job(j, now)).collect(),
         next: page.next.map(|id| id.to_string()),

@@ -13,6 +13,7 @@
 //! the two is missing from that one answer (the counters are written in the job's own
 //! transaction, so it is there for the next).
 
+use serde::Serialize;
 use sqlx::{Postgres, QueryBuilder};
 
 use super::{Store, StoreError};
@@ -39,22 +40,28 @@ pub(crate) enum Source {
 
 impl Source {
     /// This source without the lanes of `queues`. (Reading the table as a whole, a query
-    /// leaves them out with a condition of its own.)
+    /// leaves them out with a condition of its own; so does one with a state's own member,
+    /// which becomes the table for it.)
     pub(crate) fn without_queues(self, queues: &[String]) -> Source {
         match self {
-            Source::Lanes(lanes) => Source::Lanes(lanes.into_iter().filter(|l| !queues.contains(&l.queue)).collect()),
+            Source::Lanes(lanes) if lanes.iter().any(|l| matches!(l, Lane::Unlisted(_))) => Source::Table,
+            Source::Lanes(lanes) => {
+                Source::Lanes(lanes.into_iter().filter(|l| !matches!(l, Lane::Listed { queue, .. } if queues.contains(queue))).collect())
+            }
             Source::Table => Source::Table,
         }
     }
 }
 
-/// One (queue, type, state, dead_letter) prefix of `jobs_listed`.
+/// One member of a listing read lane by lane.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Lane {
-    queue: String,
-    job_type: String,
-    state: JobState,
-    dead_letter: bool,
+pub(crate) enum Lane {
+    /// One (queue, type, state, dead_letter) prefix of `jobs_listed`.
+    Listed { queue: String, job_type: String, state: JobState, dead_letter: bool },
+    /// The jobs in a state `jobs_listed` leaves out (`available`, `active`), through that
+    /// state's own index, the filter's conditions checked row by row. Only read when the
+    /// counters say some job in it matches the filter's queue and type.
+    Unlisted(JobState),
 }
 
 /// Which lanes a query reads: the keys a filter fixes. Empty `states` means every state.
@@ -66,18 +73,27 @@ pub(crate) struct LaneKeys<'a> {
     pub dead_letter: Option<bool>,
 }
 
-/// Which end of the id order a query of ids starts from.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Order {
+/// Which end of the id (creation) order a listing starts from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum Order {
+    #[default]
     NewestFirst,
     OldestFirst,
 }
 
 impl Order {
-    fn sql(self) -> &'static str {
+    pub(crate) fn sql(self) -> &'static str {
         match self {
             Order::NewestFirst => "DESC",
             Order::OldestFirst => "ASC",
+        }
+    }
+
+    /// The condition, to bind an id to, that keeps what comes after that id in this order.
+    pub(crate) fn past(self) -> &'static str {
+        match self {
+            Order::NewestFirst => " AND j.id < ",
+            Order::OldestFirst => " AND j.id > ",
         }
     }
 }
@@ -113,12 +129,21 @@ impl Source {
                     }
                     // The state as a literal (it comes from the enum): only a literal proves the
                     // index's predicate.
-                    qb.push("(SELECT j.id FROM jobs j WHERE j.queue = ")
-                        .push_bind(lane.queue.clone())
-                        .push(" AND j.type = ")
-                        .push_bind(lane.job_type.clone())
-                        .push(format_args!(" AND j.state = '{}' AND j.dead_letter = {}", lane.state.as_str(), lane.dead_letter));
-                    conditions(qb, true);
+                    match lane {
+                        Lane::Listed { queue, job_type, state, dead_letter } => {
+                            qb.push("(SELECT j.id FROM jobs j WHERE j.queue = ")
+                                .push_bind(queue.clone())
+                                .push(" AND j.type = ")
+                                .push_bind(job_type.clone())
+                                .push(format_args!(" AND j.state = '{}' AND j.dead_letter = {}", state.as_str(), dead_letter));
+                            conditions(qb, true);
+                        }
+                        // (The filter names no state here: its keys are the queue and type.)
+                        Lane::Unlisted(state) => {
+                            qb.push(format_args!("(SELECT j.id FROM jobs j WHERE j.state = '{}'", state.as_str()));
+                            conditions(qb, false);
+                        }
+                    }
                     qb.push(format_args!(" ORDER BY j.id {dir} LIMIT ")).push_bind(limit).push(")");
                 }
                 qb.push(format_args!(") AS lanes ORDER BY id {dir} LIMIT ")).push_bind(limit);
@@ -130,21 +155,30 @@ impl Source {
 impl Store {
     /// Where to read the jobs `keys` select: the lanes of `jobs_listed` that hold such jobs,
     /// when every state is one it lists and there are not too many lanes; otherwise the table.
+    /// Keys of a queue or type without a state read every state: the listed ones lane by lane,
+    /// and `available` and `active` each through its own index if the counters say it holds a
+    /// match (a type with few jobs among millions is then found without reading the others).
     pub(crate) async fn source_for(&self, keys: LaneKeys<'_>) -> Result<Source, StoreError> {
-        if keys.states.is_empty() || !keys.states.iter().all(|s| LISTED_STATES.contains(s)) {
+        let every_state = keys.states.is_empty() && (keys.queue.is_some() || keys.job_type.is_some());
+        let states: &[JobState] = if every_state { &JobState::ALL } else { keys.states };
+        if states.is_empty() || !(every_state || states.iter().all(|s| LISTED_STATES.contains(s))) {
             return Ok(Source::Table);
         }
-        let names: Vec<&str> = keys.states.iter().map(|s| s.as_str()).collect();
+        let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+        // A type prefix (`email.*`) reads the lanes of every type under it.
+        let prefix = keys.job_type.and_then(super::listing::type_prefix);
         let lanes: Vec<(String, String, JobState, bool)> = sqlx::query_as(
             "SELECT queue, type, state, dead_letter FROM job_count_totals
-             WHERE state::text = ANY($1) AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR type = $3)
-               AND ($4::bool IS NULL OR dead_letter = $4)
+             WHERE state::text = ANY($1) AND ($2::text IS NULL OR queue = $2)
+               AND ($3::text IS NULL OR type = $3 OR ($4 AND starts_with(type, $3)))
+               AND ($5::bool IS NULL OR dead_letter = $5)
              GROUP BY 1, 2, 3, 4 HAVING sum(n) > 0
-             ORDER BY 1, 2, 3, 4 LIMIT $5",
+             ORDER BY 1, 2, 3, 4 LIMIT $6",
         )
         .bind(&names)
         .bind(keys.queue)
-        .bind(keys.job_type)
+        .bind(prefix.or(keys.job_type))
+        .bind(prefix.is_some())
         .bind(keys.dead_letter)
         .bind(MAX_LANES + 1)
         .fetch_all(&self.pool)
@@ -152,6 +186,14 @@ impl Store {
         if lanes.len() as i64 > MAX_LANES {
             return Ok(Source::Table);
         }
-        Ok(Source::Lanes(lanes.into_iter().map(|(queue, job_type, state, dead_letter)| Lane { queue, job_type, state, dead_letter }).collect()))
+        let mut members: Vec<Lane> = Vec::with_capacity(lanes.len());
+        for (queue, job_type, state, dead_letter) in lanes {
+            if LISTED_STATES.contains(&state) {
+                members.push(Lane::Listed { queue, job_type, state, dead_letter });
+            } else if !members.contains(&Lane::Unlisted(state)) {
+                members.push(Lane::Unlisted(state));
+            }
+        }
+        Ok(Source::Lanes(members))
     }
 }

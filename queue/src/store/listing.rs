@@ -15,6 +15,8 @@ pub struct JobFilter {
     /// Any of these states (empty: any state).
     pub states: Vec<JobState>,
     pub queue: Option<String>,
+    /// The job type exactly, or every type under a prefix when it ends with `.*` (`email.*`:
+    /// `email.send`, `email.digest.weekly`, …), as OJS' admin listing offers.
     pub job_type: Option<String>,
     /// Matches `last_error.type` exactly, or as a prefix when it ends with `.*`.
     pub error_type: Option<String>,
@@ -49,6 +51,19 @@ impl JobFilter {
     pub(crate) fn push_conditions_in(&self, qb: &mut QueryBuilder<Postgres>, in_lane: bool) {
         self.push_indexed(qb, in_lane);
         self.push_residual(qb);
+    }
+
+    /// Appends ` AND …` matching the filter's job type (exact, or a `.*` prefix) to `column`.
+    pub(crate) fn push_type(&self, qb: &mut QueryBuilder<Postgres>, column: &'static str) {
+        let Some(t) = &self.job_type else { return };
+        match type_prefix(t) {
+            Some(prefix) => {
+                qb.push(format_args!(" AND starts_with({column}, ")).push_bind(prefix.to_owned()).push(")");
+            }
+            None => {
+                qb.push(format_args!(" AND {column} = ")).push_bind(t.clone());
+            }
+        }
     }
 
     /// The keys of the listing index's lanes this filter reads.
@@ -105,9 +120,7 @@ impl JobFilter {
         if let Some(q) = &self.queue {
             qb.push(" AND j.queue = ").push_bind(q.clone());
         }
-        if let Some(t) = &self.job_type {
-            qb.push(" AND j.type = ").push_bind(t.clone());
-        }
+        self.push_type(qb, "j.type");
         if let Some(d) = self.dead_letter {
             // A literal, like the states: a bound parameter cannot prove the predicate of the
             // dead-letter indexes, and a generic plan would then scan every job.
@@ -141,6 +154,11 @@ impl JobFilter {
             qb.push(" OR (j.last_error->>'message') ILIKE ").push_bind(pattern).push(")");
         }
     }
+}
+
+/// The prefix (with its final `.`) of a job-type filter ending in `.*`; `None` for an exact type.
+pub(crate) fn type_prefix(t: &str) -> Option<&str> {
+    t.strip_suffix('*').filter(|p| p.ends_with('.'))
 }
 
 /// `s` as a `LIKE` / `ILIKE` pattern that matches exactly `s`: its `\`, `%` and `_` escaped
@@ -223,7 +241,20 @@ impl Store {
     pub async fn list_jobs(&self, filter: &JobFilter, after: Option<Uuid>, limit: i64) -> Result<Page<Job>, StoreError> {
         let source = self.source_of(filter).await?;
         let window_end = self.window_end_for(filter, &source, after).await?;
-        self.list_jobs_in(filter, &source, after, limit, window_end).await
+        self.list_jobs_in(filter, &source, after, limit, window_end, Order::NewestFirst).await
+    }
+
+    /// [`Store::list_jobs`] in either order of creation: oldest first pages on from `after`
+    /// to newer jobs. Refused for a search, whose window is of the newest matches.
+    pub async fn list_jobs_ordered(&self, filter: &JobFilter, after: Option<Uuid>, limit: i64, order: Order) -> Result<Page<Job>, StoreError> {
+        if order == Order::NewestFirst {
+            return self.list_jobs(filter, after, limit).await;
+        }
+        if filter.is_search() {
+            return Err(StoreError::invalid("order", "a search lists its matches newest first"));
+        }
+        let source = self.source_of(filter).await?;
+        self.list_jobs_in(filter, &source, after, limit, None, order).await
     }
 
     /// Where `filter`'s jobs are read from: the listing index's lanes that can match, or the
@@ -252,8 +283,10 @@ impl Store {
         }
         let window_end = if after.is_none() { first_window } else { self.window_end_for(filter, &source, after).await? };
         // Side by side on two connections: the two do not depend on each other.
-        let (page, count) =
-            futures::try_join!(self.list_jobs_in(filter, &source, after, limit, window_end), self.count_jobs_in(filter, &source, cap, first_window))?;
+        let (page, count) = futures::try_join!(
+            self.list_jobs_in(filter, &source, after, limit, window_end, Order::NewestFirst),
+            self.count_jobs_in(filter, &source, cap, first_window)
+        )?;
         Ok((page, count))
     }
 
@@ -294,6 +327,7 @@ impl Store {
         if filter.is_search() { self.search_window_end(filter, source, after).await } else { Ok(None) }
     }
 
+    /// A page in `order` (a search's `window_end` bounds a newest-first page).
     async fn list_jobs_in(
         &self,
         filter: &JobFilter,
@@ -301,6 +335,7 @@ impl Store {
         after: Option<Uuid>,
         limit: i64,
         window_end: Option<Uuid>,
+        order: Order,
     ) -> Result<Page<Job>, StoreError> {
         let limit = limit.clamp(1, 500);
         // Ids first, then their rows: picking the page's ids from a listing index is an
@@ -308,16 +343,16 @@ impl Store {
         // the primary key backwards instead, betting that matches are spread evenly, and read
         // millions of rows when they are all old (every discarded job of a queue, say).
         let mut qb = QueryBuilder::<Postgres>::new("SELECT j.* FROM jobs j WHERE j.id IN (");
-        source.push_ids(&mut qb, Order::NewestFirst, limit + 1, |qb, in_lane| {
+        source.push_ids(&mut qb, order, limit + 1, |qb, in_lane| {
             filter.push_conditions_in(qb, in_lane);
             if let Some(after) = after {
-                qb.push(" AND j.id < ").push_bind(after);
+                qb.push(order.past()).push_bind(after);
             }
             if let Some(end) = window_end {
                 qb.push(" AND j.id >= ").push_bind(end);
             }
         });
-        qb.push(") ORDER BY j.id DESC");
+        qb.push(format_args!(") ORDER BY j.id {}", order.sql()));
         let rows = qb.build().fetch_all(&self.pool).await?;
         let mut items = jobs_from_rows(&rows)?;
         let next = if items.len() as i64 > limit {
@@ -350,13 +385,19 @@ impl Store {
     /// For clients that page by offset: it reads ids only (an index-only scan of the listing
     /// index), never the rows it skips.
     pub async fn job_id_at_offset(&self, filter: &JobFilter, offset: i64) -> Result<Option<Uuid>, StoreError> {
+        self.job_id_at_offset_ordered(filter, offset, Order::NewestFirst).await
+    }
+
+    /// [`Store::job_id_at_offset`] in either order of creation, to continue from with
+    /// [`Store::list_jobs_ordered`].
+    pub async fn job_id_at_offset_ordered(&self, filter: &JobFilter, offset: i64, order: Order) -> Result<Option<Uuid>, StoreError> {
         if offset <= 0 {
             return Ok(None);
         }
         let source = self.source_of(filter).await?;
         let mut qb = QueryBuilder::<Postgres>::new("SELECT id FROM (");
-        source.push_ids(&mut qb, Order::NewestFirst, offset, |qb, in_lane| filter.push_conditions_in(qb, in_lane));
-        qb.push(") AS skipped ORDER BY id DESC OFFSET ").push_bind(offset - 1).push(" LIMIT 1");
+        source.push_ids(&mut qb, order, offset, |qb, in_lane| filter.push_conditions_in(qb, in_lane));
+        qb.push(format_args!(") AS skipped ORDER BY id {} OFFSET ", order.sql())).push_bind(offset - 1).push(" LIMIT 1");
         Ok(qb.build_query_scalar().fetch_optional(&self.pool).await?)
     }
 
@@ -391,9 +432,7 @@ impl Store {
             if let Some(q) = &filter.queue {
                 qb.push(" AND c.queue = ").push_bind(q.clone());
             }
-            if let Some(t) = &filter.job_type {
-                qb.push(" AND c.type = ").push_bind(t.clone());
-            }
+            filter.push_type(&mut qb, "c.type");
             if let Some(d) = filter.dead_letter {
                 qb.push(" AND c.dead_letter = ").push_bind(d);
             }
@@ -464,9 +503,7 @@ impl Store {
             if let Some(q) = &f.queue {
                 qb.push(" AND c.queue = ").push_bind(q.clone());
             }
-            if let Some(t) = &f.job_type {
-                qb.push(" AND c.type = ").push_bind(t.clone());
-            }
+            f.push_type(&mut qb, "c.type");
             qb.push(" GROUP BY 1 HAVING sum(c.n) > 0");
             qb
         } else {
@@ -498,9 +535,7 @@ impl Store {
         if let Some(q) = &f.queue {
             qb.push(" AND x.queue = ").push_bind(q.clone());
         }
-        if let Some(t) = &f.job_type {
-            qb.push(" AND x.type = ").push_bind(t.clone());
-        }
+        f.push_type(&mut qb, "x.type");
         qb.push(
             "
                  ORDER BY x.dead_lettered_at DESC LIMIT 1

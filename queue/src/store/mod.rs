@@ -147,6 +147,7 @@ pub use events::{
     WORKFLOW_EVENT_TYPES, WorkerEvent, WorkflowEvent, position_at, position_time,
 };
 pub use fail::{Failure, FailureResult, KnownRun};
+pub use lanes::Order;
 pub use listing::{ErrorGroup, JobCount, JobFilter, Page, SEARCH_WINDOW, Stats, StatsRow};
 pub use maintenance::{Leadership, PruneConfig, PruneReport, RescueReport};
 pub use in_place::{InPlaceEnd, InPlaceRun, RetriedInPlace};

@@ -10,9 +10,9 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::{Path, State};
 use jiff::Timestamp;
-use rebound_queue::job::{validate_queue, validate_type};
+use rebound_queue::job::{validate_queue, validate_type_filter};
 use rebound_queue::policy::iso8601;
-use rebound_queue::store::{BulkReport, JobFilter, JobSelection, Maintenance, QueueInfo, QueueRetention, WorkerInfo};
+use rebound_queue::store::{BulkReport, JobFilter, JobSelection, Maintenance, Order, QueueInfo, QueueRetention, WorkerInfo};
 use rebound_queue::{Job, JobState};
 use serde_json::{Map, Value, json};
 
@@ -226,7 +226,7 @@ fn query_filter(q: &QueryParams) -> Result<JobFilter, ApiError> {
         filter.states.push(s.parse().map_err(|e| ApiError::invalid_field("state", e))?);
     }
     if let Some(t) = q.one("type")? {
-        validate_type(t).map_err(|e| ApiError::invalid_field("type", e.reason))?;
+        validate_type_filter(t).map_err(|e| ApiError::invalid_field("type", e.reason))?;
         filter.job_type = Some(t.to_owned());
     }
     filter.created_after = query_time(q, "since")?;
@@ -249,7 +249,7 @@ fn body_filter(f: &Fields<'_>) -> Result<JobFilter, ApiError> {
         filter.states.push(s.parse().map_err(|e| g.error(&format!("states[{i}]"), e))?);
     }
     if let Some(t) = g.str("type")? {
-        validate_type(t).map_err(|e| g.error("type", e.reason))?;
+        validate_type_filter(t).map_err(|e| g.error("type", e.reason))?;
         filter.job_type = Some(t.to_owned());
     }
     if let Some(e) = g.str("error_type")? {
@@ -264,7 +264,7 @@ fn body_filter(f: &Fields<'_>) -> Result<JobFilter, ApiError> {
 /// type, text) pages on only from a page served before (whose end is remembered), as the OJS
 /// dead-letter listing refuses offsets of one: finding where a page starts otherwise would
 /// check every job before it row by row.
-async fn job_page(state: &AppState, listing: &str, filter: &JobFilter, page: i64, per_page: i64) -> Result<(Vec<Job>, bool), ApiError> {
+async fn job_page(state: &AppState, listing: &str, filter: &JobFilter, page: i64, per_page: i64, order: Order) -> Result<(Vec<Job>, bool), ApiError> {
     let offset = (page - 1) * per_page;
     let after = if offset == 0 {
         None
@@ -277,13 +277,13 @@ async fn job_page(state: &AppState, listing: &str, filter: &JobFilter, page: i64
                     "a search (error_type) pages on one page at a time from its first: ask for the pages before this one first, narrow the search, or page by cursor through GET /ojs/v1/dead-letter",
                 ));
             }
-            None => match state.store.job_id_at_offset(filter, offset).await? {
+            None => match state.store.job_id_at_offset_ordered(filter, offset, order).await? {
                 Some(id) => Some(id),
                 None => return Ok((Vec::new(), false)),
             },
         }
     };
-    let p = state.store.list_jobs(filter, after, per_page).await?;
+    let p = state.store.list_jobs_ordered(filter, after, per_page, order).await?;
     if let Some(last) = p.items.last() {
         state.offset_pages.remember(listing, offset + p.items.len() as i64, last.id);
     }
@@ -291,19 +291,22 @@ async fn job_page(state: &AppState, listing: &str, filter: &JobFilter, page: i64
 }
 
 /// `GET /admin/jobs?queue&state&type&since&until&page&per_page&sort&order`. Sorted by
-/// creation, newest first (the only order Rebound's listing indexes serve).
+/// creation (`sort=created_at`, the only order Rebound's listing indexes serve at any size),
+/// newest first or, with `order=asc`, oldest first.
 pub async fn jobs(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
     q.only(&["queue", "state", "type", "since", "until", "page", "per_page", "sort", "order"])?;
     if q.one("sort")?.is_some_and(|s| s != "created_at") {
-        return Err(ApiError::invalid_field("sort", "only \"created_at\" is supported"));
+        return Err(ApiError::invalid_field("sort", "only \"created_at\" is supported (an index serves it at any size)"));
     }
-    if q.one("order")?.is_some_and(|s| s != "desc") {
-        return Err(ApiError::invalid_field("order", "only \"desc\" (newest first) is supported"));
-    }
+    let order = match q.one("order")? {
+        None | Some("desc") => Order::NewestFirst,
+        Some("asc") => Order::OldestFirst,
+        Some(other) => return Err(ApiError::invalid_field("order", format!("must be \"asc\" or \"desc\", got {other:?}"))),
+    };
     let filter = query_filter(&q)?;
     let (page, per_page) = paging(&q)?;
-    let listing = format!("admin-jobs|{}", serde_json::to_string(&filter).unwrap_or_default());
-    let (items, has_more) = job_page(&state, &listing, &filter, page, per_page).await?;
+    let listing = format!("admin-jobs|{order:?}|{}", serde_json::to_string(&filter).unwrap_or_default());
+    let (items, has_more) = job_page(&state, &listing, &filter, page, per_page, order).await?;
     let total = state.store.count_jobs(&filter, COUNT_CAP).await?;
     Ok(Json(json!({ "items": items.iter().map(job_json).collect::<Vec<_>>(), "pagination": paginated(total, page, per_page, has_more) })))
 }
@@ -549,7 +552,7 @@ pub async fn dead_letters(State(state): State<AppState>, q: QueryParams) -> Resu
     }
     let (page, per_page) = paging(&q)?;
     let listing = format!("admin-dead|{}", serde_json::to_string(&filter).unwrap_or_default());
-    let (items, has_more) = job_page(&state, &listing, &filter, page, per_page).await?;
+    let (items, has_more) = job_page(&state, &listing, &filter, page, per_page, Order::NewestFirst).await?;
     let ids: Vec<_> = items.iter().map(|j| j.id).collect();
     let attempts = state.store.attempts_for(&ids).await?;
     let total = state.store.count_jobs(&filter, COUNT_CAP).await?;

@@ -64,7 +64,7 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
         filter.queue = Some(queue.to_owned());
     }
     if let Some(t) = q.one("type")? {
-        rebound_queue::job::validate_type(t).map_err(|e| ApiError::invalid_field("type", e.reason))?;
+        rebound_queue::job::validate_type_filter(t).map_err(|e| ApiError::invalid_field("type", e.reason))?;
         filter.job_type = Some(t.to_owned());
     }
     let limit = q.i64_in("limit", 1, 200)?.unwrap_or(50);
@@ -210,7 +210,7 @@ pub fn purge_filter(f: &Fields<'_>) -> Result<JobFilter, ApiError> {
         filter.queue = Some(queue.to_owned());
     }
     if let Some(t) = f.str("type")? {
-        rebound_queue::job::validate_type(t).map_err(|e| f.error("type", e.reason))?;
+        rebound_queue::job::validate_type_filter(t).map_err(|e| f.error("type", e.reason))?;
         filter.job_type = Some(t.to_owned());
     }
     if let Some(e) = f.str("error_type")? {

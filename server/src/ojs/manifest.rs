@@ -64,10 +64,10 @@ pub async fn manifest(State(state): State<AppState>) -> Json<Value> {
         "extensions": extensions,
         "extension_details": {
             "admin-api": {
-                "implemented": ["queues", "queue detail", "pause/resume", "purge", "queue config (rate_limit; concurrency: the queue's concurrency limit across every worker; retention of its completed and discarded jobs)", "jobs (page/per_page, newest first)",
+                "implemented": ["queues", "queue detail", "pause/resume", "purge", "queue config (rate_limit; concurrency: the queue's concurrency limit across every worker; retention of its completed and discarded jobs)", "jobs (page/per_page, sort=created_at newest or oldest first, type exact or prefix.*)",
                                 "job detail", "cancel", "retry", "bulk retry/cancel/delete", "workers", "quiet", "deregister stale",
                                 "stats", "stats history (1m/5m/1h, all queues)", "dead letters", "system config", "maintenance mode"],
-                "not_implemented": ["job sort other than created_at desc", "type prefix filter"],
+                "not_implemented": ["job sort by scheduled_at or priority (400: no index serves them over every filter at 10M jobs; sort=created_at with order=desc or asc is)"],
             },
             "dead-letter": {
                 "implemented": ["list (offset or cursor), newest-created first or with sort=dead_lettered_at most recently dead-lettered first (by cursor)", "search by queue, type, error_type (exact or prefix.*), q (args or message text), dead_since/dead_before (when it was dead-lettered; also in bulk retry and purge filters); a search pages by cursor", "get", "retry", "retry with override (queue, meta, retry, args, priority)", "bulk retry", "delete", "purge", "stats", "retention (worker pruner)",

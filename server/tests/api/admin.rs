@@ -10,6 +10,37 @@ fn id(job: &Value) -> String {
     job["id"].as_str().unwrap_or_else(|| panic!("no id in {job}")).to_owned()
 }
 
+/// `GET /admin/jobs?type=`: a type exactly, or every type under a prefix (`admin.*`), counted
+/// and listed alike, newest or oldest first; anything else names the field.
+#[tokio::test]
+async fn admin_jobs_by_type_or_type_prefix() {
+    let s = TestServer::new().await;
+    for i in 0..5 {
+        s.enqueue(json!({"type": "admin.list", "args": [i], "options": {"queue": "aq"}})).await;
+    }
+    s.enqueue(json!({"type": "admin.list.deep", "args": [9], "options": {"queue": "other"}})).await;
+    s.enqueue(json!({"type": "administer", "args": [10], "options": {"queue": "other"}})).await;
+    for (query, total) in [("type=admin.list", 5), ("type=admin.*", 6), ("type=admin.list.*", 1), ("type=admin.*&queue=aq", 5), ("type=admin.*&state=available", 6), ("type=admin.*&state=completed", 0)] {
+        let r = s.get(&format!("/ojs/v1/admin/jobs?{query}&per_page=100")).await;
+        assert_eq!((r.status, r.body["pagination"]["total"].as_i64(), r.body["items"].as_array().map(Vec::len)),
+            (StatusCode::OK, Some(total), Some(usize::try_from(total).unwrap_or(0))), "{query}: {}", r.text);
+    }
+    // Oldest first, page by page.
+    let mut seen = Vec::new();
+    for page in 1..=3 {
+        let r = s.get(&format!("/ojs/v1/admin/jobs?type=admin.list&per_page=2&page={page}&sort=created_at&order=asc")).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        seen.extend(r.body["items"].as_array().into_iter().flatten().filter_map(|j| j["args"][0].as_i64()));
+    }
+    assert_eq!(seen, [0, 1, 2, 3, 4]);
+    assert_eq!(s.get("/ojs/v1/admin/jobs?order=up").await.error_field(), Some("order"));
+    assert_eq!(s.get("/ojs/v1/admin/jobs?sort=priority").await.error_field(), Some("sort"));
+    for bad in ["*", "admin*", "Admin.*", "admin..*", ".*"] {
+        let r = s.get(&format!("/ojs/v1/admin/jobs?type={bad}")).await;
+        assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("type")), "{bad}: {}", r.text);
+    }
+}
+
 #[tokio::test]
 async fn admin_queues_jobs_and_stats() {
     let s = TestServer::new().await;
