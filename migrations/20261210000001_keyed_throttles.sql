@@ -14,6 +14,9 @@ ALTER TABLE rate_limit_keys
     ADD COLUMN throttle_period_ms bigint CHECK (throttle_period_ms > 0),
     ADD COLUMN throttle_window_start timestamptz,
     ADD COLUMN throttle_window_used integer NOT NULL DEFAULT 0,
+    -- The end of the train of start times handed to jobs rescheduled by the throttle
+    -- (`on_limit: reschedule`): the next one rescheduled starts there, not on top of them.
+    ADD COLUMN throttle_reserved_until timestamptz,
     ADD CONSTRAINT rate_limit_keys_throttle_whole CHECK ((throttle_max IS NULL) = (throttle_period_ms IS NULL));
 
 -- The least time between two starts of a key's jobs (NULL: no throttle).
@@ -29,12 +32,13 @@ CREATE FUNCTION rebound_rate_limit_throttle_room(r rate_limit_keys) RETURNS inte
 $$;
 
 -- When a key's waiting jobs can next be admitted by its windows: the end of every window of
--- it that has no room left (NULL: none is spent, so only a slot can free them, or nothing
--- holds them).
+-- it that has no room left, if that is still to come (NULL: none is spent, so only a slot can
+-- free them, or nothing holds them; or a rate of 0 holds them for good).
 CREATE FUNCTION rebound_rate_limit_windows_end(r rate_limit_keys) RETURNS timestamptz LANGUAGE sql STABLE AS $$
-    SELECT GREATEST(
-        CASE WHEN rebound_rate_limit_window_room(r) = 0 THEN r.rate_window_start + r.rate_period_ms * interval '1 millisecond' END,
-        CASE WHEN rebound_rate_limit_throttle_room(r) = 0 THEN r.throttle_window_start + rebound_rate_limit_spacing(r) END)
+    SELECT CASE WHEN w.ends > statement_timestamp() THEN w.ends END
+    FROM (SELECT GREATEST(
+              CASE WHEN rebound_rate_limit_window_room(r) = 0 THEN r.rate_window_start + r.rate_period_ms * interval '1 millisecond' END,
+              CASE WHEN rebound_rate_limit_throttle_room(r) = 0 THEN r.throttle_window_start + rebound_rate_limit_spacing(r) END) AS ends) w
 $$;
 
 -- The keys that have jobs waiting, read by skipping along `jobs_rate_waiting`, one probe per
@@ -133,19 +137,21 @@ BEGIN
         IF moved > 0 THEN
             INSERT INTO rate_limit_events (key, type, data)
             VALUES (k, 'rate_limit.exceeded',
-                    CASE WHEN over_slots >= over_rate AND over_slots >= over_throttle
-                         THEN jsonb_build_object('key', k, 'strategy', 'concurrency', 'limit', lim, 'current', held - moved, 'parked', moved)
-                         WHEN over_rate >= over_throttle
+                    -- (The throttle only when it alone parked the most: it implies a throttle.)
+                    CASE WHEN over_throttle > over_rate AND over_throttle > over_slots
+                         THEN jsonb_build_object('key', k, 'strategy', 'throttle', 'limit', r.throttle_max,
+                                                 'period_ms', r.throttle_period_ms, 'parked', moved, 'next_allowed_at',
+                                                 CASE WHEN t_fresh THEN ts ELSE r.throttle_window_start END + rebound_rate_limit_spacing(r))
+                         WHEN over_rate >= over_slots
                          THEN jsonb_build_object('key', k, 'strategy', 'rate', 'limit', r.rate_max, 'current', used - moved,
                                                  'parked', moved, 'window_resets_at',
                                                  CASE WHEN fresh THEN ts ELSE r.rate_window_start END + r.rate_period_ms * interval '1 millisecond')
-                         ELSE jsonb_build_object('key', k, 'strategy', 'throttle', 'limit', r.throttle_max,
-                                                 'period_ms', r.throttle_period_ms, 'parked', moved, 'next_allowed_at',
-                                                 CASE WHEN t_fresh THEN ts ELSE r.throttle_window_start END + rebound_rate_limit_spacing(r)) END);
+                         ELSE jsonb_build_object('key', k, 'strategy', 'concurrency', 'limit', lim, 'current', held - moved, 'parked', moved) END);
         END IF;
         -- Held back before any worker claimed them: they did not start.
-        used := GREATEST(used - moved, 0);
-        t_used := GREATEST(t_used - moved, 0);
+        -- (A key without such a window keeps NULL: GREATEST would make it 0.)
+        used := CASE WHEN used IS NOT NULL THEN GREATEST(used - moved, 0) END;
+        t_used := CASE WHEN t_used IS NOT NULL THEN GREATEST(t_used - moved, 0) END;
         held := held - moved;
         moved := 0;
     ELSIF (waiting OR queued > 0) AND (lim IS NULL OR held < lim) AND (r.rate_max IS NULL OR used < r.rate_max)
@@ -163,8 +169,9 @@ BEGIN
         ), logged AS (
             INSERT INTO rate_limit_events (key, type, data)
             SELECT k, 'rate_limit.released',
-                   jsonb_build_object('key', k, 'strategy', CASE WHEN lim IS NOT NULL THEN 'concurrency'
-                                                                  WHEN r.rate_max IS NOT NULL THEN 'rate' ELSE 'throttle' END,
+                   jsonb_build_object('key', k, 'strategy', CASE WHEN r.rate_max IS NOT NULL AND lim IS NULL THEN 'rate'
+                                                                  WHEN r.throttle_max IS NOT NULL AND lim IS NULL THEN 'throttle'
+                                                                  ELSE 'concurrency' END,
                                       'job_id', a.id, 'queue', a.queue, 'job_type', a.type)
             FROM admitted a
             -- An entered job put in line and admitted at once never waited.
@@ -218,10 +225,10 @@ BEGIN
             VALUES (k, 'rate_limit.exceeded',
                     CASE WHEN lim IS NOT NULL AND held >= lim
                          THEN jsonb_build_object('key', k, 'strategy', 'concurrency', 'limit', lim, 'current', held, 'parked', left_waiting)
-                         WHEN r.rate_max IS NOT NULL AND used >= r.rate_max
-                         THEN jsonb_build_object('key', k, 'strategy', 'rate', 'limit', r.rate_max, 'current', used, 'parked', left_waiting)
-                         ELSE jsonb_build_object('key', k, 'strategy', 'throttle', 'limit', r.throttle_max,
-                                                 'period_ms', r.throttle_period_ms, 'parked', left_waiting) END);
+                         WHEN r.throttle_max IS NOT NULL AND (r.rate_max IS NULL OR used < r.rate_max)
+                         THEN jsonb_build_object('key', k, 'strategy', 'throttle', 'limit', r.throttle_max,
+                                                 'period_ms', r.throttle_period_ms, 'parked', left_waiting)
+                         ELSE jsonb_build_object('key', k, 'strategy', 'rate', 'limit', r.rate_max, 'current', used, 'parked', left_waiting) END);
         END IF;
     END IF;
     -- A window begins at the first start counted after the last one ended. (One write for
@@ -240,14 +247,17 @@ END $$;
 -- The settle of …_rate_limit_on_limit_mends.sql, restated (CREATE OR REPLACE must) for the
 -- throttle: a job that would rather not wait is rescheduled to the end of every spent window
 -- of its key (the throttle's among them), or of a hold; and with a throttle, the jobs
--- rescheduled together are spread one spacing apart, in line order, so that they do not all
--- come back at one time only for all but one to be rescheduled again.
+-- rescheduled are spread one spacing apart, in line order, after those rescheduled before
+-- them (the key's `throttle_reserved_until`), so that they do not all come back at one time
+-- only for all but one to be rescheduled again. (A rate window's jobs still all come back at
+-- its end, as before.)
 CREATE OR REPLACE FUNCTION rebound_rate_limit_settle(k text, entered uuid[] DEFAULT '{}', reorder boolean DEFAULT false)
 RETURNS void LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     r rate_limit_keys;
     until timestamptz;
     at timestamptz;
+    slot interval;
 BEGIN
     PERFORM rebound_rate_limit_admit(k, entered, reorder);
     IF NOT EXISTS (SELECT 1 FROM jobs WHERE rate_limit_key = k AND state = 'available' AND rate_limited AND rate_limit_on_limit IS NOT NULL) THEN
@@ -287,6 +297,14 @@ BEGIN
         CASE WHEN r.override_concurrency = 0 AND r.override_expires_at > now() THEN r.override_expires_at END,
         rebound_rate_limit_windows_end(r));
     IF until > now() THEN
+        -- (The key's row is locked: the admission took it.)
+        -- One spacing apart and a little more (a tenth, at most 50 ms): a job promoted a few
+        -- ms before the one ahead of it had its spacing would be held back again, and sent to
+        -- the end of the line.
+        slot := rebound_rate_limit_spacing(r) + LEAST(rebound_rate_limit_spacing(r) / 10, interval '50 milliseconds');
+        IF r.throttle_max IS NOT NULL THEN
+            until := GREATEST(until, r.throttle_reserved_until);
+        END IF;
         WITH picked AS (
             SELECT id, row_number() OVER (ORDER BY priority DESC, scheduled_at, id) - 1 AS ahead
             FROM jobs
@@ -297,10 +315,13 @@ BEGIN
                 FOR UPDATE SKIP LOCKED))
         ), moved AS (
             UPDATE jobs j SET state = 'scheduled', rate_limited = false, enqueued_at = NULL, updated_at = at,
-                              scheduled_at = until + COALESCE(p.ahead * rebound_rate_limit_spacing(r), interval '0')
+                              scheduled_at = until + COALESCE(p.ahead * slot, interval '0')
             FROM picked p
             WHERE j.id = p.id
-            RETURNING j.id, j.queue
+            RETURNING j.id, j.queue, p.ahead
+        ), reserved AS (
+            UPDATE rate_limit_keys SET throttle_reserved_until = until + (SELECT max(ahead) + 1 FROM moved) * slot
+            WHERE key = k AND r.throttle_max IS NOT NULL AND EXISTS (SELECT 1 FROM moved)
         )
         INSERT INTO job_transitions (at, queue, state, job_ids)
         SELECT at, queue, 'scheduled', array_agg(id) FROM moved GROUP BY queue;

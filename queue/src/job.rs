@@ -515,6 +515,9 @@ impl NewJob {
                 w.check_period().map_err(|reason| JobValidationError::new("options.rate_limit.rate.period", reason))?;
             }
             if let Some(w) = &limit.throttle {
+                if w.limit > MAX_RATE_LIMIT_CONCURRENCY {
+                    return Err(JobValidationError::new("options.rate_limit.throttle.limit", format!("must be at most {MAX_RATE_LIMIT_CONCURRENCY}")));
+                }
                 w.check_throttle().map_err(|(field, reason)| JobValidationError::new(format!("options.rate_limit.throttle.{field}"), reason))?;
             }
         }

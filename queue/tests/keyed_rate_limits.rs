@@ -871,12 +871,20 @@ async fn a_throttle_spaces_its_keys_starts() {
     s.settle_rate_limits(100).await.unwrap();
     assert_eq!(slots(s, "api").await, (1, 1, 1), "the admitted job fills the next spacing");
 
-    // Beside a concurrency, both hold: the spacing over, the one slot is taken.
-    s.enqueue(NewJob::new("rl.keyed", json!([9])).queue("a").rate_limit("api", Some(2))).await.unwrap();
-    assert_eq!(slots(s, "api").await, (1, 1, 2), "the slot is free, the spacing is not");
+    // Beside a concurrency, both hold. Three slots, two taken: the spacing holds the rest.
+    s.enqueue(NewJob::new("rl.keyed", json!([9])).queue("a").rate_limit("api", Some(3))).await.unwrap();
+    assert_eq!(slots(s, "api").await, (1, 1, 2), "a slot is free, the spacing is not");
+    // A paused queue's admitted job will fill the next spacing: no time to wait for.
+    assert_eq!(s.time_until_next_due().await.unwrap(), None, "the admitted job fills the next spacing");
+    assert_eq!(s.claim(&request("w", &["a", "b"], 10)).await.unwrap().len(), 1);
+    let wait = s.time_until_next_due().await.unwrap().expect("claimed, the spacing's end admits the next");
+    assert!(wait > Duration::ZERO && wait <= Duration::from_secs(30 * 60), "{wait:?}");
     end_spacing(s, "api").await;
     s.settle_rate_limits(100).await.unwrap();
-    assert_eq!(slots(s, "api").await, (1, 1, 2), "the spacing is over, the slots are taken");
+    assert_eq!(slots(s, "api").await, (2, 1, 1), "the spacing over, the last slot is taken");
+    end_spacing(s, "api").await;
+    s.settle_rate_limits(100).await.unwrap();
+    assert_eq!(slots(s, "api").await, (2, 1, 1), "the spacing is over, the slots are taken");
     assert_eq!(s.time_until_next_due().await.unwrap(), None, "nothing to wait for but a slot");
 
     // Rescheduled jobs come back one spacing apart, in line order.
@@ -886,5 +894,14 @@ async fn a_throttle_spaces_its_keys_starts() {
     assert_eq!(states, [JobState::Available, JobState::Scheduled, JobState::Scheduled]);
     let (b, c) = (s.job(jobs[1].id).await.unwrap(), s.job(jobs[2].id).await.unwrap());
     assert!(b.scheduled_at > jiff::Timestamp::now() + jiff::SignedDuration::from_mins(59), "the spacing's end: {}", b.scheduled_at);
-    assert_eq!(c.scheduled_at.duration_since(b.scheduled_at), jiff::SignedDuration::from_hours(1), "one spacing later");
+    // One spacing and a little (a tenth, at most 50 ms) later.
+    let slot = jiff::SignedDuration::from_hours(1) + jiff::SignedDuration::from_millis(50);
+    assert_eq!(c.scheduled_at.duration_since(b.scheduled_at), slot, "one spacing later");
+    // One rescheduled later goes after them, not on top of the first.
+    let d = s.enqueue(resched(3)).await.unwrap().job;
+    assert_eq!((d.state, d.scheduled_at.duration_since(c.scheduled_at)), (JobState::Scheduled, slot), "after the line");
+    // A rate of 0 holds its jobs for good: no window end to wake for.
+    s.enqueue(NewJob::new("rl.keyed", json!([0])).queue("z").rate_limit_window("zero", 0, hour)).await.unwrap();
+    sqlx::query("UPDATE rate_limit_keys SET rate_window_start = now() - interval '2 hours' WHERE key = 'zero'").execute(s.pool()).await.unwrap();
+    assert_eq!(s.time_until_next_due().await.unwrap().map(|w| w > Duration::from_secs(59 * 60)), Some(true), "only the rescheduled jobs' times");
 }

@@ -58,9 +58,11 @@ impl Source {
 pub(crate) enum Lane {
     /// One (queue, type, state, dead_letter) prefix of `jobs_listed`.
     Listed { queue: String, job_type: String, state: JobState, dead_letter: bool },
-    /// The jobs in a state `jobs_listed` leaves out (`available`, `active`), through that
-    /// state's own index, the filter's conditions checked row by row. Only read when the
-    /// counters say some job in it matches the filter's queue and type.
+    /// The jobs in a state `jobs_listed` leaves out (`available`, `active`), the filter's
+    /// conditions checked row by row: `available` in id order along `jobs_available_id`,
+    /// `active` (as many as workers run) sorted. Only read when the counters say some job in
+    /// it matches the filter's queue and type. (A type with a few available jobs among a
+    /// large backlog of others walks the backlog: no index of available jobs has the type.)
     Unlisted(JobState),
 }
 

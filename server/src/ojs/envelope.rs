@@ -131,7 +131,7 @@ fn parse_rate_limit(r: &Fields<'_>) -> Result<JobRateLimit, ApiError> {
     validate_rate_limit_key(key, &r.name("key")).map_err(|e| r.error("key", e.reason))?;
     let concurrency = r.i64_in("concurrency", 0, i64::from(MAX_RATE_LIMIT_CONCURRENCY))?.map(|c| u32::try_from(c).unwrap_or(0));
     let rate = super::rate_limits::key_window(r, "rate")?;
-    let throttle = super::rate_limits::key_throttle(r)?;
+    let throttle = super::rate_limits::throttle(r)?;
     Ok(JobRateLimit { key: key.to_owned(), concurrency, rate, throttle, on_limit })
 }
 

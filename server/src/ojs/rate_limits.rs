@@ -53,20 +53,11 @@ pub fn parse(f: &Fields<'_>, key: &str) -> Result<Option<QueueRateLimit>, ApiErr
         return Err(unsupported("temporary rate-limit overrides (expires_at)").detail("field", g.name("expires_at")));
     }
     g.only(&["concurrency", "rate", "throttle", "on_limit", "max_per_second"])?;
-    let mut limit = QueueRateLimit {
+    let limit = QueueRateLimit {
         concurrency: g.i64_in("concurrency", 0, i64::from(i32::MAX))?.map(|c| u32::try_from(c).unwrap_or(0)),
         rate: window(&g, "rate")?,
-        throttle: window(&g, "throttle")?,
+        throttle: throttle(&g)?,
     };
-    // The conformance suites' shorthand.
-    if let Some(n) = g.i64_in("max_per_second", 1, 1_000_000)? {
-        limit.throttle = Some(Window { limit: u32::try_from(n).unwrap_or(1), period: std::time::Duration::from_secs(1) });
-    }
-    if let Some(t) = &limit.throttle
-        && t.limit == 0
-    {
-        return Err(g.error("throttle.limit", "must be at least 1 (set concurrency to 0 to stop the queue)"));
-    }
     Ok(limit.is_limited().then_some(limit))
 }
 
@@ -234,9 +225,9 @@ pub fn key_window(f: &Fields<'_>, name: &str) -> Result<Option<Window>, ApiError
     Ok(w)
 }
 
-/// A job's per-key throttle (RL-R002): `throttle: {limit, period}`, or `max_per_second: n`
-/// (the conformance suites' shorthand for `{n, PT1S}`), not both.
-pub fn key_throttle(f: &Fields<'_>) -> Result<Option<Window>, ApiError> {
+/// A throttle, a queue's or a job's key's (RL-R002): `throttle: {limit, period}`, or
+/// `max_per_second: n` (the conformance suites' shorthand for `{n, PT1S}`), not both.
+pub fn throttle(f: &Fields<'_>) -> Result<Option<Window>, ApiError> {
     let throttle = key_window(f, "throttle")?;
     let shorthand = f.i64_in("max_per_second", 1, i64::from(rebound_queue::job::MAX_RATE_LIMIT_CONCURRENCY))?;
     let throttle = match (throttle, shorthand) {

@@ -25,14 +25,20 @@ async fn admin_jobs_by_type_or_type_prefix() {
         assert_eq!((r.status, r.body["pagination"]["total"].as_i64(), r.body["items"].as_array().map(Vec::len)),
             (StatusCode::OK, Some(total), Some(usize::try_from(total).unwrap_or(0))), "{query}: {}", r.text);
     }
-    // Oldest first, page by page.
+    // Oldest first, page by page; a page asked for first is found from the start, and the
+    // pages of one order are not taken for the other's.
+    let args = |r: &crate::common::Reply| r.body["items"].as_array().into_iter().flatten().filter_map(|j| j["args"][0].as_i64()).collect::<Vec<_>>();
+    let r = s.get("/ojs/v1/admin/jobs?type=admin.list&per_page=2&page=2&order=asc").await;
+    assert_eq!((r.status, args(&r)), (StatusCode::OK, vec![2, 3]), "{}", r.text);
     let mut seen = Vec::new();
     for page in 1..=3 {
         let r = s.get(&format!("/ojs/v1/admin/jobs?type=admin.list&per_page=2&page={page}&sort=created_at&order=asc")).await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-        seen.extend(r.body["items"].as_array().into_iter().flatten().filter_map(|j| j["args"][0].as_i64()));
+        seen.extend(args(&r));
     }
     assert_eq!(seen, [0, 1, 2, 3, 4]);
+    assert_eq!(args(&s.get("/ojs/v1/admin/jobs?type=admin.list&per_page=2&page=2").await), [2, 1], "newest first");
+    assert_eq!(args(&s.get("/ojs/v1/admin/jobs?type=admin.list&per_page=2&page=3&order=desc").await), [0]);
     assert_eq!(s.get("/ojs/v1/admin/jobs?order=up").await.error_field(), Some("order"));
     assert_eq!(s.get("/ojs/v1/admin/jobs?sort=priority").await.error_field(), Some("sort"));
     for bad in ["*", "admin*", "Admin.*", "admin..*", ".*"] {
@@ -445,7 +451,9 @@ async fn queue_rate_limits_over_http() {
     let r = s.call("PUT", "/ojs/v1/admin/queues/rl/rate-limit", Some(json!({"rate": {"limit": 2, "period": "soon"}}))).await;
     assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("rate.period")), "{}", r.text);
     let r = s.call("PUT", "/ojs/v1/admin/queues/rl/rate-limit", Some(json!({"throttle": {"limit": 0, "period": "PT1S"}}))).await;
-    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("throttle.limit")), "{}", r.text);
+    let r = s.call("PUT", "/ojs/v1/admin/queues/rl/rate-limit", Some(json!({"max_per_second": 5000}))).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("max_per_second")), "spaced under a millisecond: {}", r.text);
     let r = s.call("PUT", "/ojs/v1/rate-limits/queue:Stripe%20API", Some(json!({"concurrency": 1}))).await;
     assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("key")), "{}", r.text);
     // A bare key is a keyed partition in the spec, not a queue: unknown until limited, and
