@@ -905,3 +905,52 @@ async fn a_throttle_spaces_its_keys_starts() {
     sqlx::query("UPDATE rate_limit_keys SET rate_window_start = now() - interval '2 hours' WHERE key = 'zero'").execute(s.pool()).await.unwrap();
     assert_eq!(s.time_until_next_due().await.unwrap().map(|w| w > Duration::from_secs(59 * 60)), Some(true), "only the rescheduled jobs' times");
 }
+
+/// An enqueue its key's throttle reschedules, cut off at its COMMIT: before Postgres saw it,
+/// nothing of it stands (no job, no slot taken in the line of rescheduled jobs); with the
+/// answer lost after it committed, it was rescheduled once, and the enqueue sent again with
+/// the same id is a duplicate that takes no second slot.
+#[tokio::test]
+async fn a_rescheduling_enqueue_cut_off_at_its_commit_takes_one_slot_at_most() {
+    use rebound_queue::job::OnLimit;
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    let s = &db.store;
+    let hour = Duration::from_secs(3600);
+    let paced = |n: i64| NewJob::new("rl.keyed", json!([n])).queue("q").rate_limit_throttle("paced", 1, hour).on_limit(OnLimit::Reschedule);
+    s.enqueue(paced(0)).await.unwrap();
+    let second = s.enqueue(paced(1)).await.unwrap().job;
+    assert_eq!(second.state, JobState::Scheduled);
+    let reserved = || async {
+        sqlx::query_scalar::<_, Option<String>>("SELECT throttle_reserved_until::text FROM rate_limit_keys WHERE key = 'paced'")
+            .fetch_one(s.pool())
+            .await
+            .unwrap()
+    };
+    let before = reserved().await;
+    let mut job = paced(2);
+    job.id = Some(Uuid::now_v7());
+    let id = job.id;
+
+    let cut = proxy.inject(Fault::once("COMMIT", FaultPoint::BeforeSend));
+    assert!(through.enqueue(job.clone()).await.is_err());
+    assert_eq!(cut.count(), 1);
+    assert!(matches!(s.job(id.unwrap()).await, Err(StoreError::NotFound(_))), "rolled back whole");
+    assert_eq!(reserved().await, before, "no slot taken");
+
+    let lost = proxy.inject(Fault::once("COMMIT", FaultPoint::AfterCommit));
+    assert!(through.enqueue(job.clone()).await.is_err(), "the answer was lost");
+    assert_eq!(lost.count(), 1);
+    proxy.clear();
+    let after_one = reserved().await;
+    assert_ne!(after_one, before, "one slot taken");
+    match through.enqueue(job).await {
+        Err(StoreError::Duplicate { existing, .. }) => assert_eq!(existing, id),
+        other => panic!("the second send is a duplicate: {other:?}"),
+    }
+    assert_eq!(reserved().await, after_one, "and no second");
+    let third = s.job(id.unwrap()).await.unwrap();
+    assert_eq!(third.state, JobState::Scheduled);
+    assert!(third.scheduled_at > second.scheduled_at, "after the one rescheduled before it");
+}
