@@ -213,25 +213,15 @@ async fn time_ranges_select_by_creation_time() {
 
 /// The ids `filter`'s listing shows, every page of `limit` followed to the end.
 async fn listed(s: &Store, filter: &JobFilter, limit: i64) -> Vec<uuid::Uuid> {
-    let mut ids = Vec::new();
-    let mut after = None;
-    for _ in 0..1000 {
-        let page = s.list_jobs(filter, after, limit).await.unwrap();
-        ids.extend(page.items.iter().map(|j| j.id));
-        after = page.next;
-        if after.is_none() {
-            return ids;
-        }
-    }
-    panic!("paging {filter:?} did not end");
+    listed_in(s, filter, limit, Order::NewestFirst).await
 }
 
-/// [`listed`], oldest first.
-async fn listed_oldest_first(s: &Store, filter: &JobFilter, limit: i64) -> Vec<uuid::Uuid> {
+/// [`listed`] in `order`.
+async fn listed_in(s: &Store, filter: &JobFilter, limit: i64, order: Order) -> Vec<uuid::Uuid> {
     let mut ids = Vec::new();
     let mut after = None;
     for _ in 0..1000 {
-        let page = s.list_jobs_ordered(filter, after, limit, Order::OldestFirst).await.unwrap();
+        let page = s.list_jobs_ordered(filter, after, limit, order).await.unwrap();
         ids.extend(page.items.iter().map(|j| j.id));
         after = page.next;
         if after.is_none() {
@@ -296,7 +286,7 @@ async fn listings_by_state_read_every_lane_in_id_order() {
                 let expected = matching("").await;
                 assert_eq!(listed(s, &filter, 7).await, expected, "pages of {filter:?}");
                 let oldest: Vec<uuid::Uuid> = expected.iter().rev().copied().collect();
-                assert_eq!(listed_oldest_first(s, &filter, 7).await, oldest, "oldest first, pages of {filter:?}");
+                assert_eq!(listed_in(s, &filter, 7, Order::OldestFirst).await, oldest, "oldest first, pages of {filter:?}");
                 assert_eq!(s.job_id_at_offset_ordered(&filter, 5, Order::OldestFirst).await.unwrap(), oldest.get(4).copied());
                 assert_eq!(s.count_jobs(&filter, 10_000).await.unwrap(), expected.len() as i64, "count of {filter:?}");
                 for offset in [1usize, 5, 20] {
@@ -334,7 +324,7 @@ async fn listings_by_state_read_every_lane_in_id_order() {
         sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'completed' AND type LIKE 'many.%' ORDER BY id DESC").fetch_all(s.pool()).await.unwrap();
     assert_eq!(expected.len(), 600);
     assert_eq!(listed(s, &prefixed, 250).await, expected);
-    assert_eq!(listed_oldest_first(s, &prefixed, 250).await, expected.iter().rev().copied().collect::<Vec<_>>());
+    assert_eq!(listed_in(s, &prefixed, 250, Order::OldestFirst).await, expected.iter().rev().copied().collect::<Vec<_>>());
     let search = JobFilter { text: Some("lane".into()), ..prefixed.clone() };
     assert!(matches!(s.list_jobs_ordered(&search, None, 10, Order::OldestFirst).await, Err(StoreError::Invalid { .. })), "a search lists newest first");
     assert_eq!(s.count_jobs(&prefixed, 10_000).await.unwrap(), 600, "from the counters");

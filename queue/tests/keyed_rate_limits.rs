@@ -509,13 +509,17 @@ async fn keys_are_pruned_once_no_job_names_them() {
     assert_eq!((back.in_force, back.admitted), (Some(1), 1), "{back:?}");
 }
 
-/// Ends `key`'s rate window now, as if its period had passed.
+/// Ends `key`'s rate window and throttle spacing now, as if their periods had passed.
 async fn end_window(store: &Store, key: &str) {
-    sqlx::query("UPDATE rate_limit_keys SET rate_window_start = rate_window_start - rate_period_ms * interval '1 millisecond' WHERE key = $1")
-        .bind(key)
-        .execute(store.pool())
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE rate_limit_keys SET rate_window_start = rate_window_start - rate_period_ms * interval '1 millisecond',
+                throttle_window_start = throttle_window_start - throttle_period_ms * interval '1 millisecond' / throttle_max
+         WHERE key = $1",
+    )
+    .bind(key)
+    .execute(store.pool())
+    .await
+    .unwrap();
 }
 
 /// A key's rate window (RL-R001) lets at most its limit of jobs start per period, across
@@ -811,18 +815,6 @@ async fn the_sweep_drops_what_a_settle_passed_over() {
     assert_eq!(slots(s, "k").await, (0, 1, 0), "the admitted job keeps its slot");
 }
 
-/// Ends `key`'s throttle spacing now, as if it had passed.
-async fn end_spacing(store: &Store, key: &str) {
-    sqlx::query(
-        "UPDATE rate_limit_keys SET throttle_window_start = throttle_window_start - throttle_period_ms * interval '1 millisecond' / throttle_max
-         WHERE key = $1",
-    )
-    .bind(key)
-    .execute(store.pool())
-    .await
-    .unwrap();
-}
-
 /// A key's throttle (RL-R002) spaces its jobs' starts at least `period / limit` apart across
 /// queues: one is admitted per spacing, in line order, beside the key's concurrency; the
 /// scheduler is told when the spacing ends; a job that asks to be rescheduled is, one spacing
@@ -859,15 +851,15 @@ async fn a_throttle_spaces_its_keys_starts() {
     assert!(wait > Duration::from_secs(29 * 60) && wait <= Duration::from_secs(30 * 60), "{wait:?}");
 
     // Each spacing admits one, in line order.
-    end_spacing(s, "api").await;
+    end_window(s, "api").await;
     assert_eq!(s.settle_rate_limits(100).await.unwrap(), 1);
     assert_eq!(slots(s, "api").await, (0, 1, 2));
     assert_eq!(s.claim(&request("w", &["a", "b"], 10)).await.unwrap().iter().map(|j| j.args[0].as_i64()).collect::<Vec<_>>(), vec![Some(0)]);
     assert_eq!(s.settle_rate_limits(100).await.unwrap(), 0);
     // An admitted job no worker claimed before the spacing ended starts in the next one.
-    end_spacing(s, "api").await;
+    end_window(s, "api").await;
     s.settle_rate_limits(100).await.unwrap();
-    end_spacing(s, "api").await;
+    end_window(s, "api").await;
     s.settle_rate_limits(100).await.unwrap();
     assert_eq!(slots(s, "api").await, (1, 1, 1), "the admitted job fills the next spacing");
 
@@ -879,10 +871,10 @@ async fn a_throttle_spaces_its_keys_starts() {
     assert_eq!(s.claim(&request("w", &["a", "b"], 10)).await.unwrap().len(), 1);
     let wait = s.time_until_next_due().await.unwrap().expect("claimed, the spacing's end admits the next");
     assert!(wait > Duration::ZERO && wait <= Duration::from_secs(30 * 60), "{wait:?}");
-    end_spacing(s, "api").await;
+    end_window(s, "api").await;
     s.settle_rate_limits(100).await.unwrap();
     assert_eq!(slots(s, "api").await, (2, 1, 1), "the spacing over, the last slot is taken");
-    end_spacing(s, "api").await;
+    end_window(s, "api").await;
     s.settle_rate_limits(100).await.unwrap();
     assert_eq!(slots(s, "api").await, (2, 1, 1), "the spacing is over, the slots are taken");
     assert_eq!(s.time_until_next_due().await.unwrap(), None, "nothing to wait for but a slot");
