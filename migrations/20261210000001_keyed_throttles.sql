@@ -1,14 +1,18 @@
 -- Per-key throttles (ojs-rate-limiting RL-R002): a job enqueued with
--- `rate_limit: {key, throttle: {limit, period}}` spaces the starts of its key's jobs evenly,
--- at least `period / limit` apart, across queues and processes, beside the key's concurrency
--- and rate window.
+-- `rate_limit: {key, throttle: {limit, period}}` spaces the admissions (so the starts) of its
+-- key's jobs evenly, at least `period / limit` apart, across queues and processes, beside the
+-- key's concurrency and rate window.
 --
 -- A throttle is a second fixed window of one start whose period is that spacing, counted as
 -- the rate window is (…_keyed_rate_windows.sql): at admission, under the key's row lock, a job
 -- counting again each time it becomes claimable again, an admitted job nobody claimed counting
--- in the window that begins after its own ended. The jobs it leaves waiting are admitted when
--- the window ends, by the next statement that settles the key or by the scheduler, which wakes
--- at the earliest end of a window that keeps jobs waiting.
+-- in the window after its own. The jobs it leaves waiting are admitted when the window ends,
+-- by the next statement that settles the key or by the scheduler, which wakes at the earliest
+-- end of a window that keeps jobs waiting.
+--
+-- For both kinds of window, a window now begins only when a job is admitted or enters in it:
+-- admitted jobs nobody claimed (a paused queue) fill a window that has ended without beginning
+-- another, which would end with them still unclaimed, and wake the scheduler, to no end.
 ALTER TABLE rate_limit_keys
     ADD COLUMN throttle_max integer CHECK (throttle_max >= 1),
     ADD COLUMN throttle_period_ms bigint CHECK (throttle_period_ms > 0),
@@ -34,11 +38,25 @@ $$;
 -- When a key's waiting jobs can next be admitted by its windows: the end of every window of
 -- it that has no room left, if that is still to come (NULL: none is spent, so only a slot can
 -- free them, or nothing holds them; or a rate of 0 holds them for good).
+-- (One expression, so that Postgres inlines it: a past or no end, or the present, is NULL.)
 CREATE FUNCTION rebound_rate_limit_windows_end(r rate_limit_keys) RETURNS timestamptz LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN w.ends > statement_timestamp() THEN w.ends END
-    FROM (SELECT GREATEST(
+    SELECT NULLIF(GREATEST(
               CASE WHEN rebound_rate_limit_window_room(r) = 0 THEN r.rate_window_start + r.rate_period_ms * interval '1 millisecond' END,
-              CASE WHEN rebound_rate_limit_throttle_room(r) = 0 THEN r.throttle_window_start + rebound_rate_limit_spacing(r) END) AS ends) w
+              CASE WHEN rebound_rate_limit_throttle_room(r) = 0 THEN r.throttle_window_start + rebound_rate_limit_spacing(r) END,
+              statement_timestamp()), statement_timestamp())
+$$;
+
+-- Whether a key's windows leave room for one more admission, given `admitted`, its admitted
+-- jobs no worker has claimed yet: a window that has ended begins again counting them (see
+-- the admission), so while they are unclaimed they fill it. (The sweep's test: a key whose
+-- queue is paused is not settled pass after pass for nothing.)
+CREATE FUNCTION rebound_rate_limit_window_admits(r rate_limit_keys, admitted bigint) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT (r.rate_max IS NULL
+            OR CASE WHEN r.rate_window_start IS NULL OR r.rate_window_start <= statement_timestamp() - r.rate_period_ms * interval '1 millisecond'
+                    THEN r.rate_max - admitted ELSE rebound_rate_limit_window_room(r) END > 0)
+       AND (r.throttle_max IS NULL
+            OR CASE WHEN r.throttle_window_start IS NULL OR r.throttle_window_start <= statement_timestamp() - rebound_rate_limit_spacing(r)
+                    THEN 1 - admitted ELSE rebound_rate_limit_throttle_room(r) END > 0)
 $$;
 
 -- The keys that have jobs waiting, read by skipping along `jobs_rate_waiting`, one probe per
@@ -76,6 +94,7 @@ DECLARE
     over_rate bigint;
     over_throttle bigint;
     windowed boolean;
+    started bigint := 0;
     waiting boolean;
     left_waiting bigint;
     displaced bigint := 0;
@@ -181,6 +200,7 @@ BEGIN
             SELECT pg_notify('rebound_jobs', q.queue) FROM (SELECT DISTINCT queue FROM admitted) q
         )
         SELECT (SELECT count(*) FROM admitted), (SELECT count(*) FROM notified) INTO moved, queues;
+        started := moved;
         used := used + moved;
         t_used := t_used + moved;
         held := held + moved;
@@ -231,15 +251,19 @@ BEGIN
                          ELSE jsonb_build_object('key', k, 'strategy', 'rate', 'limit', r.rate_max, 'current', used, 'parked', left_waiting) END);
         END IF;
     END IF;
-    -- A window begins at the first start counted after the last one ended. (One write for
-    -- both windows: the key's row is written at most once here.)
-    IF (r.rate_max IS NOT NULL AND (used <> r.rate_window_used OR (fresh AND used > 0)))
-       OR (r.throttle_max IS NOT NULL AND (t_used <> r.throttle_window_used OR (t_fresh AND t_used > 0))) THEN
+    -- A window begins at the first start counted after the last one ended, when this call
+    -- started a job in it (entered or admitted). Admitted jobs no worker has claimed yet (a
+    -- paused queue) count in a window that has ended, but begin none: it would end with them
+    -- still unclaimed, and begin again, to no end. (One write for both windows: the key's
+    -- row is written at most once here.)
+    started := started + cardinality(entered) - queued;
+    IF (r.rate_max IS NOT NULL AND (CASE WHEN fresh THEN started > 0 AND used > 0 ELSE used <> r.rate_window_used END))
+       OR (r.throttle_max IS NOT NULL AND (CASE WHEN t_fresh THEN started > 0 AND t_used > 0 ELSE t_used <> r.throttle_window_used END)) THEN
         UPDATE rate_limit_keys
-        SET rate_window_used = COALESCE(used, rate_window_used),
-            rate_window_start = CASE WHEN used IS NULL OR NOT fresh THEN rate_window_start WHEN used > 0 THEN ts END,
-            throttle_window_used = COALESCE(t_used, throttle_window_used),
-            throttle_window_start = CASE WHEN t_used IS NULL OR NOT t_fresh THEN throttle_window_start WHEN t_used > 0 THEN ts END
+        SET rate_window_used = CASE WHEN used IS NULL THEN rate_window_used WHEN fresh AND started = 0 THEN 0 ELSE used END,
+            rate_window_start = CASE WHEN used IS NULL OR NOT fresh THEN rate_window_start WHEN started > 0 AND used > 0 THEN ts END,
+            throttle_window_used = CASE WHEN t_used IS NULL THEN throttle_window_used WHEN t_fresh AND started = 0 THEN 0 ELSE t_used END,
+            throttle_window_start = CASE WHEN t_used IS NULL OR NOT t_fresh THEN throttle_window_start WHEN started > 0 AND t_used > 0 THEN ts END
         WHERE key = k;
     END IF;
 END $$;
@@ -247,10 +271,11 @@ END $$;
 -- The settle of …_rate_limit_on_limit_mends.sql, restated (CREATE OR REPLACE must) for the
 -- throttle: a job that would rather not wait is rescheduled to the end of every spent window
 -- of its key (the throttle's among them), or of a hold; and with a throttle, the jobs
--- rescheduled are spread one spacing apart, in line order, after those rescheduled before
--- them (the key's `throttle_reserved_until`), so that they do not all come back at one time
--- only for all but one to be rescheduled again. (A rate window's jobs still all come back at
--- its end, as before.)
+-- rescheduled are spread one spacing (and a little) apart, in line order, after those
+-- rescheduled before them that are still to come, so that they do not all come back at one
+-- time only for all but one to be rescheduled again; the first in line, if its wait ends
+-- within that little, waits instead. (A rate window's jobs still all come back at its end,
+-- as before.)
 CREATE OR REPLACE FUNCTION rebound_rate_limit_settle(k text, entered uuid[] DEFAULT '{}', reorder boolean DEFAULT false)
 RETURNS void LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -258,6 +283,9 @@ DECLARE
     until timestamptz;
     at timestamptz;
     slot interval;
+    slack interval;
+    train_end timestamptz;
+    first integer := 0;
 BEGIN
     PERFORM rebound_rate_limit_admit(k, entered, reorder);
     IF NOT EXISTS (SELECT 1 FROM jobs WHERE rate_limit_key = k AND state = 'available' AND rate_limited AND rate_limit_on_limit IS NOT NULL) THEN
@@ -297,13 +325,24 @@ BEGIN
         CASE WHEN r.override_concurrency = 0 AND r.override_expires_at > now() THEN r.override_expires_at END,
         rebound_rate_limit_windows_end(r));
     IF until > now() THEN
-        -- (The key's row is locked: the admission took it.)
-        -- One spacing apart and a little more (a tenth, at most 50 ms): a job promoted a few
-        -- ms before the one ahead of it had its spacing would be held back again, and sent to
-        -- the end of the line.
-        slot := rebound_rate_limit_spacing(r) + LEAST(rebound_rate_limit_spacing(r) / 10, interval '50 milliseconds');
+        -- (The key's row is locked: the admission took it.) One spacing apart and a little
+        -- more (a tenth, at most 50 ms): a job promoted a few ms before the one ahead of it
+        -- had its spacing would be held back again.
+        slack := LEAST(rebound_rate_limit_spacing(r) / 10, interval '50 milliseconds');
+        slot := rebound_rate_limit_spacing(r) + slack;
         IF r.throttle_max IS NOT NULL THEN
-            until := GREATEST(until, r.throttle_reserved_until);
+            -- The first in line, whose wait ends within that little (it came back a little
+            -- early, at the head of the line), waits for it instead of going to the end.
+            IF until <= clock_timestamp() + slack THEN
+                first := 1;
+            END IF;
+            -- The rest after the jobs rescheduled before that are still to come; the
+            -- reservation only bounds them (a job scheduled later by its client is not in the
+            -- line), and is forgotten once they are gone (run, cancelled, replaced).
+            SELECT max(scheduled_at) + slot INTO train_end FROM jobs
+            WHERE rate_limit_key = k AND state = 'scheduled' AND rate_limit_on_limit = 'reschedule'
+              AND scheduled_at < r.throttle_reserved_until;
+            until := GREATEST(until, train_end);
         END IF;
         WITH picked AS (
             SELECT id, row_number() OVER (ORDER BY priority DESC, scheduled_at, id) - 1 AS ahead
@@ -317,7 +356,7 @@ BEGIN
             UPDATE jobs j SET state = 'scheduled', rate_limited = false, enqueued_at = NULL, updated_at = at,
                               scheduled_at = until + COALESCE(p.ahead * slot, interval '0')
             FROM picked p
-            WHERE j.id = p.id
+            WHERE j.id = p.id AND p.ahead >= first
             RETURNING j.id, j.queue, p.ahead
         ), reserved AS (
             UPDATE rate_limit_keys SET throttle_reserved_until = until + (SELECT max(ahead) + 1 FROM moved) * slot

@@ -33,16 +33,14 @@ impl Store {
     /// spent window (rate or throttle) ends while jobs wait for it, by the database's clock;
     /// zero if one is already due, `None` if nothing is waiting for a time.
     pub async fn time_until_next_due(&self) -> Result<Option<Duration>, StoreError> {
-        // (LEAST passes over a NULL: nothing waiting of that kind.) A key whose admitted jobs
-        // no worker has claimed (a paused queue) will fill its next windows with them: its
-        // windows' end admits nothing, and is not waited for.
+        // (LEAST passes over a NULL: nothing waiting of that kind.) A window that admitted
+        // nothing new (its key's admitted jobs sit unclaimed in a paused queue) is not begun,
+        // so has no end to wait for.
         let ms: Option<f64> = sqlx::query_scalar(
             "SELECT EXTRACT(EPOCH FROM (LEAST(
                  (SELECT min(scheduled_at) FROM jobs WHERE state IN ('scheduled', 'retryable')),
                  (SELECT min(rebound_rate_limit_windows_end(r))
-                  FROM rebound_rate_limit_waiting_keys() AS w(key) JOIN rate_limit_keys r ON r.key = w.key
-                  WHERE (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = r.key AND j.state = 'available' AND NOT j.rate_limited)
-                        < LEAST(r.rate_max, CASE WHEN r.throttle_max IS NOT NULL THEN 1 END))
+                  FROM rebound_rate_limit_waiting_keys() AS w(key) JOIN rate_limit_keys r ON r.key = w.key)
              ) - now()))::float8 * 1000",
         )
         .fetch_one(&self.pool)

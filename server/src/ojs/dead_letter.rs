@@ -283,7 +283,10 @@ pub async fn stats(State(state): State<AppState>, q: QueryParams) -> Result<Json
         validate_queue(queue).map_err(|e| ApiError::invalid_field("queue", e.reason))?;
         filter.queue = Some(queue.to_owned());
     }
-    filter.job_type = q.one("type")?.map(str::to_owned);
+    if let Some(t) = q.one("type")? {
+        rebound_queue::job::validate_type_filter(t).map_err(|e| ApiError::invalid_field("type", e.reason))?;
+        filter.job_type = Some(t.to_owned());
+    }
     let s = state.store.dead_letter_stats(&filter).await?;
     let defaults = PruneConfig::default();
     Ok(Json(json!({
