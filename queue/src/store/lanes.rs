@@ -168,7 +168,7 @@ impl Store {
         }
         let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
         // A type prefix (`email.*`) reads the lanes of every type under it.
-        let prefix = keys.job_type.and_then(super::listing::type_prefix);
+        let prefix = keys.job_type.and_then(super::listing::dotted_prefix);
         let lanes: Vec<(String, String, JobState, bool)> = sqlx::query_as(
             "SELECT queue, type, state, dead_letter FROM job_count_totals
              WHERE state::text = ANY($1) AND ($2::text IS NULL OR queue = $2)

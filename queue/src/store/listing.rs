@@ -56,7 +56,7 @@ impl JobFilter {
     /// Appends ` AND …` matching the filter's job type (exact, or a `.*` prefix) to `column`.
     pub(crate) fn push_type(&self, qb: &mut QueryBuilder<Postgres>, column: &'static str) {
         let Some(t) = &self.job_type else { return };
-        match type_prefix(t) {
+        match dotted_prefix(t) {
             Some(prefix) => {
                 qb.push(format_args!(" AND starts_with({column}, ")).push_bind(prefix.to_owned()).push(")");
             }
@@ -139,9 +139,9 @@ impl JobFilter {
             qb.push(" AND j.dead_lettered_at < ").push_bind(t.to_string()).push("::timestamptz");
         }
         if let Some(e) = &self.error_type {
-            match e.strip_suffix(".*") {
+            match dotted_prefix(e) {
                 Some(prefix) => {
-                    qb.push(" AND starts_with(j.last_error->>'type', ").push_bind(format!("{prefix}.")).push(")");
+                    qb.push(" AND starts_with(j.last_error->>'type', ").push_bind(prefix.to_owned()).push(")");
                 }
                 None => {
                     qb.push(" AND j.last_error->>'type' = ").push_bind(e.clone());
@@ -156,8 +156,9 @@ impl JobFilter {
     }
 }
 
-/// The prefix (with its final `.`) of a job-type filter ending in `.*`; `None` for an exact type.
-pub(crate) fn type_prefix(t: &str) -> Option<&str> {
+/// The prefix (with its final `.`) of a dot-namespaced filter ending in `.*` (a job type's or
+/// an error type's); `None` for an exact name.
+pub(crate) fn dotted_prefix(t: &str) -> Option<&str> {
     t.strip_suffix('*').filter(|p| p.ends_with('.'))
 }
 

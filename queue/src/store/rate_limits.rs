@@ -314,12 +314,11 @@ fn key_state_from_row(r: &PgRow) -> Result<KeyedRateLimit, StoreError> {
 /// window that ended leaves its waiting jobs to it).
 const KEYS_TO_SETTLE: &str = "
 SELECT w.key FROM rebound_rate_limit_waiting_keys() AS w(key) LEFT JOIN rate_limit_keys r ON r.key = w.key
-WHERE (((rebound_rate_limit_in_force(r) IS NULL
-          OR (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = w.key AND j.state IN ('available', 'active') AND NOT j.rate_limited)
-             < rebound_rate_limit_in_force(r))
-         AND (r.rate_max IS NULL AND r.throttle_max IS NULL
-              OR rebound_rate_limit_window_admits(r,
-                   (SELECT count(*) FROM jobs j WHERE j.rate_limit_key = w.key AND j.state = 'available' AND NOT j.rate_limited))))
+CROSS JOIN LATERAL (
+    SELECT count(*) AS holding, count(*) FILTER (WHERE j.state = 'available') AS admitted
+    FROM jobs j WHERE j.rate_limit_key = w.key AND j.state IN ('available', 'active') AND NOT j.rate_limited) c
+WHERE (((rebound_rate_limit_in_force(r) IS NULL OR c.holding < rebound_rate_limit_in_force(r))
+         AND (r.rate_max IS NULL AND r.throttle_max IS NULL OR rebound_rate_limit_window_admits(r, c.admitted)))
        OR EXISTS (SELECT 1 FROM jobs j WHERE j.rate_limit_key = w.key AND j.state = 'available' AND j.rate_limited
                                          AND j.rate_limit_on_limit = 'drop' AND j.workflow_id IS NULL))
 LIMIT $1";
