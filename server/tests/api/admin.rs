@@ -241,6 +241,15 @@ async fn dead_letter_extension_get_bulk_retry_purge_and_stats() {
     assert_eq!(r.body["by_error_type"], json!({"DatabaseConnectionError": 2, "TimeoutError": 1}));
     assert!(r.body["oldest_at"].is_string() && r.body["newest_at"].is_string());
     assert_eq!((r.body["retention"]["max_age"].as_str(), r.body["retention"]["max_count"].as_i64()), (Some("PT4320H"), Some(10_000)), "180 days");
+    // A type, or a prefix of types (`dead.*`, not `de.*`), in the stats and the list alike.
+    for (query, n) in [("type=dead.job", 3), ("type=dead.*", 3), ("type=de.*", 0)] {
+        assert_eq!(s.get(&format!("/ojs/v1/dead-letter/stats?{query}")).await.body["total"], n, "{query}");
+        let r = s.get(&format!("/ojs/v1/dead-letter?{query}")).await;
+        assert_eq!(r.body["jobs"].as_array().map(Vec::len), Some(n), "{query}: {}", r.text);
+    }
+    for bad in ["/ojs/v1/dead-letter/stats?type=dead*", "/ojs/v1/dead-letter?type=Dead.*"] {
+        assert_eq!(s.get(bad).await.error_field(), Some("type"), "{bad}");
+    }
 
     let r = s.post("/ojs/v1/dead-letter/retry", json!({"filter": {"queue": "billing", "error_type": "DatabaseConnectionError"}, "confirm": true})).await;
     assert_eq!(r.body["retried"], 1, "{}", r.text);
