@@ -987,3 +987,50 @@ async fn a_rescheduled_job_back_a_little_early_waits_for_its_turn() {
     s.settle_rate_limits(10).await.unwrap();
     assert!(!s.job(back.id).await.unwrap().rate_limited);
 }
+
+#[tokio::test]
+async fn the_scheduler_wakes_when_a_hold_or_an_override_ends_and_sleeps_through_maintenance() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let ops = Actor::new("ops");
+    let in_mins = |m: i64| jiff::Timestamp::now() + jiff::SignedDuration::from_mins(m);
+    let around = |wait: Option<Duration>, mins: u64| {
+        let wait = wait.expect("a time to wake at");
+        assert!(wait > Duration::from_secs(mins * 60 - 60) && wait <= Duration::from_secs(mins * 60), "{wait:?}");
+    };
+
+    // An override of 0 until a time: its jobs wait for its end, and so does the scheduler.
+    s.override_rate_limit("stopped", Some(&RateLimitOverride { concurrency: 0, expires_at: Some(in_mins(20)) }), &ops).await.unwrap();
+    s.enqueue(keyed("q", "stopped", Some(2), 1)).await.unwrap();
+    assert_eq!(slots(s, "stopped").await, (0, 0, 1));
+    around(s.time_until_next_due().await.unwrap(), 20);
+
+    // A hold ending sooner comes first.
+    s.enqueue(keyed("q", "held", Some(2), 2)).await.unwrap();
+    sqlx::query("UPDATE rate_limit_keys SET held_until = now() + interval '5 minutes' WHERE key = 'held'").execute(s.pool()).await.unwrap();
+    s.enqueue(keyed("q", "held", Some(2), 3)).await.unwrap();
+    let held = s.rate_limit_key("held").await.unwrap().unwrap();
+    assert!(held.waiting >= 1, "{held:?}");
+    around(s.time_until_next_due().await.unwrap(), 5);
+
+    // Ended: nothing left to wait for once the sweep has admitted the jobs.
+    sqlx::query("UPDATE rate_limit_keys SET held_until = now() - interval '1 second', override_expires_at = now() - interval '1 second'")
+        .execute(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(s.time_until_next_due().await.unwrap(), None, "an ended hold or override is no time to wake at");
+    s.settle_rate_limits(100).await.unwrap();
+    assert_eq!((slots(s, "stopped").await, slots(s, "held").await), ((0, 1, 0), (0, 2, 0)));
+
+    // Maintenance mode holds every promotion: an overdue job wakes nobody until it is off.
+    let mut due = NewJob::new("rl.keyed", json!([4]));
+    due.scheduled_at = Some(in_mins(60));
+    let due = s.enqueue(due).await.unwrap().job;
+    sqlx::query("UPDATE jobs SET scheduled_at = now() - interval '1 minute' WHERE id = $1").bind(due.id).execute(s.pool()).await.unwrap();
+    assert_eq!(s.time_until_next_due().await.unwrap(), Some(Duration::ZERO));
+    s.enable_maintenance(Some("upgrade"), None, &ops).await.unwrap();
+    assert_eq!(s.time_until_next_due().await.unwrap(), None, "nothing is promoted in maintenance mode");
+    assert_eq!(s.promote_due(100).await.unwrap(), 0);
+    s.disable_maintenance(&ops).await.unwrap();
+    assert_eq!(s.time_until_next_due().await.unwrap(), Some(Duration::ZERO));
+}
