@@ -319,6 +319,12 @@ async fn the_rescuer_turns_expired_locks_into_stalled_attempts() {
     assert_eq!((held.extended, held.busy), (vec![j.id], vec![]));
     assert_eq!(s.heartbeat(Some("other"), &[j.id], None).await.unwrap(), Default::default());
     assert_eq!(s.rescue_expired(100).await.unwrap().stalled, 0);
+    // A worker's check of the runs it abandoned: once rescued, a job is no longer its.
+    assert_eq!(s.jobs_locked_by("w1", &[j.id]).await.unwrap(), vec![j.id]);
+    assert!(s.jobs_locked_by("other", &[j.id]).await.unwrap().is_empty());
+    sqlx::query("UPDATE jobs SET lock_expires_at = now() - interval '1 second' WHERE id = $1").bind(j.id).execute(s.pool()).await.unwrap();
+    assert_eq!(s.rescue_expired(100).await.unwrap().stalled, 1);
+    assert!(s.jobs_locked_by("w1", &[j.id]).await.unwrap().is_empty());
 }
 
 #[tokio::test]

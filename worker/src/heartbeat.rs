@@ -98,6 +98,21 @@ impl Heartbeat {
         }
     }
 
+    /// Forgets the abandoned runs (see [`RunningJobs::abandon`]) whose jobs are no longer
+    /// locked under this worker's id (the rescuer has counted them), so the set does not grow
+    /// for the life of the process. Called with claims kept out: a job not locked here now
+    /// cannot become so again but by a claim. A failed read keeps them all until next time.
+    async fn forget_ended_abandoned_runs(&self) {
+        let abandoned = self.running.abandoned();
+        if abandoned.is_empty() {
+            return;
+        }
+        match self.store.jobs_locked_by(&self.registration.id, &abandoned).await {
+            Ok(still) => self.running.forget_abandoned(&abandoned, &still),
+            Err(e) => tracing::debug!(error = %e, abandoned = abandoned.len(), "could not read which abandoned runs have ended; keeping them until the next heartbeat"),
+        }
+    }
+
     /// One heartbeat; marks the held jobs that are no longer ours as lost.
     pub async fn beat(&self, cancel: &CancellationToken) -> Result<(), StoreError> {
         // No claim may land between the snapshot below and the statement's answer, however
@@ -146,6 +161,7 @@ impl Heartbeat {
             }
             _ => {}
         }
+        self.forget_ended_abandoned_runs().await;
         if !report.registered {
             tracing::warn!(worker_id = %self.registration.id, "this worker's row is gone from the registry; registering again");
             self.retry.run("register worker", cancel, || self.store.register_worker(&self.registration)).await?;

@@ -114,6 +114,21 @@ impl RunningJobs {
         }
     }
 
+    /// The ids of the abandoned runs' jobs.
+    pub fn abandoned(&self) -> Vec<Uuid> {
+        self.abandoned.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect()
+    }
+
+    /// Forgets the abandoned jobs among `read` that are not in `still_locked` (the jobs of
+    /// `read` the database still shows locked under this worker's id); ids abandoned since
+    /// `read` was taken are kept.
+    pub fn forget_abandoned(&self, read: &[Uuid], still_locked: &[Uuid]) {
+        let mut abandoned = self.abandoned.lock().unwrap_or_else(|p| p.into_inner());
+        for id in read.iter().filter(|id| !still_locked.contains(id)) {
+            abandoned.remove(id);
+        }
+    }
+
     /// Every job this worker claimed and has not settled: the held ones and the abandoned ones.
     /// A job locked under this worker's id and not among these was claimed by an answer that
     /// never arrived.
@@ -202,6 +217,27 @@ mod tests {
         running.hold(id, Run::new(2, None), Duration::from_secs(30));
         running.release(id, Run::new(2, None));
         assert!(running.known().is_empty(), "the abandoned run ended when the job was claimed again");
+    }
+
+    #[test]
+    fn abandoned_runs_are_forgotten_once_no_longer_locked_here() {
+        let running = RunningJobs::new();
+        let (a, b, c) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        let first = Run::new(1, None);
+        for id in [a, b] {
+            running.hold(id, first, Duration::from_secs(30));
+            running.abandon(id, first);
+        }
+        let read = running.abandoned();
+        // Abandoned after the read: not judged by it.
+        running.hold(c, first, Duration::from_secs(30));
+        running.abandon(c, first);
+        running.forget_abandoned(&read, &[b]);
+        let mut known = running.known();
+        known.sort();
+        let mut expected = vec![b, c];
+        expected.sort();
+        assert_eq!(known, expected, "a, rescued, is forgotten; b is still locked here; c was not read");
     }
 
     #[test]

@@ -172,6 +172,16 @@ impl Store {
         jobs_from_rows(&rows)
     }
 
+    /// Which of `ids` are active and locked under `worker_id` now (a worker's check of the
+    /// runs it abandoned: the others have been rescued).
+    pub async fn jobs_locked_by(&self, worker_id: &str, ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT id FROM jobs WHERE id = ANY($1) AND state = 'active' AND locked_by = $2")
+            .bind(ids)
+            .bind(worker_id)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
     /// Releases one job (an OJS nack with `requeue: true`); not active, not this worker's,
     /// or no longer at the run named, is a conflict.
     pub async fn release_one(&self, id: Uuid, worker_id: Option<&str>, run: NamedRun, reason: &str) -> Result<Job, StoreError> {
