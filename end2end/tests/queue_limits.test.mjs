@@ -75,3 +75,53 @@ test('set and clear a queue rate limit from the Queues page', async () => {
     await close();
   }
 });
+
+test('override a queue\'s concurrency for a while from the Queues page, and clear it', async () => {
+  const queue = 'override-exports';
+  for (let i = 0; i < 2; i++) {
+    const res = await fetch(`${BASE_URL}/ojs/v1/jobs`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ type: 'export.csv', args: [i], options: { queue } }),
+    });
+    assert.equal(res.status, 201);
+  }
+  const fetchFrom = async () => (await (await fetch(`${BASE_URL}/ojs/v1/workers/fetch`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ queues: [queue], count: 10, worker_id: 'e2e-override' }),
+  })).json()).jobs;
+  const { page, close } = await openBrowser({ javaScriptEnabled: false });
+  try {
+    await signIn(page);
+    await page.goto(`${BASE_URL}/queues`);
+    const row = `tr:has(a:text-is("${queue}"))`;
+    await page.click(`${row} details.override-edit summary`);
+    await page.fill(`${row} details.override-edit input[name="concurrency"]`, '0');
+    await page.fill(`${row} details.override-edit input[name="until"]`, '+PT1H');
+    await Promise.all([page.waitForNavigation(), page.click(`${row} details.override-edit button:text-is("Override")`)]);
+    assert.match(await textOf(page, `${row} .limit-override`), /^Override: 0 at once until .*, in /);
+    assert.match(await textOf(page, `${row} .limit-summary`), /none/, 'the queue\'s own limit is untouched');
+    const state = await (await fetch(`${BASE_URL}/ojs/v1/rate-limits/queue:${queue}`)).json();
+    assert.equal(state.override.concurrency, 0);
+    assert.equal((await fetchFrom()).length, 0, 'stopped');
+
+    // A bad end names its field and changes nothing.
+    await page.fill(`${row} details.override-edit input[name="concurrency"]`, '1');
+    await page.fill(`${row} details.override-edit input[name="until"]`, 'tomorrow');
+    await Promise.all([page.waitForNavigation(), page.click(`${row} details.override-edit button:text-is("Override")`)]);
+    assert.match(await page.content(), /until/);
+    assert.equal((await (await fetch(`${BASE_URL}/ojs/v1/rate-limits/queue:${queue}`)).json()).override.concurrency, 0);
+
+    await page.goto(`${BASE_URL}/queues`);
+    await Promise.all([page.waitForNavigation(), page.click(`${row} button:text-is("Clear override")`)]);
+    assert.equal(await page.$(`${row} .limit-override`), null);
+    assert.equal((await fetchFrom()).length, 2, 'free again');
+
+    await page.goto(`${BASE_URL}/audit?action=queue.rate_limit_override`);
+    const entries = await page.$$eval('table.audit tbody tr', (rows) => rows.map((r) => r.textContent));
+    assert.ok(entries.filter((t) => t.includes(queue)).length >= 2, `both changes audited: ${entries}`);
+  } finally {
+    await close();
+  }
+});

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use rebound_queue::store::{Actor, ClaimRequest, Completion, QueueRateLimit, Window};
+use rebound_queue::store::{Actor, ClaimRequest, Completion, QueueRateLimit, RateLimitOverride, Window};
 use rebound_queue::testing::TestDb;
 use rebound_queue::{NewJob, Store};
 use serde_json::json;
@@ -112,4 +112,56 @@ async fn invalid_limits_are_refused() {
     let zero_period = QueueRateLimit { rate: Some(Window { limit: 3, period: Duration::ZERO }), ..Default::default() };
     assert!(db.store.set_queue_rate_limit("q", Some(&zero_period), &Actor::new("t")).await.is_err());
     assert!(db.store.queue_rate_limit("q").await.expect("read").is_none(), "nothing half-saved");
+}
+
+#[tokio::test]
+async fn an_override_holds_a_queue_over_its_limit_until_it_ends() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let ops = Actor::new("ops");
+    fill(s, "ov", 20).await;
+    let base = QueueRateLimit { concurrency: Some(4), ..Default::default() };
+    s.set_queue_rate_limit("ov", Some(&base), &ops).await.expect("set");
+    // Whole seconds: the database keeps microseconds.
+    let until = (jiff::Timestamp::now() + jiff::SignedDuration::from_mins(30)).round(jiff::Unit::Second).expect("round");
+    let one = RateLimitOverride { concurrency: 1, expires_at: Some(until) };
+    let state = s.override_queue_concurrency("ov", Some(&one), &ops).await.expect("override").expect("limited");
+    assert_eq!((state.limit, state.override_limit, state.concurrency_in_force()), (base, Some(one), Some(1)));
+    assert_eq!(race(&db.url, "ov", 8, 5, Duration::from_millis(500)).await.len(), 1, "one active at once across every claimer");
+    // The queue's limit set meanwhile is kept under the override, not put in its place.
+    let raised = QueueRateLimit { concurrency: Some(6), ..Default::default() };
+    s.set_queue_rate_limit("ov", Some(&raised), &ops).await.expect("raise");
+    assert_eq!(s.claim(&request("ov", 0, 10)).await.expect("claim").len(), 0, "still one at once");
+    let wait = s.time_until_next_due().await.expect("wait").expect("the override's end");
+    assert!(wait > Duration::from_secs(29 * 60) && wait <= Duration::from_secs(30 * 60), "{wait:?}");
+
+    // Its end: the sweep clears it and wakes the queue's workers; the limit as set applies.
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.expect("listen");
+    listener.listen("rebound_jobs").await.expect("listen");
+    sqlx::query("UPDATE queues SET override_expires_at = now() - interval '1 millisecond' WHERE name = 'ov'").execute(s.pool()).await.expect("end");
+    assert_eq!(s.time_until_next_due().await.expect("wait"), Some(Duration::ZERO), "an ended override is cleared at once");
+    assert_eq!(s.settle_rate_limits(100).await.expect("sweep"), 1);
+    let woken = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await.expect("a notification").expect("recv");
+    assert_eq!(woken.payload(), "ov");
+    let state = &s.rate_limit_states(Some("ov")).await.expect("state")[0];
+    assert_eq!((state.override_limit, state.concurrency_in_force()), (None, Some(6)));
+    assert_eq!(s.claim(&request("ov", 0, 10)).await.expect("claim").len(), 5, "six at once");
+    assert_eq!(s.time_until_next_due().await.expect("wait"), None);
+
+    // An override of a queue with no limit of its own; removed, the queue is unlimited again.
+    fill(s, "free", 3).await;
+    let stop = RateLimitOverride { concurrency: 0, expires_at: None };
+    assert!(s.override_queue_concurrency("free", Some(&stop), &ops).await.expect("override").is_some());
+    assert!(s.claim(&request("free", 0, 10)).await.expect("claim").is_empty());
+    assert_eq!(s.override_queue_concurrency("free", None, &ops).await.expect("remove"), None, "no limit left");
+    assert_eq!(s.claim(&request("free", 0, 10)).await.expect("claim").len(), 3);
+
+    // Bad overrides name their field and store nothing.
+    let past = RateLimitOverride { concurrency: 0, expires_at: Some(jiff::Timestamp::now() - jiff::SignedDuration::from_secs(1)) };
+    let e = s.override_queue_concurrency("free", Some(&past), &ops).await.expect_err("past");
+    assert!(e.to_string().contains("expires_at"), "{e}");
+    let huge = RateLimitOverride { concurrency: u32::MAX, expires_at: None };
+    let e = s.override_queue_concurrency("free", Some(&huge), &ops).await.expect_err("huge");
+    assert!(e.to_string().contains("concurrency"), "{e}");
+    assert!(s.rate_limit_states(Some("free")).await.expect("state").is_empty(), "nothing half-saved");
 }

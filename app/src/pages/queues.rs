@@ -27,6 +27,9 @@ pub struct QueueRow {
     pub dead_letters: i64,
     /// The queue's rate limit as set (see [`RateLimitForm`]).
     pub limit: RateLimitForm,
+    /// An operator's override of its concurrency, while it lasts: "0 at once until 15:20:00
+    /// UTC, in 28m".
+    pub override_note: Option<String>,
 }
 
 /// A queue's rate limit as the form shows and sends it: empty fields are "no limit".
@@ -62,6 +65,14 @@ pub async fn queues() -> Result<Vec<QueueRow>, AppError> {
     let store = crate::state::store()?;
     let now = store.now().await?;
     let limits = store.rate_limit_states(None).await?;
+    let override_of = |name: &str| {
+        let o = limits.iter().find(|l| l.queue == name).and_then(|l| l.override_limit)?;
+        let until = o.expires_at.map(|t| {
+            let w = crate::time_text::When::of(t, now);
+            format!(" until {}, {}", w.at, w.relative)
+        });
+        Some(format!("{} at once{}", o.concurrency, until.unwrap_or_else(|| ", until cleared".into())))
+    };
     let form_of = |name: &str| {
         let Some(l) = limits.iter().find(|l| l.queue == name).map(|l| l.limit) else { return RateLimitForm::default() };
         let period = |d: std::time::Duration| rebound_queue::policy::iso8601::format(d);
@@ -79,6 +90,7 @@ pub async fn queues() -> Result<Vec<QueueRow>, AppError> {
         .into_iter()
         .map(|q| QueueRow {
             limit: form_of(&q.name),
+            override_note: override_of(&q.name),
             paused_note: q.paused.then(|| {
                 let since = q.paused_at.map(|t| crate::time_text::When::of(t, now).relative).unwrap_or_default();
                 format!("paused {since} by {}", q.paused_by.clone().unwrap_or_else(|| "?".into()))
@@ -247,7 +259,9 @@ pub fn QueuesPage() -> impl IntoView {
     let tick = use_refresh();
     let toggle = ServerAction::<SetQueuePaused>::new();
     let set_limit = ServerAction::<SetQueueRateLimit>::new();
-    let data = Resource::new(move || (tick.get(), toggle.version().get(), set_limit.version().get()), |_| queues());
+    // Overrides of queues (in their rows) and of keys (in the keys' table) alike.
+    let set_override = ServerAction::<super::rate_limit_keys::SetRateLimitOverride>::new();
+    let data = Resource::new(move || (tick.get(), toggle.version().get(), set_limit.version().get(), set_override.version().get()), |_| queues());
     let can_act = use_can_act();
     let maintenance = ServerAction::<SetMaintenance>::new();
     view! {
@@ -256,6 +270,7 @@ pub fn QueuesPage() -> impl IntoView {
         <MaintenanceSwitch action=maintenance can_act=can_act/>
         <ActionResult action=toggle/>
         <ActionResult action=set_limit/>
+        <ActionResult action=set_override/>
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             {move || Suspend::new(async move {
                 match data.await {
@@ -297,7 +312,7 @@ pub fn QueuesPage() -> impl IntoView {
                                                 <td class="num">{q.discarded}</td>
                                                 <td class="num"><a href=dead>{q.dead_letters}</a></td>
                                                 <td class="rate-limit">
-                                                    <RateLimitEditor queue=q.name.clone() limit=q.limit.clone() action=set_limit can_act=can_act/>
+                                                    <RateLimitEditor queue=q.name.clone() limit=q.limit.clone() override_note=q.override_note.clone() action=set_limit set_override=set_override can_act=can_act/>
                                                 </td>
                                                 <td>
                                                     <ActionForm action=toggle>
@@ -319,14 +334,24 @@ pub fn QueuesPage() -> impl IntoView {
                 }
             })}
         </Transition>
-        <super::rate_limit_keys::RateLimitKeys tick=tick can_act=can_act/>
+        <super::rate_limit_keys::RateLimitKeys tick=tick set=set_override can_act=can_act/>
     }
 }
 
-/// A queue's limit and, folded away, the form to change it (a plain `<details>`: no JS needed).
+/// A queue's limit and, folded away, the forms to change it and to override its concurrency
+/// for a while (plain `<details>`: no JS needed).
 #[component]
-fn RateLimitEditor(queue: String, limit: RateLimitForm, action: ServerAction<SetQueueRateLimit>, can_act: Signal<bool>) -> impl IntoView {
+fn RateLimitEditor(
+    queue: String,
+    limit: RateLimitForm,
+    override_note: Option<String>,
+    action: ServerAction<SetQueueRateLimit>,
+    set_override: ServerAction<super::rate_limit_keys::SetRateLimitOverride>,
+    can_act: Signal<bool>,
+) -> impl IntoView {
     let summary = limit.summary();
+    let overridden = override_note.is_some();
+    let partition = format!("queue:{queue}");
     let field = move |name: &'static str, label: &'static str, value: String, hint: &'static str| {
         view! {
             <label>
@@ -340,6 +365,7 @@ fn RateLimitEditor(queue: String, limit: RateLimitForm, action: ServerAction<Set
             Some(s) => view! { <span class="limit-summary">{s}</span> }.into_any(),
             None => view! { <span class="muted limit-summary">"none"</span> }.into_any(),
         }}
+        {override_note.map(|n| view! { <div class="limit-override">"Override: " {n}</div> })}
         <details class="limit-edit">
             <summary>"Edit"</summary>
             <ActionForm action=action>
@@ -357,6 +383,11 @@ fn RateLimitEditor(queue: String, limit: RateLimitForm, action: ServerAction<Set
                 <br/>
                 <button type="submit" disabled=move || !can_act.get()>"Save limit"</button>
             </ActionForm>
+        </details>
+        <details class="limit-edit override-edit" open=overridden>
+            <summary>"Override"</summary>
+            <small class="muted">"Active at most this many until a time (0 stops the queue); its limit above applies again after."</small>
+            <super::rate_limit_keys::OverrideForms key=partition overridden=overridden action=set_override can_act=can_act/>
         </details>
     }
 }

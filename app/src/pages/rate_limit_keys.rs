@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::CsrfField;
 use crate::error::AppError;
-use crate::feedback::{ActionResult, ErrorBox};
+use crate::feedback::ErrorBox;
 
 /// Keys shown at most; the OJS API (`GET /ojs/v1/rate-limits`) pages through all of them.
 #[cfg(feature = "ssr")]
@@ -73,58 +73,96 @@ pub async fn rate_limit_keys() -> Result<KeyList, AppError> {
     Ok(KeyList { rows, total })
 }
 
-/// Overrides a key's limit (`concurrency` a whole number, `until` empty for no end, or an
-/// RFC 3339 time, or `+` and an ISO-8601 duration such as `+PT1H`), or with `concurrency`
-/// empty removes the override.
-#[server(endpoint = "set_rate_limit_override")]
-pub async fn set_rate_limit_override(csrf: String, key: String, concurrency: String, until: String) -> Result<String, AppError> {
-    use rebound_queue::store::RateLimitOverride;
-    let actor = crate::auth::authorize_mutation(&csrf)?;
+/// An override as its form sends it: `concurrency` a whole number (empty: no override), `until`
+/// empty for no end, or an RFC 3339 time, or `+` and an ISO-8601 duration such as `+PT1H`.
+#[cfg(feature = "ssr")]
+fn override_of(concurrency: &str, until: &str) -> Result<Option<rebound_queue::store::RateLimitOverride>, AppError> {
     let invalid = |field: &str, reason: String| AppError::Invalid { field: field.into(), reason };
     let concurrency = concurrency.trim();
     let until = until.trim();
-    let limit = if concurrency.is_empty() {
+    if concurrency.is_empty() {
         if !until.is_empty() {
             return Err(invalid("concurrency", "is required with an end time".into()));
         }
+        return Ok(None);
+    }
+    let n = concurrency.parse::<u32>().map_err(|_| invalid("concurrency", format!("must be a whole number, got {}", crate::error::quoted(concurrency))))?;
+    let expires_at = if until.is_empty() {
         None
     } else {
-        let n = concurrency.parse::<u32>().map_err(|_| invalid("concurrency", format!("must be a whole number, got {}", crate::error::quoted(concurrency))))?;
-        let expires_at = if until.is_empty() {
-            None
-        } else {
-            let now = jiff::Timestamp::now();
-            let parsed = match until.strip_prefix('+') {
-                Some(d) => rebound_queue::policy::iso8601::parse(d).and_then(|d| {
-                    jiff::SignedDuration::try_from(d).ok().and_then(|d| now.checked_add(d).ok()).ok_or_else(|| "is too far ahead".to_string())
-                }),
-                None => until.parse::<jiff::Timestamp>().map_err(|e| e.to_string()),
-            };
-            Some(parsed.map_err(|r| invalid("until", format!("{} is not a time or +duration: {r}", crate::error::quoted(until))))?)
+        let now = jiff::Timestamp::now();
+        let parsed = match until.strip_prefix('+') {
+            Some(d) => rebound_queue::policy::iso8601::parse(d).and_then(|d| {
+                jiff::SignedDuration::try_from(d).ok().and_then(|d| now.checked_add(d).ok()).ok_or_else(|| "is too far ahead".to_string())
+            }),
+            None => until.parse::<jiff::Timestamp>().map_err(|e| e.to_string()),
         };
-        Some(RateLimitOverride { concurrency: n, expires_at })
+        Some(parsed.map_err(|r| invalid("until", format!("{} is not a time or +duration: {r}", crate::error::quoted(until))))?)
     };
+    Ok(Some(rebound_queue::store::RateLimitOverride { concurrency: n, expires_at }))
+}
+
+/// Overrides the concurrency of a key, or of a queue when `key` is `queue:<name>` (over the
+/// queue's own limit, which stays as set), until `until` (see [`override_of`]); with
+/// `concurrency` empty removes the override.
+#[server(endpoint = "set_rate_limit_override")]
+pub async fn set_rate_limit_override(csrf: String, key: String, concurrency: String, until: String) -> Result<String, AppError> {
+    let actor = crate::auth::authorize_mutation(&csrf)?;
+    let limit = override_of(&concurrency, &until)?;
     let store = crate::state::store()?;
     // The store names the end `expires_at`, as the API does; this form calls it `until`.
-    let saved = store.override_rate_limit(&key, limit.as_ref(), &actor).await.map_err(|e| match AppError::from(e) {
+    let until_field = |e: rebound_queue::StoreError| match AppError::from(e) {
         AppError::Invalid { field, reason } if field == "expires_at" => AppError::Invalid { field: "until".into(), reason },
         other => other,
-    })?;
+    };
+    if let Some(queue) = key.strip_prefix("queue:") {
+        crate::error::check_queue(queue)?;
+        let saved = store.override_queue_concurrency(queue, limit.as_ref(), &actor).await.map_err(until_field)?;
+        return Ok(match (limit, saved.and_then(|s| s.concurrency_in_force())) {
+            (Some(o), _) => format!("Queue {queue} now runs at most {} at once{}; its own limit applies again after.", o.concurrency, o.expires_at.map(|t| format!(" until {t}")).unwrap_or_default()),
+            (None, Some(c)) => format!("Queue {queue}'s override is removed: its own limit of {c} at once applies."),
+            (None, None) => format!("Queue {queue}'s override is removed: it has no concurrency limit now."),
+        });
+    }
+    let saved = store.override_rate_limit(&key, limit.as_ref(), &actor).await.map_err(until_field)?;
     Ok(match saved.in_force {
         Some(l) => format!("Key {} now admits {l} at once ({} running, {} waiting).", saved.key, saved.active, saved.waiting),
         None => format!("Key {} has no limit now: its waiting jobs are admitted.", saved.key),
     })
 }
 
+/// The form that overrides `key` (a rate-limit key, or `queue:<name>`), and the one that
+/// clears it when `overridden`: plain forms, no JavaScript needed.
+#[component]
+pub fn OverrideForms(key: String, overridden: bool, action: ServerAction<SetRateLimitOverride>, can_act: Signal<bool>) -> impl IntoView {
+    let clear_key = key.clone();
+    view! {
+        <ActionForm action=action>
+            <CsrfField/>
+            <input type="hidden" name="key" value=key/>
+            <label>"At most " <input type="text" name="concurrency" size="4" placeholder="—"/></label>
+            <label>" until " <input type="text" name="until" size="10" placeholder="+PT1H"/></label>
+            <button type="submit" disabled=move || !can_act.get()>"Override"</button>
+        </ActionForm>
+        {overridden.then(move || view! {
+            <ActionForm action=action>
+                <CsrfField/>
+                <input type="hidden" name="key" value=clear_key/>
+                <input type="hidden" name="concurrency" value=""/>
+                <input type="hidden" name="until" value=""/>
+                <button type="submit" disabled=move || !can_act.get()>"Clear override"</button>
+            </ActionForm>
+        })}
+    }
+}
+
 /// The keys' table, under the queues.
 #[component]
-pub fn RateLimitKeys(tick: Signal<u64>, can_act: Signal<bool>) -> impl IntoView {
-    let set = ServerAction::<SetRateLimitOverride>::new();
+pub fn RateLimitKeys(tick: Signal<u64>, set: ServerAction<SetRateLimitOverride>, can_act: Signal<bool>) -> impl IntoView {
     let data = Resource::new(move || (tick.get(), set.version().get()), |_| rate_limit_keys());
     view! {
         <h2>"Rate-limit keys"</h2>
         <p class="muted">"Jobs that name a key share its limit across queues; the rest wait, available, until a slot frees."</p>
-        <ActionResult action=set/>
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             {move || Suspend::new(async move {
                 match data.await {
@@ -138,7 +176,6 @@ pub fn RateLimitKeys(tick: Signal<u64>, can_act: Signal<bool>) -> impl IntoView 
                                 </thead>
                                 <tbody>
                                     {list.rows.into_iter().map(|k| {
-                                        let key = k.key.clone();
                                         view! {
                                         <tr class:overridden=k.overridden>
                                             <td>{k.key.clone()}</td>
@@ -146,24 +183,7 @@ pub fn RateLimitKeys(tick: Signal<u64>, can_act: Signal<bool>) -> impl IntoView 
                                             <td class="num">{k.running}</td>
                                             <td class="num">{k.admitted}</td>
                                             <td class="num">{k.waiting}</td>
-                                            <td>
-                                                <ActionForm action=set>
-                                                    <CsrfField/>
-                                                    <input type="hidden" name="key" value=k.key.clone()/>
-                                                    <label>"At most " <input type="text" name="concurrency" size="4" placeholder="—"/></label>
-                                                    <label>" until " <input type="text" name="until" size="10" placeholder="+PT1H"/></label>
-                                                    <button type="submit" disabled=move || !can_act.get()>"Override"</button>
-                                                </ActionForm>
-                                                {k.overridden.then(move || view! {
-                                                    <ActionForm action=set>
-                                                        <CsrfField/>
-                                                        <input type="hidden" name="key" value=key/>
-                                                        <input type="hidden" name="concurrency" value=""/>
-                                                        <input type="hidden" name="until" value=""/>
-                                                        <button type="submit" disabled=move || !can_act.get()>"Clear override"</button>
-                                                    </ActionForm>
-                                                })}
-                                            </td>
+                                            <td><OverrideForms key=k.key.clone() overridden=k.overridden action=set can_act=can_act/></td>
                                         </tr>
                                     }}).collect_view()}
                                 </tbody>

@@ -33,19 +33,22 @@ pub struct ClaimRequest {
 // unlimited queue pays one index probe, as for the pause check alone. A limited queue's
 // claimers queue up on its row: `room` is what its limits still admit (a fixed window of
 // `rate_max` starts, one of `throttle_max`, and `concurrency_limit` active jobs counted after
-// the lock, see `rebound_active_jobs`), and the windows are advanced by what was claimed, all
-// in this one statement. See migrations/…_queue_rate_limits.sql. In maintenance mode (one
+// the lock, see `rebound_active_jobs`; an operator's override, while it lasts, in place of
+// the last), and the windows are advanced by what was claimed, all in this one statement. See migrations/…_queue_rate_limits.sql. In maintenance mode (one
 // row in `maintenance`) every claim gets nothing. A job waiting for a slot of its rate-limit
 // key (`rate_limited`) is not in the claimable set at all (see …_keyed_rate_limits.sql).
 const CLAIM: &str = "
 WITH q AS MATERIALIZED (
-    SELECT name, paused, concurrency_limit, rate_max, throttle_max,
+    SELECT name, paused,
+           CASE WHEN override_concurrency IS NOT NULL AND (override_expires_at IS NULL OR override_expires_at > now())
+                THEN override_concurrency ELSE concurrency_limit END AS concurrency_limit,
+           rate_max, throttle_max,
            CASE WHEN rate_window_start > now() - LEAST(rate_period_ms, 31536000000) * interval '1 millisecond' THEN rate_window_start ELSE now() END AS rate_start,
            CASE WHEN rate_window_start > now() - LEAST(rate_period_ms, 31536000000) * interval '1 millisecond' THEN rate_window_used ELSE 0 END AS rate_used,
            CASE WHEN throttle_window_start > now() - LEAST(throttle_period_ms, 31536000000) * interval '1 millisecond' THEN throttle_window_start ELSE now() END AS throttle_start,
            CASE WHEN throttle_window_start > now() - LEAST(throttle_period_ms, 31536000000) * interval '1 millisecond' THEN throttle_window_used ELSE 0 END AS throttle_used
     FROM queues
-    WHERE name = $1 AND (paused OR rate_max IS NOT NULL OR throttle_max IS NOT NULL OR concurrency_limit IS NOT NULL)
+    WHERE name = $1 AND (paused OR rate_max IS NOT NULL OR throttle_max IS NOT NULL OR concurrency_limit IS NOT NULL OR override_concurrency IS NOT NULL)
     FOR UPDATE
 ), room AS MATERIALIZED (
     SELECT CASE WHEN q.paused THEN 0 ELSE GREATEST(0, LEAST(
@@ -146,7 +149,7 @@ impl Store {
             // the same queues in different orders cannot deadlock.
             sqlx::query(
                 "SELECT name FROM queues WHERE name = ANY($1)
-                   AND (paused OR rate_max IS NOT NULL OR throttle_max IS NOT NULL OR concurrency_limit IS NOT NULL)
+                   AND (paused OR rate_max IS NOT NULL OR throttle_max IS NOT NULL OR concurrency_limit IS NOT NULL OR override_concurrency IS NOT NULL)
                  ORDER BY name FOR UPDATE",
             )
             .bind(&req.queues)

@@ -30,15 +30,16 @@ impl Store {
     }
 
     /// Time until the earliest `scheduled` or `retryable` job is due, or a rate-limit key's
-    /// spent window (rate or throttle), hold or override ends while jobs wait for it, by the
-    /// database's clock; zero if one is already due, `None` if nothing is waiting for a time
+    /// spent window (rate or throttle), hold or override ends while jobs wait for it, or a
+    /// queue's override ends, by the database's clock; zero if one is already due, `None` if nothing is waiting for a time
     /// or maintenance mode is on (nothing is promoted while it is: once it is off, the pass
     /// after the scheduler's interval promotes what fell due).
     pub async fn time_until_next_due(&self) -> Result<Option<Duration>, StoreError> {
         // (LEAST passes over a NULL: nothing waiting of that kind.) A window that admitted
         // nothing new (its key's admitted jobs sit unclaimed in a paused queue) is not begun,
         // so has no end to wait for. A key's hold or override ending may free its waiting
-        // jobs as a window's end does. In maintenance mode nothing is promoted or admitted, so
+        // jobs as a window's end does, and a queue's its queue's (the sweep clears it and wakes
+        // the workers). In maintenance mode nothing is promoted or admitted, so
         // an overdue job must not wake the scheduler every SCHEDULER_MIN_WAIT until it ends.
         let ms: Option<f64> = sqlx::query_scalar(
             "SELECT EXTRACT(EPOCH FROM (LEAST(
@@ -46,7 +47,8 @@ impl Store {
                  (SELECT min(LEAST(rebound_rate_limit_windows_end(r),
                                    CASE WHEN r.held_until > now() THEN r.held_until END,
                                    CASE WHEN r.override_expires_at > now() THEN r.override_expires_at END))
-                  FROM rebound_rate_limit_waiting_keys() AS w(key) JOIN rate_limit_keys r ON r.key = w.key)
+                  FROM rebound_rate_limit_waiting_keys() AS w(key) JOIN rate_limit_keys r ON r.key = w.key),
+                 (SELECT min(override_expires_at) FROM queues)
              ) - now()))::float8 * 1000
              WHERE NOT EXISTS (SELECT 1 FROM maintenance)",
         )

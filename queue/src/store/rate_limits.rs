@@ -107,6 +107,25 @@ pub struct RateLimitState {
     pub rate_window_resets_at: Option<Timestamp>,
     /// When the throttle admits the next start (`None`: now).
     pub throttle_next_allowed_at: Option<Timestamp>,
+    /// An operator's concurrency for the queue, in place of `limit.concurrency` while it
+    /// lasts (see [`Store::override_queue_concurrency`]).
+    pub override_limit: Option<RateLimitOverride>,
+}
+
+impl RateLimitState {
+    /// The concurrency claims keep to now: the override's while it lasts, else the limit's.
+    pub fn concurrency_in_force(&self) -> Option<u32> {
+        self.override_limit.map(|o| o.concurrency).or(self.limit.concurrency)
+    }
+}
+
+/// The override stored in a row's `override_concurrency` and `override_expires_at`, if one
+/// is in force (an ended one the sweep has not yet cleared is none).
+fn override_from_row(r: &PgRow) -> Result<Option<RateLimitOverride>, StoreError> {
+    let expires_at = ts_opt(r, "override_expires_at")?;
+    Ok(r.try_get::<Option<i32>, _>("override_concurrency")?
+        .map(|c| RateLimitOverride { concurrency: u32::try_from(c).unwrap_or(0), expires_at })
+        .filter(|o| o.expires_at.is_none_or(|t| t > Timestamp::now())))
 }
 
 /// The window stored in columns `max` and `period` (milliseconds) of a row, if both are set.
@@ -167,6 +186,55 @@ impl Store {
         Ok(limit)
     }
 
+    /// Sets an operator's concurrency for a queue, in force over its own limit until
+    /// `expires_at` (`None`: until removed), or removes it (`None`); the queue's limit as set
+    /// is kept under it and applies again when it ends. Applies to the next claim; a raised
+    /// or ended limit wakes the queue's workers. Audited. Returns the queue's state now
+    /// (`None`: it has no limit and no override).
+    pub async fn override_queue_concurrency(&self, queue: &str, limit: Option<&RateLimitOverride>, actor: &Actor) -> Result<Option<RateLimitState>, StoreError> {
+        validate_queue(queue)?;
+        if let Some(o) = limit {
+            o.validate()?;
+        }
+        let mut tx = self.begin().await?;
+        // Removing one leaves no row behind for a queue that had none.
+        let statement = if limit.is_some() {
+            "INSERT INTO queues (name, override_concurrency, override_expires_at, updated_at) VALUES ($1, $2, $3, now())
+             ON CONFLICT (name) DO UPDATE SET override_concurrency = EXCLUDED.override_concurrency,
+                 override_expires_at = EXCLUDED.override_expires_at, updated_at = now()"
+        } else {
+            "UPDATE queues SET override_concurrency = $2, override_expires_at = $3, updated_at = now() WHERE name = $1"
+        };
+        sqlx::query(statement)
+            .bind(queue)
+            .bind(limit.map(|o| i32::try_from(o.concurrency).unwrap_or(i32::MAX)))
+            .bind(limit.and_then(|o| o.expires_at).map(jiff_sqlx::Timestamp::from))
+            .execute(&mut *tx)
+            .await?;
+        notify_queues(&mut *tx, &[queue.to_owned()]).await?;
+        let detail = limit.map(|o| json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }));
+        record(&mut tx, actor, "queue.rate_limit_override", Some(queue), json!({ "override": detail })).await?;
+        tx.commit().await?;
+        Ok(self.rate_limit_states(Some(queue)).await?.into_iter().next())
+    }
+
+    /// Clears the queues' overrides that have ended and wakes their workers (the limit under
+    /// an override of 0 may admit jobs now). Returns how many ended.
+    async fn end_queue_overrides(&self) -> Result<u64, StoreError> {
+        let mut tx = self.begin().await?;
+        let ended: Vec<String> = sqlx::query_scalar(
+            "UPDATE queues SET override_concurrency = NULL, override_expires_at = NULL, updated_at = now()
+             WHERE override_expires_at <= now() RETURNING name",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        if !ended.is_empty() {
+            notify_queues(&mut *tx, &ended).await?;
+        }
+        tx.commit().await?;
+        Ok(ended.len() as u64)
+    }
+
     /// Every queue with limits, and their state now.
     pub async fn rate_limit_states(&self, queue: Option<&str>) -> Result<Vec<RateLimitState>, StoreError> {
         let rows = sqlx::query(
@@ -182,7 +250,8 @@ impl Store {
                     CASE WHEN q.throttle_window_start > now() - q.throttle_period_ms * interval '1 millisecond'
                          THEN q.throttle_window_start + q.throttle_period_ms * interval '1 millisecond' END AS throttle_next
              FROM queues q
-             WHERE (q.rate_max IS NOT NULL OR q.throttle_max IS NOT NULL OR q.concurrency_limit IS NOT NULL)
+             WHERE (q.rate_max IS NOT NULL OR q.throttle_max IS NOT NULL OR q.concurrency_limit IS NOT NULL
+                    OR (q.override_concurrency IS NOT NULL AND (q.override_expires_at IS NULL OR q.override_expires_at > now())))
                AND ($1::text IS NULL OR q.name = $1)
              ORDER BY q.name",
         )
@@ -199,6 +268,7 @@ impl Store {
                     rate_used: i64::from(r.try_get::<i32, _>("rate_used")?),
                     rate_window_resets_at: ts_opt(r, "rate_resets_at")?,
                     throttle_next_allowed_at: ts_opt(r, "throttle_next")?,
+                    override_limit: override_from_row(r)?,
                 })
             })
             .collect()
@@ -223,6 +293,23 @@ impl Store {
 pub struct RateLimitOverride {
     pub concurrency: u32,
     pub expires_at: Option<Timestamp>,
+}
+
+impl RateLimitOverride {
+    /// Why this override cannot be set, naming its field: a concurrency over
+    /// [`crate::job::MAX_RATE_LIMIT_CONCURRENCY`], or an end not in the future.
+    fn validate(&self) -> Result<(), StoreError> {
+        if self.concurrency > crate::job::MAX_RATE_LIMIT_CONCURRENCY {
+            return Err(StoreError::invalid("concurrency", format!("must be at most {}", crate::job::MAX_RATE_LIMIT_CONCURRENCY)));
+        }
+        if let Some(t) = self.expires_at {
+            crate::bounds::check_time(t).map_err(|r| StoreError::invalid("expires_at", r))?;
+            if t <= Timestamp::now() {
+                return Err(StoreError::invalid("expires_at", "must be in the future"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A rate-limit key shared by jobs (OJS per-job `rate_limit`), and its state now. See
@@ -286,10 +373,7 @@ ORDER BY r.key";
 
 fn key_state_from_row(r: &PgRow) -> Result<KeyedRateLimit, StoreError> {
     let count = |c: Option<i32>| c.map(|c| u32::try_from(c).unwrap_or(0));
-    let expires_at = ts_opt(r, "override_expires_at")?;
-    let override_limit = count(r.try_get("override_concurrency")?)
-        .map(|concurrency| RateLimitOverride { concurrency, expires_at })
-        .filter(|o| o.expires_at.is_none_or(|t| t > Timestamp::now()));
+    let override_limit = override_from_row(r)?;
     Ok(KeyedRateLimit {
         key: r.try_get("key")?,
         concurrency: count(r.try_get("concurrency")?),
@@ -360,15 +444,7 @@ impl Store {
     pub async fn override_rate_limit(&self, key: &str, limit: Option<&RateLimitOverride>, actor: &Actor) -> Result<KeyedRateLimit, StoreError> {
         crate::job::validate_rate_limit_key(key, "key")?;
         if let Some(o) = limit {
-            if o.concurrency > crate::job::MAX_RATE_LIMIT_CONCURRENCY {
-                return Err(StoreError::invalid("concurrency", format!("must be at most {}", crate::job::MAX_RATE_LIMIT_CONCURRENCY)));
-            }
-            if let Some(t) = o.expires_at {
-                crate::bounds::check_time(t).map_err(|r| StoreError::invalid("expires_at", r))?;
-                if t <= Timestamp::now() {
-                    return Err(StoreError::invalid("expires_at", "must be in the future"));
-                }
-            }
+            o.validate()?;
         }
         let mut tx = self.begin().await?;
         sqlx::query(
@@ -388,18 +464,19 @@ impl Store {
         self.rate_limit_key(key).await?.ok_or_else(|| StoreError::Missing { what: format!("rate-limit key {key}") })
     }
 
-    /// The sweep: ends the overrides whose time is up (bringing their keys to the limit in
-    /// force again), then settles every key with jobs waiting and a slot free, one key per
-    /// transaction. The statements that move keyed jobs settle their keys themselves; this
-    /// catches what they could not (a waiting job another transaction held at that moment).
-    /// Returns how many keys it settled.
+    /// The sweep: ends the overrides whose time is up (bringing their keys and queues to the
+    /// limit in force again), then settles every key with jobs waiting and a slot free, one
+    /// key per transaction. The statements that move keyed jobs settle their keys themselves;
+    /// this catches what they could not (a waiting job another transaction held at that
+    /// moment). Returns how many keys it settled and overrides it ended.
     pub async fn settle_rate_limits(&self, batch: i64) -> Result<u64, StoreError> {
+        let queues_ended = self.end_queue_overrides().await?;
         let ended: i32 = sqlx::query_scalar("SELECT rebound_rate_limit_end_overrides()").fetch_one(&self.pool).await?;
         let keys: Vec<String> = sqlx::query_scalar(KEYS_TO_SETTLE).bind(batch.max(1)).fetch_all(&self.pool).await?;
         for key in &keys {
             sqlx::query("SELECT rebound_rate_limit_settle($1)").bind(key).execute(&self.pool).await?;
         }
-        Ok(keys.len() as u64 + u64::try_from(ended).unwrap_or(0))
+        Ok(keys.len() as u64 + u64::try_from(ended).unwrap_or(0) + queues_ended)
     }
 }
 

@@ -1,6 +1,6 @@
 //! Rate limits over HTTP (`ojs-rate-limiting.md`). The limit of a queue is the partition
 //! `queue:<name>`, set by `PUT /rate-limits/queue:<name>` or the admin
-//! `PUT /admin/queues/{name}/rate-limit`. Any other key is a keyed limit its jobs share
+//! `PUT /admin/queues/{name}/rate-limit` (with `expires_at`, an override of its concurrency). Any other key is a keyed limit its jobs share
 //! (`options.rate_limit`: a concurrency and a rate window); `PUT /rate-limits/{key}` overrides
 //! its concurrency (until `expires_at` if given). `GET /rate-limits[/{key}]` shows both kinds
 //! and their state.
@@ -50,7 +50,8 @@ pub fn parse(f: &Fields<'_>, key: &str) -> Result<Option<QueueRateLimit>, ApiErr
         return Err(unsupported("keyed per-job rate limits and on_limit other than \"wait\"").detail("field", g.name("key")));
     }
     if g.get("expires_at").is_some() {
-        return Err(unsupported("temporary rate-limit overrides (expires_at)").detail("field", g.name("expires_at")));
+        // Only the spec's PUT takes an override (a queue's config sets its limits as they are).
+        return Err(g.error("expires_at", "an override with an end is set by PUT /ojs/v1/rate-limits/queue:<name> with concurrency and expires_at"));
     }
     g.only(&["concurrency", "rate", "throttle", "on_limit", "max_per_second"])?;
     let limit = QueueRateLimit {
@@ -65,8 +66,12 @@ fn state_json(s: &RateLimitState) -> Value {
     let l = &s.limit;
     let mut v = json!({ "key": format!("queue:{}", s.queue), "queue": s.queue, "waiting_count": s.waiting, "limit": l.to_json() });
     if let Some(m) = v.as_object_mut() {
-        if let Some(c) = l.concurrency {
+        // The concurrency claims keep to now; `limit` stays as set under an override.
+        if let Some(c) = s.concurrency_in_force() {
             m.insert("concurrency".into(), json!({ "limit": c, "active": s.active, "available": (i64::from(c) - s.active).max(0) }));
+        }
+        if let Some(o) = &s.override_limit {
+            m.insert("override".into(), json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }));
         }
         if let Some(w) = &l.rate {
             m.insert("rate".into(), json!({
@@ -194,21 +199,35 @@ pub async fn get(State(state): State<AppState>, Path(key): Path<String>) -> Resu
     }
 }
 
+/// A queue's limits (`{"concurrency", "rate", "throttle"}`: replaced whole, `{}` removes
+/// them), or, when the body names `expires_at`, an operator's override of its concurrency
+/// over them, parsed as a key's (see [`parse_override`]): `{"concurrency": 0, "expires_at":
+/// "…"}` stops the queue until then and leaves its limits as set; a null `expires_at` lasts
+/// until removed, and no `concurrency` removes it.
 async fn set(state: &AppState, caller: &Caller, queue: &str, body: &JsonObject) -> Result<Json<Value>, ApiError> {
-    let limit = parse(&body.fields(), "")?;
+    let f = body.fields();
+    if f.map().contains_key("expires_at") {
+        let o = parse_override(&f, "a queue's rate and throttle are its limit's: set them without expires_at")?;
+        let saved = state.store.override_queue_concurrency(queue, o.as_ref(), &caller.actor()).await?;
+        return Ok(Json(match saved {
+            Some(s) => state_json(&s),
+            None => json!({ "key": format!("queue:{queue}"), "queue": queue, "limit": {}, "waiting_count": 0 }),
+        }));
+    }
+    let limit = parse(&f, "")?;
     let saved = state.store.set_queue_rate_limit(queue, limit.as_ref(), &caller.actor()).await?;
     Ok(Json(json!({ "key": format!("queue:{queue}"), "queue": queue, "rate_limit": saved.map(|l| l.to_json()) })))
 }
 
-/// Refuses windows in a key's override (`rate`, `throttle`, `max_per_second`): a key's
-/// windows are set by its jobs, and a window accepted and not applied would leave its client
-/// believing it in force.
-fn refuse_override_windows(f: &Fields<'_>) -> Result<(), ApiError> {
+/// Refuses windows in an override (`rate`, `throttle`, `max_per_second`): an override is of
+/// the concurrency alone, and a window accepted and not applied would leave its client
+/// believing it in force. `hint` says where the windows are set.
+fn refuse_override_windows(f: &Fields<'_>, hint: &str) -> Result<(), ApiError> {
     for windowed in ["rate", "throttle", "max_per_second"] {
         if f.get(windowed).is_some_and(|v| !v.is_null()) {
-            return Err(unsupported(format!("windows in a key's override ({})", f.name(windowed)))
+            return Err(unsupported(format!("windows in an override ({})", f.name(windowed)))
                 .detail("field", f.name(windowed))
-                .hint("a key's rate window and throttle are set by its jobs' rate_limit; override its concurrency (0 stops it)"));
+                .hint(hint));
         }
     }
     Ok(())
@@ -245,8 +264,8 @@ pub fn throttle(f: &Fields<'_>) -> Result<Option<Window>, ApiError> {
 
 /// An override of a keyed limit: `{"concurrency": n, "expires_at": "…"}`; `{}` or a null
 /// `concurrency` removes the override.
-fn parse_override(f: &Fields<'_>) -> Result<Option<RateLimitOverride>, ApiError> {
-    refuse_override_windows(f)?;
+fn parse_override(f: &Fields<'_>, windows_hint: &str) -> Result<Option<RateLimitOverride>, ApiError> {
+    refuse_override_windows(f, windows_hint)?;
     f.only(&["concurrency", "expires_at", "rate", "throttle", "max_per_second"])?;
     let Some(concurrency) = f.i64_in("concurrency", 0, i64::from(rebound_queue::job::MAX_RATE_LIMIT_CONCURRENCY))? else {
         if f.get("expires_at").is_some_and(|v| !v.is_null()) {
@@ -270,7 +289,7 @@ pub async fn put(State(state): State<AppState>, caller: Caller, Path(key): Path<
             set(&state, &caller, &queue, &body).await
         }
         Partition::Keyed(k) => {
-            let o = parse_override(&body.fields())?;
+            let o = parse_override(&body.fields(), "a key's rate window and throttle are set by its jobs' rate_limit; override its concurrency (0 stops it)")?;
             let saved = state.store.override_rate_limit(k, o.as_ref(), &caller.actor()).await?;
             Ok(Json(keyed_json(&saved)))
         }

@@ -471,9 +471,71 @@ async fn queue_rate_limits_over_http() {
     let r = s.call("PUT", "/ojs/v1/rate-limits/stripe-api", Some(json!({"concurrency": 0}))).await;
     assert_eq!((r.status, r.body["concurrency"]["limit"].as_i64()), (StatusCode::OK, Some(0)), "{}", r.text);
     assert_eq!(s.get("/ojs/v1/rate-limits/queue:stripe-api").await.status, StatusCode::NOT_FOUND);
-    let r = s.call("PUT", "/ojs/v1/rate-limits/queue:rl", Some(json!({"concurrency": 0, "expires_at": "2030-01-01T00:00:00Z"}))).await;
-    assert_eq!((r.status, r.error_field()), (StatusCode::UNPROCESSABLE_ENTITY, Some("expires_at")), "{}", r.text);
     assert_eq!(s.get("/ojs/v1/rate-limits/queue:none").await.status, StatusCode::NOT_FOUND);
+}
+
+/// ojs-rate-limiting §10.2 on a queue: `{"concurrency": 0, "expires_at": …}` stops it until
+/// then, over its limits as set, which apply again when the override ends or is removed.
+#[tokio::test]
+async fn a_queue_s_concurrency_is_overridden_until_a_time() {
+    let s = TestServer::new().await;
+    let key = "/ojs/v1/rate-limits/queue:ov";
+    let r = s.call("PUT", key, Some(json!({"concurrency": 2, "rate": {"limit": 100, "period": "PT1H"}}))).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    for i in 0..4 {
+        s.enqueue(json!({"type": "ov.job", "args": [i], "options": {"queue": "ov"}})).await;
+    }
+    let r = s.call("PUT", key, Some(json!({"concurrency": 0, "expires_at": "+PT1H"}))).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!((&r.body["concurrency"]["limit"], &r.body["override"]["concurrency"], &r.body["limit"]), (&json!(0), &json!(0), &json!({"concurrency": 2, "rate": {"limit": 100, "period": "PT1H"}})), "{}", r.text);
+    assert!(r.body["override"]["expires_at"].is_string(), "{}", r.text);
+    assert_eq!(s.fetch("ov").await, Value::Null, "stopped by the override");
+    let r = s.get(key).await;
+    assert_eq!((&r.body["override"]["concurrency"], r.body["waiting_count"].as_i64()), (&json!(0), Some(4)), "{}", r.text);
+
+    // Bad overrides name their field and change nothing.
+    for (body, status, field) in [
+        (json!({"concurrency": 1, "expires_at": "+PT1H", "rate": {"limit": 1, "period": "PT1S"}}), StatusCode::UNPROCESSABLE_ENTITY, "rate"),
+        (json!({"concurrency": 1, "expires_at": "2001-01-01T00:00:00Z"}), StatusCode::BAD_REQUEST, "expires_at"),
+        (json!({"concurrency": -1, "expires_at": "+PT1H"}), StatusCode::BAD_REQUEST, "concurrency"),
+        (json!({"expires_at": "+PT1H"}), StatusCode::BAD_REQUEST, "concurrency"),
+    ] {
+        let r = s.call("PUT", key, Some(body.clone())).await;
+        assert_eq!((r.status, r.error_field()), (status, Some(field)), "{body}: {}", r.text);
+    }
+    let r = s.call("PUT", "/ojs/v1/admin/queues/ov/config", Some(json!({"rate_limit": {"concurrency": 1, "expires_at": "+PT1H"}}))).await;
+    assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("rate_limit.expires_at")), "{}", r.text);
+    assert_eq!(s.get(key).await.body["override"]["concurrency"], 0, "still stopped");
+
+    // Its end (here brought forward) is cleared by the scheduler's sweep: the limit as set
+    // applies again.
+    sqlx::query("UPDATE queues SET override_expires_at = now() - interval '1 second' WHERE name = 'ov'").execute(s.db.store.pool()).await.expect("end");
+    assert!(s.db.store.settle_rate_limits(100).await.expect("sweep") >= 1);
+    let r = s.get(key).await;
+    assert_eq!((r.body.get("override"), &r.body["concurrency"]["limit"]), (None, &json!(2)), "{}", r.text);
+    let r = s.post("/ojs/v1/workers/fetch", json!({"queues": ["ov"], "count": 10})).await;
+    assert_eq!(r.body["jobs"].as_array().map(Vec::len), Some(2), "the queue's own two: {}", r.text);
+
+    // Until removed, then removed by an override without a concurrency.
+    let r = s.call("PUT", key, Some(json!({"concurrency": 3, "expires_at": null}))).await;
+    assert_eq!((&r.body["override"], &r.body["concurrency"]["limit"]), (&json!({"concurrency": 3, "expires_at": null}), &json!(3)), "{}", r.text);
+    assert!(s.fetch("ov").await.is_object(), "a third slot");
+    let r = s.call("PUT", key, Some(json!({"expires_at": null}))).await;
+    assert_eq!((r.body.get("override"), &r.body["concurrency"]["limit"]), (None, &json!(2)), "{}", r.text);
+    assert_eq!(s.fetch("ov").await, Value::Null, "three running, two allowed");
+
+    // A queue with no limits of its own: the override alone limits it, and lists it.
+    s.enqueue(json!({"type": "ov.job", "args": [], "options": {"queue": "solo"}})).await;
+    let r = s.call("PUT", "/ojs/v1/rate-limits/queue:solo", Some(json!({"concurrency": 0, "expires_at": "+PT10M"}))).await;
+    assert_eq!((r.status, &r.body["limit"], &r.body["concurrency"]["limit"]), (StatusCode::OK, &json!({}), &json!(0)), "{}", r.text);
+    assert_eq!(s.fetch("solo").await, Value::Null);
+    let keys: Vec<Value> = s.get("/ojs/v1/rate-limits").await.body["items"].as_array().cloned().unwrap_or_default().into_iter().map(|i| i["key"].clone()).collect();
+    assert!(keys.contains(&json!("queue:solo")), "{keys:?}");
+    let r = s.call("PUT", "/ojs/v1/rate-limits/queue:solo", Some(json!({"concurrency": null, "expires_at": null}))).await;
+    assert_eq!((r.status, r.body.get("override")), (StatusCode::OK, None), "{}", r.text);
+    assert!(s.fetch("solo").await.is_object());
+    let audit: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'queue.rate_limit_override'").fetch_one(s.db.store.pool()).await.expect("audit");
+    assert_eq!(audit, 5, "every override set or removed");
 }
 
 /// admin-api §6: a queue's `concurrency` through its config is the queue's concurrency limit
