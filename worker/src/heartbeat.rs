@@ -33,6 +33,10 @@ use crate::usage::UsageMeter;
 /// The floor of the heartbeat interval, so a tiny visibility timeout cannot spin the loop.
 const MIN_INTERVAL: Duration = Duration::from_millis(50);
 
+/// The longest a heartbeat waits to learn which abandoned runs have ended (claims wait
+/// meanwhile).
+const ABANDONED_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How long the beat that reports a shutdown may outlast the heartbeats' stop.
 const FINAL_BEAT_GRACE: Duration = Duration::from_secs(2);
 
@@ -101,15 +105,23 @@ impl Heartbeat {
     /// Forgets the abandoned runs (see [`RunningJobs::abandon`]) whose jobs are no longer
     /// locked under this worker's id (the rescuer has counted them), so the set does not grow
     /// for the life of the process. Called with claims kept out: a job not locked here now
-    /// cannot become so again but by a claim. A failed read keeps them all until next time.
-    async fn forget_ended_abandoned_runs(&self) {
+    /// cannot become so again but by a claim. A failed or slow read (claims wait for it, so it
+    /// gets [`ABANDONED_CHECK_TIMEOUT`]) or a cancelled one keeps them all until next time.
+    async fn forget_ended_abandoned_runs(&self, cancel: &CancellationToken) {
         let abandoned = self.running.abandoned();
         if abandoned.is_empty() {
             return;
         }
-        match self.store.jobs_locked_by(&self.registration.id, &abandoned).await {
-            Ok(still) => self.running.forget_abandoned(&abandoned, &still),
-            Err(e) => tracing::debug!(error = %e, abandoned = abandoned.len(), "could not read which abandoned runs have ended; keeping them until the next heartbeat"),
+        // A read only: dropping it mid-flight leaves nothing half-done.
+        let read = tokio::time::timeout(ABANDONED_CHECK_TIMEOUT, self.store.jobs_locked_by(&self.registration.id, &abandoned));
+        let still = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = read => r,
+        };
+        match still {
+            Ok(Ok(still)) => self.running.forget_abandoned(&abandoned, &still),
+            Ok(Err(e)) => tracing::debug!(error = %e, abandoned = abandoned.len(), "could not read which abandoned runs have ended; keeping them until the next heartbeat"),
+            Err(_) => tracing::debug!(abandoned = abandoned.len(), "reading which abandoned runs have ended took too long; keeping them until the next heartbeat"),
         }
     }
 
@@ -161,7 +173,7 @@ impl Heartbeat {
             }
             _ => {}
         }
-        self.forget_ended_abandoned_runs().await;
+        self.forget_ended_abandoned_runs(cancel).await;
         if !report.registered {
             tracing::warn!(worker_id = %self.registration.id, "this worker's row is gone from the registry; registering again");
             self.retry.run("register worker", cancel, || self.store.register_worker(&self.registration)).await?;

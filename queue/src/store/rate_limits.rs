@@ -120,12 +120,14 @@ impl RateLimitState {
 }
 
 /// The override stored in a row's `override_concurrency` and `override_expires_at`, if one
-/// is in force (an ended one the sweep has not yet cleared is none).
+/// is in force: the row's `override_in_force`, computed by the database's clock as the claim
+/// judges it (an ended one the sweep has not yet cleared is none).
 fn override_from_row(r: &PgRow) -> Result<Option<RateLimitOverride>, StoreError> {
+    if !r.try_get::<Option<bool>, _>("override_in_force")?.unwrap_or(false) {
+        return Ok(None);
+    }
     let expires_at = ts_opt(r, "override_expires_at")?;
-    Ok(r.try_get::<Option<i32>, _>("override_concurrency")?
-        .map(|c| RateLimitOverride { concurrency: u32::try_from(c).unwrap_or(0), expires_at })
-        .filter(|o| o.expires_at.is_none_or(|t| t > Timestamp::now())))
+    Ok(r.try_get::<Option<i32>, _>("override_concurrency")?.map(|c| RateLimitOverride { concurrency: u32::try_from(c).unwrap_or(0), expires_at }))
 }
 
 /// The window stored in columns `max` and `period` (milliseconds) of a row, if both are set.
@@ -158,8 +160,8 @@ impl Store {
     }
 
     /// Sets a queue's limits (`None` or an empty limit removes them); they apply to the next
-    /// claim, and its rate and throttle windows start afresh. Audited. Returns what is now in
-    /// force.
+    /// claim, and its rate and throttle windows start afresh. Audited. Returns the limits as set
+    /// (an override of the concurrency, while one lasts, stays in force over them).
     pub async fn set_queue_rate_limit(&self, queue: &str, limit: Option<&QueueRateLimit>, actor: &Actor) -> Result<Option<QueueRateLimit>, StoreError> {
         validate_queue(queue)?;
         let limit = limit.copied().filter(QueueRateLimit::is_limited);
@@ -197,20 +199,27 @@ impl Store {
             o.validate()?;
         }
         let mut tx = self.begin().await?;
-        // Removing one leaves no row behind for a queue that had none.
+        // Removing one leaves no row behind for a queue that had none, and removing none
+        // changes nothing: no audit entry, no wake-up.
         let statement = if limit.is_some() {
             "INSERT INTO queues (name, override_concurrency, override_expires_at, updated_at) VALUES ($1, $2, $3, now())
              ON CONFLICT (name) DO UPDATE SET override_concurrency = EXCLUDED.override_concurrency,
                  override_expires_at = EXCLUDED.override_expires_at, updated_at = now()"
         } else {
-            "UPDATE queues SET override_concurrency = $2, override_expires_at = $3, updated_at = now() WHERE name = $1"
+            "UPDATE queues SET override_concurrency = $2, override_expires_at = $3, updated_at = now()
+             WHERE name = $1 AND override_concurrency IS NOT NULL"
         };
-        sqlx::query(statement)
+        let changed = sqlx::query(statement)
             .bind(queue)
             .bind(limit.map(|o| i32::try_from(o.concurrency).unwrap_or(i32::MAX)))
             .bind(limit.and_then(|o| o.expires_at).map(jiff_sqlx::Timestamp::from))
             .execute(&mut *tx)
-            .await?;
+            .await?
+            .rows_affected();
+        if changed == 0 {
+            tx.rollback().await?;
+            return Ok(self.rate_limit_states(Some(queue)).await?.into_iter().next());
+        }
         notify_queues(&mut *tx, &[queue.to_owned()]).await?;
         let detail = limit.map(|o| json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }));
         record(&mut tx, actor, "queue.rate_limit_override", Some(queue), json!({ "override": detail })).await?;
@@ -222,9 +231,13 @@ impl Store {
     /// an override of 0 may admit jobs now). Returns how many ended.
     async fn end_queue_overrides(&self) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
+        // Locked in name order first, as a fetch over several queues locks them (see
+        // `Store::claim_in_one`): a plain UPDATE would lock in table order and could deadlock
+        // with it.
         let ended: Vec<String> = sqlx::query_scalar(
             "UPDATE queues SET override_concurrency = NULL, override_expires_at = NULL, updated_at = now()
-             WHERE override_expires_at <= now() RETURNING name",
+             WHERE name = ANY(ARRAY(SELECT name FROM queues WHERE override_expires_at <= now() ORDER BY name FOR UPDATE))
+             RETURNING name",
         )
         .fetch_all(&mut *tx)
         .await?;
@@ -238,7 +251,7 @@ impl Store {
     /// Every queue with limits, and their state now.
     pub async fn rate_limit_states(&self, queue: Option<&str>) -> Result<Vec<RateLimitState>, StoreError> {
         let rows = sqlx::query(
-            "SELECT q.*,
+            "SELECT q.*, (q.override_concurrency IS NOT NULL AND (q.override_expires_at IS NULL OR q.override_expires_at > now())) AS override_in_force,
                     (SELECT count(*) FROM jobs j WHERE j.queue = q.name AND j.state = 'active') AS active,
                     -- Two reads, each on its partial index: jobs claimable, and jobs waiting
                     -- for a slot of their rate-limit key.
@@ -355,6 +368,7 @@ impl KeyedRateLimit {
 
 const KEY_STATES: &str = "
 SELECT r.key, r.concurrency, r.override_concurrency, r.override_expires_at, r.updated_at,
+       (r.override_concurrency IS NOT NULL AND (r.override_expires_at IS NULL OR r.override_expires_at > now())) AS override_in_force,
        CASE WHEN r.held_until > now() THEN r.held_until END AS held_until,
        rebound_rate_limit_in_force(r) AS in_force,
        r.rate_max, r.rate_period_ms,

@@ -90,8 +90,12 @@ pub async fn queue(State(state): State<AppState>, Path(name): Path<String>) -> R
     let mut v = queue_item(&q);
     let (limit, retention) = state.store.queue_settings(&name).await?;
     let oldest_at = state.store.oldest_available_at(&name).await?;
+    let over = concurrency_override(&state, &name).await?;
     if let Some(m) = v.as_object_mut() {
-        m.insert("configuration".into(), json!({ "concurrency": limit.and_then(|l| l.concurrency), "rate_limit": limit.map(|l| l.to_json()), "retention": retention_json(&retention) }));
+        m.insert("configuration".into(), json!({
+            "concurrency": limit.and_then(|l| l.concurrency), "rate_limit": limit.map(|l| l.to_json()), "retention": retention_json(&retention),
+            "concurrency_override": over,
+        }));
         m.insert("oldest_available_at".into(), json!(oldest_at.map(|t| t.to_string())));
     }
     Ok(Json(v))
@@ -168,11 +172,24 @@ pub async fn queue_config(State(state): State<AppState>, caller: Caller, Path(na
         Some(r) => state.store.set_queue_retention(queue, r, &caller.actor()).await?,
         None => state.store.queue_retention(queue).await?,
     };
+    let over = concurrency_override(&state, queue).await?;
     Ok(Json(json!({ "name": name, "configuration": {
         "concurrency": saved.and_then(|l| l.concurrency),
         "rate_limit": saved.map(|l| l.to_json()),
         "retention": retention_json(&kept),
+        "concurrency_override": over,
     } })))
+}
+
+/// An operator's override of the queue's concurrency while it lasts (`{concurrency,
+/// expires_at}`, in force over `concurrency`; set by `PUT /rate-limits/queue:<name>` with
+/// `expires_at`), or null.
+async fn concurrency_override(state: &AppState, queue: &str) -> Result<Value, ApiError> {
+    let states = state.store.rate_limit_states(Some(queue)).await?;
+    Ok(match states.first().and_then(|s| s.override_limit) {
+        Some(o) => json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }),
+        None => Value::Null,
+    })
 }
 
 /// A queue config's `retention`: `{completed, discarded}`, each an ISO-8601 duration or null

@@ -203,7 +203,7 @@ pub async fn get(State(state): State<AppState>, Path(key): Path<String>) -> Resu
 /// them), or, when the body names `expires_at`, an operator's override of its concurrency
 /// over them, parsed as a key's (see [`parse_override`]): `{"concurrency": 0, "expires_at":
 /// "…"}` stops the queue until then and leaves its limits as set; a null `expires_at` lasts
-/// until removed, and no `concurrency` removes it.
+/// until removed, and a null (or no) `concurrency` with a null `expires_at` removes it.
 async fn set(state: &AppState, caller: &Caller, queue: &str, body: &JsonObject) -> Result<Json<Value>, ApiError> {
     let f = body.fields();
     if f.map().contains_key("expires_at") {
@@ -262,8 +262,9 @@ pub fn throttle(f: &Fields<'_>) -> Result<Option<Window>, ApiError> {
     Ok(throttle)
 }
 
-/// An override of a keyed limit: `{"concurrency": n, "expires_at": "…"}`; `{}` or a null
-/// `concurrency` removes the override.
+/// An override of a concurrency (a key's, or a queue's: see [`set`]): `{"concurrency": n,
+/// "expires_at": "…"}` (a null or no `expires_at`: until removed); no `concurrency` (and no
+/// end) removes the override.
 fn parse_override(f: &Fields<'_>, windows_hint: &str) -> Result<Option<RateLimitOverride>, ApiError> {
     refuse_override_windows(f, windows_hint)?;
     f.only(&["concurrency", "expires_at", "rate", "throttle", "max_per_second"])?;

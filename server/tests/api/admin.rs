@@ -492,6 +492,9 @@ async fn a_queue_s_concurrency_is_overridden_until_a_time() {
     assert_eq!(s.fetch("ov").await, Value::Null, "stopped by the override");
     let r = s.get(key).await;
     assert_eq!((&r.body["override"]["concurrency"], r.body["waiting_count"].as_i64()), (&json!(0), Some(4)), "{}", r.text);
+    let r = s.get("/ojs/v1/admin/queues/ov").await;
+    let config = &r.body["configuration"];
+    assert_eq!((&config["concurrency"], &config["concurrency_override"]["concurrency"]), (&json!(2), &json!(0)), "{}", r.text);
 
     // Bad overrides name their field and change nothing.
     for (body, status, field) in [
@@ -523,6 +526,10 @@ async fn a_queue_s_concurrency_is_overridden_until_a_time() {
     let r = s.call("PUT", key, Some(json!({"expires_at": null}))).await;
     assert_eq!((r.body.get("override"), &r.body["concurrency"]["limit"]), (None, &json!(2)), "{}", r.text);
     assert_eq!(s.fetch("ov").await, Value::Null, "three running, two allowed");
+    assert_eq!(s.get("/ojs/v1/admin/queues/ov").await.body["configuration"]["concurrency_override"], Value::Null);
+    // Removing none changes nothing (not audited below).
+    let r = s.call("PUT", key, Some(json!({"expires_at": null}))).await;
+    assert_eq!((r.status, r.body.get("override")), (StatusCode::OK, None), "{}", r.text);
 
     // A queue with no limits of its own: the override alone limits it, and lists it.
     s.enqueue(json!({"type": "ov.job", "args": [], "options": {"queue": "solo"}})).await;
