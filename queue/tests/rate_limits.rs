@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use rebound_queue::store::{Actor, ClaimRequest, Completion, QueueRateLimit, RateLimitOverride, Window};
-use rebound_queue::testing::TestDb;
+use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, TestDb};
 use rebound_queue::{NewJob, Store};
 use serde_json::json;
 
@@ -164,4 +164,32 @@ async fn an_override_holds_a_queue_over_its_limit_until_it_ends() {
     let e = s.override_queue_concurrency("free", Some(&huge), &ops).await.expect_err("huge");
     assert!(e.to_string().contains("concurrency"), "{e}");
     assert!(s.rate_limit_states(Some("free")).await.expect("state").is_empty(), "nothing half-saved");
+}
+
+/// The sweep's end of a queue's override cut off at its COMMIT: the claim already judges the
+/// override by its end, so the queue's own limit applies at once; the row is cleared (and the
+/// workers woken) by the next sweep.
+#[tokio::test]
+async fn an_ended_override_whose_clearing_is_cut_off_still_ends() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.expect("connect");
+    fill(s, "cut", 3).await;
+    let stop = RateLimitOverride { concurrency: 0, expires_at: Some(jiff::Timestamp::now() + jiff::SignedDuration::from_mins(5)) };
+    s.override_queue_concurrency("cut", Some(&stop), &Actor::new("ops")).await.expect("override");
+    assert!(s.claim(&request("cut", 0, 10)).await.expect("claim").is_empty());
+    sqlx::query("UPDATE queues SET override_expires_at = now() - interval '1 millisecond' WHERE name = 'cut'").execute(s.pool()).await.expect("end");
+
+    let cut = proxy.inject(Fault::once("COMMIT", FaultPoint::BeforeSend));
+    assert!(through.settle_rate_limits(100).await.is_err());
+    assert_eq!(cut.count(), 1);
+    proxy.clear();
+    let left: Option<i32> = sqlx::query_scalar("SELECT override_concurrency FROM queues WHERE name = 'cut'").fetch_one(s.pool()).await.expect("row");
+    assert_eq!(left, Some(0), "the clearing was rolled back");
+    assert!(s.rate_limit_states(Some("cut")).await.expect("state").is_empty(), "but the override is over");
+    assert_eq!(s.claim(&request("cut", 0, 1)).await.expect("claim").len(), 1, "and claims go on");
+    assert_eq!(s.settle_rate_limits(100).await.expect("sweep"), 1, "the next sweep clears it");
+    let left: Option<i32> = sqlx::query_scalar("SELECT override_concurrency FROM queues WHERE name = 'cut'").fetch_one(s.pool()).await.expect("row");
+    assert_eq!(left, None);
 }
