@@ -1034,3 +1034,32 @@ async fn the_scheduler_wakes_when_a_hold_or_an_override_ends_and_sleeps_through_
     s.disable_maintenance(&ops).await.unwrap();
     assert_eq!(s.time_until_next_due().await.unwrap(), Some(Duration::ZERO));
 }
+
+#[tokio::test]
+async fn a_spacing_under_the_promotion_floor_is_waited_for_not_stretched() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let hour = Duration::from_secs(3600);
+    for n in 0..3 {
+        s.enqueue(NewJob::new("rl.keyed", json!([n])).queue("q").rate_limit_throttle("fast", 1, hour)).await.unwrap();
+    }
+    assert_eq!(slots(s, "fast").await, (0, 1, 2));
+    // The spacing (here an hour, brought forward) ends in 10 ms: the scheduler sleeps that
+    // long, not the 20 ms that batches promotions of due jobs.
+    sqlx::query("UPDATE rate_limit_keys SET throttle_window_start = now() - interval '1 hour' + interval '10 milliseconds' WHERE key = 'fast'")
+        .execute(s.pool())
+        .await
+        .unwrap();
+    let waits = s.next_waits().await.unwrap();
+    assert_eq!(waits.job_due, None);
+    assert!(waits.limit_ends.is_some_and(|w| w <= Duration::from_millis(10)), "{waits:?}");
+    let wait = s.scheduler_wait(Duration::from_secs(1)).await;
+    assert!(wait >= rebound_queue::store::LIMIT_MIN_WAIT && wait < rebound_queue::store::SCHEDULER_MIN_WAIT, "{wait:?}");
+    // A job falling due keeps its own floor beside it.
+    let mut due = NewJob::new("rl.other", json!([]));
+    due.scheduled_at = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600));
+    let due = s.enqueue(due).await.unwrap().job;
+    sqlx::query("UPDATE jobs SET scheduled_at = now() - interval '1 second' WHERE id = $1").bind(due.id).execute(s.pool()).await.unwrap();
+    sqlx::query("UPDATE rate_limit_keys SET throttle_window_start = now() WHERE key = 'fast'").execute(s.pool()).await.unwrap();
+    assert_eq!(s.scheduler_wait(Duration::from_secs(1)).await, rebound_queue::store::SCHEDULER_MIN_WAIT);
+}

@@ -109,7 +109,7 @@ mod login_throttle;
 mod maintenance;
 mod maintenance_mode;
 mod next_due;
-pub use next_due::SCHEDULER_MIN_WAIT;
+pub use next_due::{LIMIT_MIN_WAIT, NextWaits, SCHEDULER_MIN_WAIT};
 mod notify;
 mod policies;
 mod progress;

@@ -1,27 +1,56 @@
 //! When the scheduler next has work: lets a maintenance loop sleep until the next scheduled or
 //! retryable job is due, or a rate-limit window that keeps jobs waiting ends, instead of polling
 //! on a fixed tick, so a retry due in 1 s becomes available at 1 s rather than up to a tick
-//! later, and a key's throttle spaces its jobs by its own spacing.
+//! later, and a key's throttle spaces its jobs by its own spacing (down to a millisecond).
 
 use std::time::Duration;
 
 use super::{Store, StoreError};
 
-/// The shortest sleep of a scheduler after a pass that left no backlog: a little after a due
-/// time, so the promotion's `now()` is past it, and long enough that retries falling due in a
-/// steady stream are promoted in batches of many rather than a transaction (and a commit) each.
+/// The shortest sleep of a scheduler after a pass that left no backlog, when a job falls due
+/// next: a little after its due time, so the promotion's `now()` is past it, and long enough
+/// that retries falling due in a steady stream are promoted in batches of many rather than a
+/// transaction (and a commit) each.
 pub const SCHEDULER_MIN_WAIT: Duration = Duration::from_millis(20);
+
+/// The shortest sleep when a rate-limit window, hold or override ends next: each end admits
+/// what it admits (a throttle one job), so waiting longer would batch nothing and only stretch
+/// a spacing under [`SCHEDULER_MIN_WAIT`] to it.
+pub const LIMIT_MIN_WAIT: Duration = Duration::from_millis(1);
+
+/// When the scheduler next has work, by kind (see [`Store::next_waits`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NextWaits {
+    /// Until the earliest `scheduled` or `retryable` job is due (zero if one is).
+    pub job_due: Option<Duration>,
+    /// Until the earliest end of a rate-limit key's spent window, hold or override while jobs
+    /// wait for it, or of a queue's override (zero if one is over and not yet cleared).
+    pub limit_ends: Option<Duration>,
+}
+
+impl NextWaits {
+    /// The earlier of the two.
+    pub fn earliest(&self) -> Option<Duration> {
+        match (self.job_due, self.limit_ends) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
 
 impl Store {
     /// How long a scheduler may sleep after a pass that left no backlog: until the next
-    /// scheduled or retryable job is due or a rate-limit window that keeps jobs waiting ends
-    /// (see [`Store::time_until_next_due`]; at least [`SCHEDULER_MIN_WAIT`]), at most `interval`
-    /// (jobs scheduled by other processes are noticed within it); `interval` if the database
-    /// cannot say (logged).
+    /// scheduled or retryable job is due (at least [`SCHEDULER_MIN_WAIT`]) or a rate-limit
+    /// window, hold or override that keeps jobs waiting ends (at least [`LIMIT_MIN_WAIT`]; see
+    /// [`Store::next_waits`]), at most `interval` (jobs scheduled by other processes are
+    /// noticed within it); `interval` if the database cannot say (logged).
     pub async fn scheduler_wait(&self, interval: Duration) -> Duration {
-        match self.time_until_next_due().await {
-            Ok(Some(until)) => interval.min(until.max(SCHEDULER_MIN_WAIT)),
-            Ok(None) => interval,
+        match self.next_waits().await {
+            Ok(w) => {
+                let due = w.job_due.map(|d| d.max(SCHEDULER_MIN_WAIT));
+                let ends = w.limit_ends.map(|d| d.max(LIMIT_MIN_WAIT));
+                [due, ends].into_iter().flatten().fold(interval, Duration::min)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "scheduler: cannot read when the next job is due; waiting one interval");
                 interval
@@ -29,33 +58,40 @@ impl Store {
         }
     }
 
-    /// Time until the earliest `scheduled` or `retryable` job is due, or a rate-limit key's
-    /// spent window (rate or throttle), hold or override ends while jobs wait for it, or a
-    /// queue's override ends, by the database's clock; zero if one is already due, `None` if nothing is waiting for a time
-    /// or maintenance mode is on (nothing is promoted while it is: once it is off, the pass
-    /// after the scheduler's interval promotes what fell due).
+    /// Time until the scheduler next has work ([`NextWaits::earliest`] of
+    /// [`Store::next_waits`]): zero if a job is already due, `None` if nothing waits for a
+    /// time or maintenance mode is on.
     pub async fn time_until_next_due(&self) -> Result<Option<Duration>, StoreError> {
+        Ok(self.next_waits().await?.earliest())
+    }
+
+    /// Time until the earliest `scheduled` or `retryable` job is due, and until a rate-limit
+    /// key's spent window (rate or throttle), hold or override ends while jobs wait for it, or
+    /// a queue's override ends, by the database's clock; nothing at all in maintenance mode
+    /// (nothing is promoted while it is: once it is off, the pass after the scheduler's
+    /// interval promotes what fell due).
+    pub async fn next_waits(&self) -> Result<NextWaits, StoreError> {
         // (LEAST passes over a NULL: nothing waiting of that kind.) A window that admitted
         // nothing new (its key's admitted jobs sit unclaimed in a paused queue) is not begun,
         // so has no end to wait for. A key's hold or override ending may free its waiting
         // jobs as a window's end does, and a queue's its queue's (the sweep clears it and wakes
-        // the workers). In maintenance mode nothing is promoted or admitted, so
-        // an overdue job must not wake the scheduler every SCHEDULER_MIN_WAIT until it ends.
-        let ms: Option<f64> = sqlx::query_scalar(
-            "SELECT EXTRACT(EPOCH FROM (LEAST(
-                 (SELECT min(scheduled_at) FROM jobs WHERE state IN ('scheduled', 'retryable')),
-                 (SELECT min(LEAST(rebound_rate_limit_windows_end(r),
-                                   CASE WHEN r.held_until > now() THEN r.held_until END,
-                                   CASE WHEN r.override_expires_at > now() THEN r.override_expires_at END))
-                  FROM rebound_rate_limit_waiting_keys() AS w(key) JOIN rate_limit_keys r ON r.key = w.key),
-                 (SELECT min(override_expires_at) FROM queues)
-             ) - now()))::float8 * 1000
+        // the workers). In maintenance mode nothing is promoted or admitted, so an overdue
+        // job must not wake the scheduler every SCHEDULER_MIN_WAIT until it ends.
+        let row: Option<(Option<f64>, Option<f64>)> = sqlx::query_as(
+            "SELECT EXTRACT(EPOCH FROM ((SELECT min(scheduled_at) FROM jobs WHERE state IN ('scheduled', 'retryable')) - now()))::float8 * 1000,
+                    EXTRACT(EPOCH FROM (LEAST(
+                        (SELECT min(LEAST(rebound_rate_limit_windows_end(r),
+                                          CASE WHEN r.held_until > now() THEN r.held_until END,
+                                          CASE WHEN r.override_expires_at > now() THEN r.override_expires_at END))
+                         FROM rebound_rate_limit_waiting_keys() AS w(key) JOIN rate_limit_keys r ON r.key = w.key),
+                        (SELECT min(override_expires_at) FROM queues)
+                    ) - now()))::float8 * 1000
              WHERE NOT EXISTS (SELECT 1 FROM maintenance)",
         )
         .fetch_optional(&self.pool)
-        .await?
-        .flatten();
-        Ok(ms.map(|ms| if ms > 0.0 { Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX) } else { Duration::ZERO }))
+        .await?;
+        let wait = |ms: Option<f64>| ms.map(|ms| if ms > 0.0 { Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX) } else { Duration::ZERO });
+        Ok(row.map(|(due, ends)| NextWaits { job_due: wait(due), limit_ends: wait(ends) }).unwrap_or_default())
     }
 }
 
