@@ -64,7 +64,10 @@ async fn next_wait(store: &Store, report: &PassReport, interval: Duration) -> Du
     if backlog {
         return Duration::ZERO;
     }
-    store.scheduler_wait(interval).await
+    // This pass is every service's, not the scheduler's alone: a throttle's spacing under
+    // SCHEDULER_MIN_WAIT is not worth running all of them that often (a worker's scheduler,
+    // which does only the scheduler's work, keeps it).
+    store.scheduler_wait(interval).await.max(rebound_queue::store::SCHEDULER_MIN_WAIT.min(interval))
 }
 
 /// Runs until `shutdown` is cancelled: tries to lead, and while leading runs a pass every
