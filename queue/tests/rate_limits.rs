@@ -189,7 +189,11 @@ async fn an_ended_override_whose_clearing_is_cut_off_still_ends() {
     assert_eq!(left, Some(0), "the clearing was rolled back");
     assert!(s.rate_limit_states(Some("cut")).await.expect("state").is_empty(), "but the override is over");
     assert_eq!(s.claim(&request("cut", 0, 1)).await.expect("claim").len(), 1, "and claims go on");
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.expect("listen");
+    listener.listen("rebound_jobs").await.expect("listen");
     assert_eq!(s.settle_rate_limits(100).await.expect("sweep"), 1, "the next sweep clears it");
+    let woken = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await.expect("a notification").expect("recv");
+    assert_eq!(woken.payload(), "cut", "and wakes the queue's workers");
     let left: Option<i32> = sqlx::query_scalar("SELECT override_concurrency FROM queues WHERE name = 'cut'").fetch_one(s.pool()).await.expect("row");
     assert_eq!(left, None);
 }

@@ -29,6 +29,16 @@ pub struct NextWaits {
 }
 
 impl NextWaits {
+    /// How long a scheduler may sleep: until the earlier of the two, the job's at least
+    /// [`SCHEDULER_MIN_WAIT`], the end's at least [`LIMIT_MIN_WAIT`] (but an end already past,
+    /// an override its pass has not cleared yet, [`SCHEDULER_MIN_WAIT`] too: should the pass
+    /// keep failing to clear it, it is not retried every millisecond), at most `interval`.
+    pub fn wait(&self, interval: Duration) -> Duration {
+        let due = self.job_due.map(|d| d.max(SCHEDULER_MIN_WAIT));
+        let ends = self.limit_ends.map(|d| if d.is_zero() { SCHEDULER_MIN_WAIT } else { d.max(LIMIT_MIN_WAIT) });
+        [due, ends].into_iter().flatten().fold(interval, Duration::min)
+    }
+
     /// The earlier of the two.
     pub fn earliest(&self) -> Option<Duration> {
         match (self.job_due, self.limit_ends) {
@@ -46,11 +56,7 @@ impl Store {
     /// noticed within it); `interval` if the database cannot say (logged).
     pub async fn scheduler_wait(&self, interval: Duration) -> Duration {
         match self.next_waits().await {
-            Ok(w) => {
-                let due = w.job_due.map(|d| d.max(SCHEDULER_MIN_WAIT));
-                let ends = w.limit_ends.map(|d| d.max(LIMIT_MIN_WAIT));
-                [due, ends].into_iter().flatten().fold(interval, Duration::min)
-            }
+            Ok(w) => w.wait(interval),
             Err(e) => {
                 tracing::warn!(error = %e, "scheduler: cannot read when the next job is due; waiting one interval");
                 interval
@@ -59,8 +65,8 @@ impl Store {
     }
 
     /// Time until the scheduler next has work ([`NextWaits::earliest`] of
-    /// [`Store::next_waits`]): zero if a job is already due, `None` if nothing waits for a
-    /// time or maintenance mode is on.
+    /// [`Store::next_waits`]): zero if a job is already due (or a queue's override is over and
+    /// not yet cleared), `None` if nothing waits for a time or maintenance mode is on.
     pub async fn time_until_next_due(&self) -> Result<Option<Duration>, StoreError> {
         Ok(self.next_waits().await?.earliest())
     }
@@ -99,6 +105,24 @@ impl Store {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use std::time::Duration;
+
+    use super::{LIMIT_MIN_WAIT, NextWaits, SCHEDULER_MIN_WAIT};
+
+    #[test]
+    fn each_kind_of_wait_keeps_its_own_floor() {
+        let second = Duration::from_secs(1);
+        let ms = Duration::from_millis;
+        let w = |job_due, limit_ends| NextWaits { job_due, limit_ends }.wait(second);
+        assert_eq!(w(None, None), second, "nothing waiting: the interval");
+        assert_eq!(w(Some(Duration::ZERO), None), SCHEDULER_MIN_WAIT, "due jobs are promoted in batches");
+        assert_eq!(w(Some(ms(5)), None), SCHEDULER_MIN_WAIT);
+        assert_eq!(w(None, Some(ms(5))), ms(5), "a spacing's end is waited for, not stretched");
+        assert_eq!(w(None, Some(Duration::from_micros(10))), LIMIT_MIN_WAIT);
+        assert_eq!(w(None, Some(Duration::ZERO)), SCHEDULER_MIN_WAIT, "an end past, not yet cleared, is not a spin");
+        assert_eq!(w(Some(ms(5)), Some(ms(7))), ms(7), "the earlier, each floored");
+        assert_eq!(w(Some(ms(50)), Some(ms(3))), ms(3));
+        assert_eq!(w(None, Some(Duration::from_secs(60))), second, "at most the interval");
+    }
 
     use crate::NewJob;
     use crate::testing::TestDb;

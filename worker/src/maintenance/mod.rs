@@ -69,11 +69,11 @@ pub async fn run_service<S: MaintenanceService>(service: S, store: Store, stop: 
                 }
             },
         };
-        let more = match result {
-            Ok(more) => more,
+        let (more, failed) = match result {
+            Ok(more) => (more, false),
             Err(e) => {
                 tracing::warn!(service = service.name(), error = %e, "maintenance pass failed; trying again later");
-                false
+                (false, true)
             }
         };
         if stop.is_cancelled() {
@@ -83,10 +83,17 @@ pub async fn run_service<S: MaintenanceService>(service: S, store: Store, stop: 
             tokio::task::yield_now().await;
             continue;
         }
+        // After a failure, the interval: the work the service would wake for is what failed,
+        // so it may be due already and stay due (an override the pass could not clear),
+        // which would retry the failing pass as fast as its shortest wait.
         // A read, so abandoning it on stop leaves nothing half done.
-        let wait = tokio::select! {
-            _ = stop.cancelled() => return,
-            wait = service.next_wait(&store) => wait,
+        let wait = if failed {
+            service.interval()
+        } else {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                wait = service.next_wait(&store) => wait,
+            }
         };
         tokio::select! {
             _ = stop.cancelled() => return,
