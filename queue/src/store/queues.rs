@@ -132,6 +132,18 @@ impl QueueRetention {
     }
 }
 
+/// What a queue's settings row holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct QueueSettings {
+    /// Its limits, if it has any.
+    pub limit: Option<super::QueueRateLimit>,
+    /// Its own retention (unset parts: the pruner's).
+    pub retention: QueueRetention,
+    /// An operator's override of its concurrency, while it lasts (see
+    /// [`Store::override_queue_concurrency`]).
+    pub concurrency_override: Option<super::RateLimitOverride>,
+}
+
 fn retention_of(row: &sqlx::postgres::PgRow) -> Result<QueueRetention, StoreError> {
     let part = |column: &str| -> Result<Option<std::time::Duration>, StoreError> {
         Ok(row.try_get::<Option<i64>, _>(column)?.map(|ms| std::time::Duration::from_millis(ms.unsigned_abs())))
@@ -142,15 +154,25 @@ fn retention_of(row: &sqlx::postgres::PgRow) -> Result<QueueRetention, StoreErro
 impl Store {
     /// A queue's own retention (unset parts: the pruner's).
     pub async fn queue_retention(&self, queue: &str) -> Result<QueueRetention, StoreError> {
-        Ok(self.queue_settings(queue).await?.1)
+        Ok(self.queue_settings(queue).await?.retention)
     }
 
-    /// A queue's limits, if it has any, and its own retention: its settings row, read once.
-    pub async fn queue_settings(&self, queue: &str) -> Result<(Option<super::QueueRateLimit>, QueueRetention), StoreError> {
-        let row = sqlx::query("SELECT * FROM queues WHERE name = $1").bind(queue).fetch_optional(&self.pool).await?;
-        let Some(row) = row else { return Ok((None, QueueRetention::default())) };
+    /// A queue's settings: its settings row, read once.
+    pub async fn queue_settings(&self, queue: &str) -> Result<QueueSettings, StoreError> {
+        let row = sqlx::query(
+            "SELECT *, (override_concurrency IS NOT NULL AND (override_expires_at IS NULL OR override_expires_at > now())) AS override_in_force
+             FROM queues WHERE name = $1",
+        )
+        .bind(queue)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(QueueSettings::default()) };
         let limit = super::rate_limits::limit_from_row(&row)?;
-        Ok((Some(limit).filter(super::QueueRateLimit::is_limited), retention_of(&row)?))
+        Ok(QueueSettings {
+            limit: Some(limit).filter(super::QueueRateLimit::is_limited),
+            retention: retention_of(&row)?,
+            concurrency_override: super::rate_limits::override_from_row(&row)?,
+        })
     }
 
     /// The queues with a retention of their own, by name.

@@ -122,7 +122,7 @@ impl RateLimitState {
 /// The override stored in a row's `override_concurrency` and `override_expires_at`, if one
 /// is in force: the row's `override_in_force`, computed by the database's clock as the claim
 /// judges it (an ended one the sweep has not yet cleared is none).
-fn override_from_row(r: &PgRow) -> Result<Option<RateLimitOverride>, StoreError> {
+pub(super) fn override_from_row(r: &PgRow) -> Result<Option<RateLimitOverride>, StoreError> {
     if !r.try_get::<Option<bool>, _>("override_in_force")?.unwrap_or(false) {
         return Ok(None);
     }
@@ -156,7 +156,7 @@ pub(super) fn limit_from_row(r: &PgRow) -> Result<QueueRateLimit, StoreError> {
 impl Store {
     /// A queue's limits, if it has any.
     pub async fn queue_rate_limit(&self, queue: &str) -> Result<Option<QueueRateLimit>, StoreError> {
-        Ok(self.queue_settings(queue).await?.0)
+        Ok(self.queue_settings(queue).await?.limit)
     }
 
     /// Sets a queue's limits (`None` or an empty limit removes them); they apply to the next
@@ -221,7 +221,7 @@ impl Store {
             return Ok(self.rate_limit_states(Some(queue)).await?.into_iter().next());
         }
         notify_queues(&mut *tx, &[queue.to_owned()]).await?;
-        let detail = limit.map(|o| json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }));
+        let detail = limit.map(RateLimitOverride::to_json);
         record(&mut tx, actor, "queue.rate_limit_override", Some(queue), json!({ "override": detail })).await?;
         tx.commit().await?;
         Ok(self.rate_limit_states(Some(queue)).await?.into_iter().next())
@@ -309,6 +309,11 @@ pub struct RateLimitOverride {
 }
 
 impl RateLimitOverride {
+    /// The OJS shape: `{"concurrency", "expires_at"}` (`null`: until removed).
+    pub fn to_json(&self) -> Value {
+        json!({ "concurrency": self.concurrency, "expires_at": self.expires_at.map(|t| t.to_string()) })
+    }
+
     /// Why this override cannot be set, naming its field: a concurrency over
     /// [`crate::job::MAX_RATE_LIMIT_CONCURRENCY`], or an end not in the future.
     fn validate(&self) -> Result<(), StoreError> {
@@ -472,7 +477,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         sqlx::query("SELECT rebound_rate_limit_settle($1)").bind(key).execute(&mut *tx).await?;
-        let detail = limit.map(|o| json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }));
+        let detail = limit.map(RateLimitOverride::to_json);
         record(&mut tx, actor, "rate_limit.override", Some(key), json!({ "override": detail })).await?;
         tx.commit().await?;
         self.rate_limit_key(key).await?.ok_or_else(|| StoreError::Missing { what: format!("rate-limit key {key}") })

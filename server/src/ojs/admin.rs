@@ -88,13 +88,13 @@ pub async fn queues(State(state): State<AppState>, q: QueryParams) -> Result<Jso
 pub async fn queue(State(state): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
     let q = state.store.queue(queue_name(&name)?).await?;
     let mut v = queue_item(&q);
-    let (limit, retention) = state.store.queue_settings(&name).await?;
+    let settings = state.store.queue_settings(&name).await?;
     let oldest_at = state.store.oldest_available_at(&name).await?;
-    let over = concurrency_override(&state, &name).await?;
     if let Some(m) = v.as_object_mut() {
+        let limit = settings.limit;
         m.insert("configuration".into(), json!({
-            "concurrency": limit.and_then(|l| l.concurrency), "rate_limit": limit.map(|l| l.to_json()), "retention": retention_json(&retention),
-            "concurrency_override": over,
+            "concurrency": limit.and_then(|l| l.concurrency), "rate_limit": limit.map(|l| l.to_json()), "retention": retention_json(&settings.retention),
+            "concurrency_override": settings.concurrency_override.map(|o| o.to_json()),
         }));
         m.insert("oldest_available_at".into(), json!(oldest_at.map(|t| t.to_string())));
     }
@@ -156,40 +156,31 @@ pub async fn queue_config(State(state): State<AppState>, caller: Caller, Path(na
     // An empty body removes the limits, as it always has; one that names only the retention
     // leaves them as they are.
     let limits_named = f.map().contains_key("rate_limit") || concurrency.is_some() || f.map().is_empty();
-    let saved = match (f.map().contains_key("rate_limit"), concurrency) {
-        _ if !limits_named => state.store.queue_rate_limit(queue).await?,
-        (false, Some(c)) => state.store.set_queue_concurrency(queue, c, &caller.actor()).await?,
+    match (f.map().contains_key("rate_limit"), concurrency) {
+        _ if !limits_named => {}
+        (false, Some(c)) => {
+            state.store.set_queue_concurrency(queue, c, &caller.actor()).await?;
+        }
         (_, c) => {
             let mut limit = limit;
             // A top-level concurrency wins over one inside the rate_limit.
             if let Some(c) = c {
                 limit.get_or_insert_with(Default::default).concurrency = c;
             }
-            state.store.set_queue_rate_limit(queue, limit.as_ref(), &caller.actor()).await?
+            state.store.set_queue_rate_limit(queue, limit.as_ref(), &caller.actor()).await?;
         }
-    };
-    let kept = match retention {
-        Some(r) => state.store.set_queue_retention(queue, r, &caller.actor()).await?,
-        None => state.store.queue_retention(queue).await?,
-    };
-    let over = concurrency_override(&state, queue).await?;
+    }
+    if let Some(r) = retention {
+        state.store.set_queue_retention(queue, r, &caller.actor()).await?;
+    }
+    // What the queue's row holds now, written or kept, read once.
+    let settings = state.store.queue_settings(queue).await?;
     Ok(Json(json!({ "name": name, "configuration": {
-        "concurrency": saved.and_then(|l| l.concurrency),
-        "rate_limit": saved.map(|l| l.to_json()),
-        "retention": retention_json(&kept),
-        "concurrency_override": over,
+        "concurrency": settings.limit.and_then(|l| l.concurrency),
+        "rate_limit": settings.limit.map(|l| l.to_json()),
+        "retention": retention_json(&settings.retention),
+        "concurrency_override": settings.concurrency_override.map(|o| o.to_json()),
     } })))
-}
-
-/// An operator's override of the queue's concurrency while it lasts (`{concurrency,
-/// expires_at}`, in force over `concurrency`; set by `PUT /rate-limits/queue:<name>` with
-/// `expires_at`), or null.
-async fn concurrency_override(state: &AppState, queue: &str) -> Result<Value, ApiError> {
-    let states = state.store.rate_limit_states(Some(queue)).await?;
-    Ok(match states.first().and_then(|s| s.override_limit) {
-        Some(o) => json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }),
-        None => Value::Null,
-    })
 }
 
 /// A queue config's `retention`: `{completed, discarded}`, each an ISO-8601 duration or null

@@ -71,7 +71,7 @@ fn state_json(s: &RateLimitState) -> Value {
             m.insert("concurrency".into(), json!({ "limit": c, "active": s.active, "available": (i64::from(c) - s.active).max(0) }));
         }
         if let Some(o) = &s.override_limit {
-            m.insert("override".into(), json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }));
+            m.insert("override".into(), o.to_json());
         }
         if let Some(w) = &l.rate {
             m.insert("rate".into(), json!({
@@ -119,7 +119,7 @@ fn keyed_json(k: &KeyedRateLimit) -> Value {
     });
     if let Some(m) = v.as_object_mut() {
         if let Some(o) = &k.override_limit {
-            m.insert("override".into(), json!({ "concurrency": o.concurrency, "expires_at": o.expires_at.map(|t| t.to_string()) }));
+            m.insert("override".into(), o.to_json());
         }
         // A handler's `rate_limit_until` (§9): nothing is admitted before it.
         if let Some(t) = k.held_until {
