@@ -1,7 +1,6 @@
-//! Reading the listing index `jobs_listed` (queue, type, state, dead_letter, id DESC) lane by
-//! lane.
+//! Reading the listing index `jobs_listed` (queue, type, state, dead_letter, id) lane by lane.
 //!
-//! A finished job is written into one listing index instead of three (see
+//! A job is written into one listing index per state it enters, not three (see
 //! migrations/…_listing_lanes.sql), so the index that serves a queue filter also has to serve
 //! a type filter and no filter at all. Postgres 15 cannot skip over its leading columns, so a
 //! query reads each (queue, type, state, dead_letter) lane that can match on its own and merges them in id
@@ -19,14 +18,24 @@ use sqlx::{Postgres, QueryBuilder};
 use super::{Store, StoreError};
 use crate::job::JobState;
 
-/// The states `jobs_listed` holds (its predicate). `available` and `active` jobs, which every
-/// job passes through on the hot path, are listed through indexes of their own.
-pub(crate) const LISTED_STATES: [JobState; 6] =
-    [JobState::Scheduled, JobState::Pending, JobState::Retryable, JobState::Completed, JobState::Cancelled, JobState::Discarded];
+/// The states `jobs_listed` holds (its predicate): all but `active`, which holds a job only
+/// while it runs (as many as workers run) and is read through `jobs_locked`. An `available`
+/// entry is written on the way in and never again: the claim and the completion each write
+/// one listing entry at most.
+pub(crate) const LISTED_STATES: [JobState; 7] = [
+    JobState::Available,
+    JobState::Scheduled,
+    JobState::Pending,
+    JobState::Retryable,
+    JobState::Completed,
+    JobState::Cancelled,
+    JobState::Discarded,
+];
 
 /// Above this many lanes a query reads the table as a whole instead, through `jobs_state_id`
-/// (every listed state but `completed`, which is most of the table and found at once along
-/// the primary key): planning 256 lanes took 24 ms.
+/// (the listed states that are few: not `completed`, which is most of the table and found at
+/// once along the primary key, nor `available`, which no index but the lanes' lists in id
+/// order): planning 256 lanes took 24 ms.
 const MAX_LANES: i64 = 256;
 
 /// Where a listing query reads its jobs' ids from (see [`Source::push_ids`]).
@@ -58,11 +67,9 @@ impl Source {
 pub(crate) enum Lane {
     /// One (queue, type, state, dead_letter) prefix of `jobs_listed`.
     Listed { queue: String, job_type: String, state: JobState, dead_letter: bool },
-    /// The jobs in a state `jobs_listed` leaves out (`available`, `active`), the filter's
-    /// conditions checked row by row: `available` in id order along `jobs_available_id`,
-    /// `active` (as many as workers run) sorted. Only read when the counters say some job in
-    /// it matches the filter's queue and type. (A type with a few available jobs among a
-    /// large backlog of others walks the backlog: no index of available jobs has the type.)
+    /// The jobs in the state `jobs_listed` leaves out (`active`, as many as workers run),
+    /// the filter's conditions checked row by row and the few rows sorted. Only read when the
+    /// counters say some job in it matches the filter's queue and type.
     Unlisted(JobState),
 }
 
@@ -158,8 +165,8 @@ impl Store {
     /// Where to read the jobs `keys` select: the lanes of `jobs_listed` that hold such jobs,
     /// when every state is one it lists and there are not too many lanes; otherwise the table.
     /// Keys of a queue or type without a state read every state: the listed ones lane by lane,
-    /// and `available` and `active` each through its own index if the counters say it holds a
-    /// match (a type with few jobs among millions is then found without reading the others).
+    /// and `active` through its own index if the counters say it holds a match (a type with few
+    /// jobs among millions is then found without reading the others).
     pub(crate) async fn source_for(&self, keys: LaneKeys<'_>) -> Result<Source, StoreError> {
         let every_state = keys.states.is_empty() && (keys.queue.is_some() || keys.job_type.is_some());
         let states: &[JobState] = if every_state { &JobState::ALL } else { keys.states };
