@@ -28,8 +28,10 @@ pub struct JobQuery {
     /// after a fix, the jobs that failed since.
     #[serde(default)]
     pub died: String,
-    /// The dead-letter page's order: empty for the newest created first, `died` for the most
-    /// recently dead-lettered first. Not a condition: bulk actions ignore it.
+    /// The order: empty for the newest created first, `oldest` for the oldest; on the jobs
+    /// page `next` for the order they run in (priority, then the longest due) and `soonest`
+    /// for the soonest scheduled first; on the dead-letter page `died` for the most recently
+    /// dead-lettered first. Not a condition: bulk actions ignore it.
     #[serde(default)]
     pub sort: String,
 }
@@ -108,6 +110,17 @@ pub const MAX_ERROR_TYPE_CHARS: usize = 255;
 
 #[cfg(feature = "ssr")]
 impl JobQuery {
+    /// The sort key and direction of the orders by when jobs run (`next`, `soonest`); `None`
+    /// for the orders by creation or death.
+    pub fn run_order(&self) -> Option<(rebound_queue::store::SortKey, bool)> {
+        use rebound_queue::store::SortKey;
+        match self.sort.as_str() {
+            "next" => Some((SortKey::Priority, true)),
+            "soonest" => Some((SortKey::ScheduledAt, false)),
+            _ => None,
+        }
+    }
+
     /// The store filter, relative to `now` for `since`. Unknown states, queue names and types
     /// that no job can have, a `text` longer than [`MAX_TEXT_CHARS`] or an `error_type` longer
     /// than [`MAX_ERROR_TYPE_CHARS`] are input errors naming the field (checked here, before
@@ -140,7 +153,7 @@ impl JobQuery {
         if let Some(e) = too_long("text", &self.text, MAX_TEXT_CHARS) {
             return Err(e);
         }
-        if !matches!(self.sort.as_str(), "" | "oldest" | "died") {
+        if !matches!(self.sort.as_str(), "" | "oldest" | "died" | "next" | "soonest") {
             return Err(AppError::Invalid { field: "sort".into(), reason: format!("{} is not an order this page offers", quoted(&self.sort)) });
         }
         let window_start = |field: &str, value: &str| {
@@ -202,6 +215,10 @@ pub fn FilterForm(action: &'static str, query: Memo<JobQuery>, show_state: bool)
                 <select name="sort">
                     <option value="" selected=move || q().sort.is_empty()>"newest created"</option>
                     <option value="oldest" selected=move || q().sort == "oldest">"oldest created"</option>
+                    {show_state.then(|| view! {
+                        <option value="next" selected=move || q().sort == "next">"next to run (priority)"</option>
+                        <option value="soonest" selected=move || q().sort == "soonest">"soonest scheduled"</option>
+                    })}
                     {(!show_state).then(|| view! {
                         <option value="died" selected=move || q().sort == "died">"most recently died"</option>
                     })}

@@ -380,3 +380,108 @@ async fn a_queue_s_own_retention_overrides_the_pruner_s() {
     assert_eq!((report.completed, report.discarded), (3, 1));
     assert_counts_exact(s, "after pruning by queue").await;
 }
+
+/// Inserts `n` jobs of `queue` in `state` with priorities -3..=3 and scheduled times spread
+/// over minutes before or after now, every 97th held back by a rate limit when available.
+async fn insert_sortable(s: &Store, n: i64, queue: &str, state: &str, future: bool) {
+    sqlx::query(
+        "INSERT INTO jobs (id, type, queue, args, state, priority, scheduled_at, rate_limit_key, rate_limited, completed_at)
+         SELECT (lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint - 200000 + g), 12, '0')
+                 || '7' || substr(md5($2 || $3 || g), 1, 3) || '8' || substr(md5($2 || $3 || g), 4, 15))::uuid,
+                'sort.job', $2, jsonb_build_array(g), $3::job_state, g % 7 - 3,
+                now() + CASE WHEN $4 THEN 1 ELSE -1 END * ((g * 7919) % 600) * interval '1 second',
+                CASE WHEN $3 = 'available' AND g % 97 = 0 THEN 'sort.key' END, $3 = 'available' AND g % 97 = 0,
+                CASE WHEN $3 = 'completed' THEN now() END
+         FROM generate_series(1, $1) AS g",
+    )
+    .bind(n)
+    .bind(queue)
+    .bind(state)
+    .bind(future)
+    .execute(s.pool())
+    .await
+    .unwrap();
+}
+
+/// Sorted by priority or scheduled time (OJS admin `sort`): a filter matching few jobs is
+/// sorted whole, whatever it is; the available jobs of one queue by priority and the scheduled
+/// ones by scheduled time are read in index order at any size; anything else that matches
+/// more than the window is refused naming `sort`, and a page past the window naming `page`.
+#[tokio::test]
+async fn sorted_listings_order_by_priority_or_scheduled_time() {
+    use rebound_queue::store::{SORT_WINDOW, SortKey};
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let big = SORT_WINDOW + 50;
+    // A key that admits nothing, so the jobs it holds back stay held.
+    sqlx::query("INSERT INTO rate_limit_keys (key, concurrency) VALUES ('sort.key', 0)").execute(s.pool()).await.unwrap();
+    insert_sortable(s, big, "backlog", "available", false).await;
+    insert_sortable(s, big, "later", "scheduled", true).await;
+    insert_sortable(s, 300, "later", "retryable", true).await;
+    insert_sortable(s, big, "done", "completed", false).await;
+    insert_sortable(s, 40, "small", "available", false).await;
+    insert_sortable(s, 30, "small", "completed", false).await;
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE queue = 'backlog' AND rate_limited").fetch_one(s.pool()).await.unwrap();
+    assert!(held > 100, "held back by the rate limit: {held}");
+
+    let ids = |jobs: Vec<rebound_queue::Job>| jobs.into_iter().map(|j| j.id).collect::<Vec<_>>();
+    // What Postgres itself says the order is, for rows `cond` selects.
+    let truth = |cond: &'static str, order: &'static str, offset: i64, limit: i64| async move {
+        sqlx::query_scalar::<_, uuid::Uuid>(sqlx::AssertSqlSafe(format!("SELECT id FROM jobs j WHERE {cond} ORDER BY {order} OFFSET {offset} LIMIT {limit}")))
+            .fetch_all(s.pool())
+            .await
+            .unwrap()
+    };
+    let by_priority = ["j.priority DESC, j.scheduled_at, j.id", "j.priority, j.scheduled_at DESC, j.id DESC"];
+    let by_time = ["j.scheduled_at DESC, j.id DESC", "j.scheduled_at, j.id"];
+    let f = |states: Vec<JobState>, queue: Option<&str>| JobFilter { states, queue: queue.map(str::to_string), ..Default::default() };
+
+    for (offset, limit) in [(0, 50), (137, 20), (SORT_WINDOW - 10, 100)] {
+        for descending in [true, false] {
+            let i = usize::from(!descending);
+            // Beyond the window, in the claim's own order (the held-back jobs among them).
+            let got = s.list_jobs_sorted(&f(vec![JobState::Available], Some("backlog")), SortKey::Priority, descending, offset, limit).await.unwrap();
+            let want = truth("j.queue = 'backlog'", by_priority[i], offset, limit.min(SORT_WINDOW - offset)).await;
+            assert_eq!(ids(got), want, "backlog by priority, descending {descending}, from {offset}");
+            // Beyond the window, in the scheduler's order.
+            let states = vec![JobState::Scheduled, JobState::Retryable];
+            let got = s.list_jobs_sorted(&f(states, None), SortKey::ScheduledAt, descending, offset, limit).await.unwrap();
+            let want = truth("j.state IN ('scheduled', 'retryable')", by_time[i], offset, limit.min(SORT_WINDOW - offset)).await;
+            assert_eq!(ids(got), want, "due by scheduled time, descending {descending}, from {offset}");
+        }
+    }
+    // Few matches, any filter and state, either key, sorted whole.
+    for descending in [true, false] {
+        let i = usize::from(!descending);
+        let small = f(vec![], Some("small"));
+        let got = s.list_jobs_sorted(&small, SortKey::Priority, descending, 5, 30).await.unwrap();
+        assert_eq!(ids(got), truth("j.queue = 'small'", by_priority[i], 5, 30).await);
+        let got = s.list_jobs_sorted(&small, SortKey::ScheduledAt, descending, 0, 100).await.unwrap();
+        assert_eq!(ids(got), truth("j.queue = 'small'", by_time[i], 0, 100).await);
+        let retryable = f(vec![JobState::Retryable], Some("later"));
+        let got = s.list_jobs_sorted(&retryable, SortKey::Priority, descending, 0, 500).await.unwrap();
+        assert_eq!(ids(got), truth("j.state = 'retryable'", by_priority[i], 0, 500).await);
+    }
+
+    // Too many, in no index's order: refused, naming the field and the way out.
+    for (filter, key) in [
+        (f(vec![JobState::Completed], None), SortKey::Priority),
+        (f(vec![JobState::Available], None), SortKey::Priority),
+        (f(vec![JobState::Available], Some("backlog")), SortKey::ScheduledAt),
+        (f(vec![JobState::Scheduled], Some("later")), SortKey::ScheduledAt),
+    ] {
+        match s.list_jobs_sorted(&filter, key, true, 0, 20).await {
+            Err(StoreError::Invalid { field, reason }) => {
+                assert_eq!(field, "sort", "{filter:?} by {key:?}");
+                assert!(reason.contains(&SORT_WINDOW.to_string()), "{reason}");
+            }
+            other => panic!("{filter:?} by {key:?}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        s.list_jobs_sorted(&f(vec![], Some("small")), SortKey::Priority, true, SORT_WINDOW, 20).await,
+        Err(StoreError::Invalid { field, .. }) if field == "page"
+    ));
+    let search = JobFilter { text: Some("1".into()), ..f(vec![], Some("small")) };
+    assert!(matches!(s.list_jobs_sorted(&search, SortKey::Priority, true, 0, 20).await, Err(StoreError::Invalid { field, .. }) if field == "sort"));
+}

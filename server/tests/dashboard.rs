@@ -772,3 +772,35 @@ async fn dead_letters_are_shown_most_recently_dead_first_on_request() {
     assert_eq!(search.status, StatusCode::UNPROCESSABLE_ENTITY, "a search lists newest first");
     assert!(search.text.contains("newest first"), "and says so");
 }
+
+/// The jobs list in the order jobs run: by priority ("next to run") or by scheduled time
+/// ("soonest scheduled"); a filter too large to sort says how to narrow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_are_listed_in_the_order_they_run_on_request() {
+    let d = Dashboard::new().await;
+    d.user("olivia", "correct horse", Role::Viewer).await;
+    let later = jiff::Timestamp::now().checked_add(jiff::SignedDuration::from_hours(1)).expect("an hour on");
+    let mut ids = Vec::new();
+    for (priority, scheduled_at) in [(0, None), (5, None), (-5, None), (10, Some(later))] {
+        let job = NewJob { priority, scheduled_at, ..NewJob::new("run.order", json!([])).queue("runq") };
+        ids.push(d.db.store.enqueue(job).await.expect("enqueue").job.id);
+    }
+    let b = d.sign_in("olivia", "correct horse").await;
+    let listed = |text: &str| {
+        let mut at: Vec<(usize, usize)> = ids.iter().enumerate().filter_map(|(i, id)| text.find(&id.to_string()).map(|p| (p, i))).collect();
+        at.sort();
+        at.into_iter().map(|(_, i)| i).collect::<Vec<_>>()
+    };
+    let page = d.get("/jobs?queue=runq&sort=next", Some(&b)).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+    assert!(page.text.contains(r#"value="next" selected"#), "the order is kept in the form");
+    assert_eq!(listed(&page.text), [3, 1, 0, 2], "highest priority first");
+    let page = d.get("/jobs?queue=runq&state=available&sort=next", Some(&b)).await;
+    assert_eq!(listed(&page.text), [1, 0, 2], "the available ones in the order a claim takes them");
+    let page = d.get("/jobs?queue=runq&sort=soonest", Some(&b)).await;
+    assert_eq!(listed(&page.text), [0, 1, 2, 3], "soonest scheduled first");
+    let bad = d.get("/jobs?queue=runq&sort=soonest&after=-3", Some(&b)).await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY, "not a page of this order");
+    let search = d.get("/jobs?sort=next&text=anything", Some(&b)).await;
+    assert_eq!(search.status, StatusCode::UNPROCESSABLE_ENTITY, "a search lists newest first");
+}

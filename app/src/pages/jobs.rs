@@ -108,6 +108,25 @@ pub async fn list_jobs(#[server(default)] query: JobQuery, #[server(default)] af
             searched_window: counted.windowed.then_some(rebound_queue::store::SEARCH_WINDOW),
         });
     }
+    if let Some((key, descending)) = query.run_order() {
+        // In the order jobs run: pages by position (the listing's first 10 000 jobs).
+        let offset = if after.is_empty() {
+            0
+        } else {
+            after.parse::<i64>().ok().filter(|o| *o > 0).ok_or_else(|| AppError::Invalid { field: "after".into(), reason: "is not a page cursor of this order".into() })?
+        };
+        let mut items = store.list_jobs_sorted(&filter, key, descending, offset, PAGE_SIZE + 1).await?;
+        let next = (items.len() as i64 > PAGE_SIZE).then(|| (offset + PAGE_SIZE).to_string());
+        items.truncate(PAGE_SIZE as usize);
+        let counted = store.count_jobs_bounded(&filter, COUNT_CAP).await?;
+        return Ok(JobsPageData {
+            rows: items.iter().map(|j| JobRow::from_job(j, now)).collect(),
+            next,
+            matching: counted.n,
+            matching_capped: counted.capped,
+            searched_window: None,
+        });
+    }
     let after = if after.is_empty() { None } else { Some(parse_uuid("after", "a page cursor (a job id)", &after)?) };
     let (page, counted) = if query.sort == "oldest" {
         if filter.is_search() {

@@ -260,7 +260,7 @@ impl Store {
 
     /// Where `filter`'s jobs are read from: the listing index's lanes that can match, or the
     /// table (see [`super::lanes`]). Dead letters have indexes of their own.
-    async fn source_of(&self, filter: &JobFilter) -> Result<Source, StoreError> {
+    pub(crate) async fn source_of(&self, filter: &JobFilter) -> Result<Source, StoreError> {
         if filter.dead_letter == Some(true) {
             return Ok(Source::Table);
         }

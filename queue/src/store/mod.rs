@@ -116,6 +116,8 @@ mod progress;
 mod queues;
 mod rate_limits;
 mod replay_rules;
+mod sorted;
+pub use sorted::{SORT_WINDOW, SortKey};
 mod transaction;
 mod workers;
 mod workflows;

@@ -40,7 +40,27 @@ async fn admin_jobs_by_type_or_type_prefix() {
     assert_eq!(args(&s.get("/ojs/v1/admin/jobs?type=admin.list&per_page=2&page=2").await), [2, 1], "newest first");
     assert_eq!(args(&s.get("/ojs/v1/admin/jobs?type=admin.list&per_page=2&page=3&order=desc").await), [0]);
     assert_eq!(s.get("/ojs/v1/admin/jobs?order=up").await.error_field(), Some("order"));
-    assert_eq!(s.get("/ojs/v1/admin/jobs?sort=priority").await.error_field(), Some("sort"));
+    assert_eq!(s.get("/ojs/v1/admin/jobs?sort=sideways").await.error_field(), Some("sort"));
+    assert_eq!(s.get("/ojs/v1/admin/jobs?sort=priority&page=501").await.error_field(), Some("page"), "past the sorted window");
+    for i in 0..4 {
+        // Priorities 0, 5, -5, 10; the last is scheduled an hour from now.
+        let priority = [0, 5, -5, 10][i];
+        let mut options = json!({"queue": "sorted", "priority": priority});
+        if i == 3 {
+            options["delay_until"] = json!(jiff::Timestamp::now().checked_add(jiff::SignedDuration::from_hours(1)).unwrap().to_string());
+        }
+        s.enqueue(json!({"type": "admin.sorted", "args": [i], "options": options})).await;
+    }
+    for (query, expected) in [
+        ("sort=priority", vec![3, 1, 0, 2]),
+        ("sort=priority&order=asc", vec![2, 0, 1, 3]),
+        ("sort=priority&state=available", vec![1, 0, 2]),
+        ("sort=scheduled_at", vec![3, 2, 1, 0]),
+        ("sort=scheduled_at&order=asc&per_page=2&page=2", vec![2, 3]),
+    ] {
+        let r = s.get(&format!("/ojs/v1/admin/jobs?queue=sorted&{query}")).await;
+        assert_eq!((r.status, args(&r)), (StatusCode::OK, expected), "{query}: {}", r.text);
+    }
     for bad in ["*", "admin*", "Admin.*", "admin..*", ".*"] {
         let r = s.get(&format!("/ojs/v1/admin/jobs?type={bad}")).await;
         assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some("type")), "{bad}: {}", r.text);
