@@ -9,10 +9,19 @@
 -- 55 MB and 1.7 s (the table alone: 1.05 s). Read newest first, an ascending index is walked
 -- backwards at the same cost.
 --
--- `available` jobs were listed from an index of their own, (id DESC), which had no queue or
+-- `available` jobs were listed from an index of their own by id alone, which had no queue or
 -- type: three available jobs of a rare type among 270 000 others were found by walking all of
--- them (510 ms at 10M jobs). They are now lanes of `jobs_listed` like the other listed states;
--- an enqueue still writes one listing entry, and a claim none (`active` is not listed).
+-- them (510 ms at 10M jobs). They are now lanes of `jobs_listed` like the other listed states
+-- (a claim still writes no listing entry: `active` is not listed). The index by id stays,
+-- ascending, for what reads available jobs by state alone: a bulk action over every available
+-- job, and a listing with more lanes than are worth merging (an old backlog behind millions of
+-- finished jobs would otherwise be found by walking the primary key: 10 s at 10M jobs). Its
+-- entries arrive at its right edge, the cheapest place to insert.
+--
+-- Jobs a rate limit holds back (`rate_limited`) get an index by queue in the claim's order,
+-- so listing a queue's available jobs by priority reads them in order however many are held
+-- (a key admitting one at a time holds back nearly all of its jobs). Written only as a job is
+-- held back, never on the hot path.
 DROP INDEX jobs_listed;
 DROP INDEX jobs_available_id;
 DROP INDEX jobs_state_id;
@@ -20,3 +29,6 @@ CREATE INDEX jobs_listed ON jobs (queue, type, state, dead_letter, id)
     WHERE state IN ('available', 'scheduled', 'pending', 'retryable', 'completed', 'cancelled', 'discarded');
 CREATE INDEX jobs_state_id ON jobs (state, id)
     WHERE state IN ('scheduled', 'pending', 'retryable', 'cancelled', 'discarded');
+CREATE INDEX jobs_available_id ON jobs (id) WHERE state = 'available';
+CREATE INDEX jobs_held_by_queue ON jobs (queue, priority DESC, scheduled_at, id)
+    WHERE state = 'available' AND rate_limited;

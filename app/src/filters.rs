@@ -29,9 +29,10 @@ pub struct JobQuery {
     #[serde(default)]
     pub died: String,
     /// The order: empty for the newest created first, `oldest` for the oldest; on the jobs
-    /// page `next` for the order they run in (priority, then the longest due) and `soonest`
-    /// for the soonest scheduled first; on the dead-letter page `died` for the most recently
-    /// dead-lettered first. Not a condition: bulk actions ignore it.
+    /// page `priority` for the highest priority first, then the longest due (for available
+    /// jobs, the order claims take them in) and `scheduled` for the soonest scheduled first;
+    /// on the dead-letter page `died` for the most recently dead-lettered first. Not a
+    /// condition: bulk actions ignore it.
     #[serde(default)]
     pub sort: String,
 }
@@ -110,13 +111,13 @@ pub const MAX_ERROR_TYPE_CHARS: usize = 255;
 
 #[cfg(feature = "ssr")]
 impl JobQuery {
-    /// The sort key and direction of the orders by when jobs run (`next`, `soonest`); `None`
-    /// for the orders by creation or death.
+    /// The sort key and direction of the orders by when jobs run (`priority`, `scheduled`);
+    /// `None` for the orders by creation or death.
     pub fn run_order(&self) -> Option<(rebound_queue::store::SortKey, bool)> {
         use rebound_queue::store::SortKey;
         match self.sort.as_str() {
-            "next" => Some((SortKey::Priority, true)),
-            "soonest" => Some((SortKey::ScheduledAt, false)),
+            "priority" => Some((SortKey::Priority, true)),
+            "scheduled" => Some((SortKey::ScheduledAt, false)),
             _ => None,
         }
     }
@@ -153,7 +154,7 @@ impl JobQuery {
         if let Some(e) = too_long("text", &self.text, MAX_TEXT_CHARS) {
             return Err(e);
         }
-        if !matches!(self.sort.as_str(), "" | "oldest" | "died" | "next" | "soonest") {
+        if !matches!(self.sort.as_str(), "" | "oldest" | "died" | "priority" | "scheduled") {
             return Err(AppError::Invalid { field: "sort".into(), reason: format!("{} is not an order this page offers", quoted(&self.sort)) });
         }
         let window_start = |field: &str, value: &str| {
@@ -216,8 +217,8 @@ pub fn FilterForm(action: &'static str, query: Memo<JobQuery>, show_state: bool)
                     <option value="" selected=move || q().sort.is_empty()>"newest created"</option>
                     <option value="oldest" selected=move || q().sort == "oldest">"oldest created"</option>
                     {show_state.then(|| view! {
-                        <option value="next" selected=move || q().sort == "next">"next to run (priority)"</option>
-                        <option value="soonest" selected=move || q().sort == "soonest">"soonest scheduled"</option>
+                        <option value="priority" selected=move || q().sort == "priority">"highest priority"</option>
+                        <option value="scheduled" selected=move || q().sort == "scheduled">"soonest scheduled"</option>
                     })}
                     {(!show_state).then(|| view! {
                         <option value="died" selected=move || q().sort == "died">"most recently died"</option>

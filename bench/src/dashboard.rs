@@ -77,10 +77,13 @@ async fn seed_rows(pool: &PgPool, jobs: i64, dead: i64) -> anyhow::Result<()> {
                          ELSE (ARRAY['mail.send', 'pay.charge', 'report.build', 'image.resize', 'sync.crm'])[1 + g % 5] END,
                     (ARRAY['default', 'mail', 'billing'])[1 + g % 3],
                     jsonb_build_array(jsonb_build_object('customer', g % 10000, 'note', 'seeded job ' || g)),
-                    (CASE WHEN g < $3 THEN 'discarded' WHEN g % 50 = 0 THEN 'retryable' WHEN g % 97 = 0 THEN 'available'
-                          ELSE 'completed' END)::job_state,
-                    CASE WHEN g < $3 THEN 3 ELSE 1 END, 3, ts, ts,
-                    CASE WHEN g < $3 OR g % 50 <> 0 THEN ts + interval '1 second' END,
+                    -- (One job in 499 is scheduled for later in the next day, so the
+                    -- scheduler leaves it be: the soonest-scheduled listing has 18 000.)
+                    (CASE WHEN g < $3 THEN 'discarded' WHEN g % 499 = 5 THEN 'scheduled' WHEN g % 50 = 0 THEN 'retryable'
+                          WHEN g % 97 = 0 THEN 'available' ELSE 'completed' END)::job_state,
+                    CASE WHEN g < $3 THEN 3 ELSE 1 END, 3, ts,
+                    CASE WHEN g >= $3 AND g % 499 = 5 THEN now() + (g % 86400) * interval '1 second' ELSE ts END,
+                    CASE WHEN g < $3 OR (g % 50 <> 0 AND g % 499 <> 5) THEN ts + interval '1 second' END,
                     CASE WHEN g < $3 THEN ts + interval '1 second' END,
                     g < $3, CASE WHEN g < $3 THEN ts + interval '1 second' END,
                     e.last_error, CASE WHEN g < $3 THEN rebound_error_signature(e.last_error) END,
@@ -254,9 +257,9 @@ pub async fn measure(pool: &PgPool, dash: &Dashboard, n: usize) -> anyhow::Resul
         ("jobs, type prefix", same("/jobs?job_type=pay.*")),
         ("jobs, a rare type, any state", same("/jobs?job_type=report.rare")),
         ("jobs, a rare type, available", same("/jobs?job_type=report.rare&state=available")),
-        ("jobs, next to run in a queue", same("/jobs?queue=billing&state=available&sort=next")),
-        ("jobs, soonest scheduled", same("/jobs?state=retryable&sort=soonest")),
-        ("jobs, a rare type, next to run", same("/jobs?job_type=report.rare&sort=next")),
+        ("jobs, a queue by priority", same("/jobs?queue=billing&state=available&sort=priority")),
+        ("jobs, soonest scheduled", same("/jobs?state=scheduled&sort=scheduled")),
+        ("jobs, a rare type by priority", same("/jobs?job_type=report.rare&sort=priority")),
         ("jobs, type prefix + state, oldest first", same("/jobs?job_type=sync.*&state=completed&sort=oldest")),
         ("jobs, last 24 hours", same("/jobs?since=24h")),
         ("jobs, last 7 days + state", same("/jobs?since=7d&state=retryable")),

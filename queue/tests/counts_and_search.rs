@@ -422,9 +422,9 @@ async fn sorted_listings_order_by_priority_or_scheduled_time() {
     insert_sortable(s, 40, "small", "available", false).await;
     insert_sortable(s, 30, "small", "completed", false).await;
     let held: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE queue = 'backlog' AND rate_limited").fetch_one(s.pool()).await.unwrap();
-    assert!(held > 100, "held back by the rate limit: {held}");
+    assert_eq!(held, big / 97, "held back by the rate limit");
 
-    let ids = |jobs: Vec<rebound_queue::Job>| jobs.into_iter().map(|j| j.id).collect::<Vec<_>>();
+    let ids = |(jobs, _more): (Vec<rebound_queue::Job>, bool)| jobs.into_iter().map(|j| j.id).collect::<Vec<_>>();
     // What Postgres itself says the order is, for rows `cond` selects.
     let truth = |cond: &'static str, order: &'static str, offset: i64, limit: i64| async move {
         sqlx::query_scalar::<_, uuid::Uuid>(sqlx::AssertSqlSafe(format!("SELECT id FROM jobs j WHERE {cond} ORDER BY {order} OFFSET {offset} LIMIT {limit}")))
@@ -441,6 +441,7 @@ async fn sorted_listings_order_by_priority_or_scheduled_time() {
             let i = usize::from(!descending);
             // Beyond the window, in the claim's own order (the held-back jobs among them).
             let got = s.list_jobs_sorted(&f(vec![JobState::Available], Some("backlog")), SortKey::Priority, descending, offset, limit).await.unwrap();
+            assert!(got.1, "more follow, past the window too");
             let want = truth("j.queue = 'backlog'", by_priority[i], offset, limit.min(SORT_WINDOW - offset)).await;
             assert_eq!(ids(got), want, "backlog by priority, descending {descending}, from {offset}");
             // Beyond the window, in the scheduler's order.
@@ -457,7 +458,9 @@ async fn sorted_listings_order_by_priority_or_scheduled_time() {
         let got = s.list_jobs_sorted(&small, SortKey::Priority, descending, 5, 30).await.unwrap();
         assert_eq!(ids(got), truth("j.queue = 'small'", by_priority[i], 5, 30).await);
         let got = s.list_jobs_sorted(&small, SortKey::ScheduledAt, descending, 0, 100).await.unwrap();
+        assert!(!got.1, "all 70 on one page");
         assert_eq!(ids(got), truth("j.queue = 'small'", by_time[i], 0, 100).await);
+        assert!(s.list_jobs_sorted(&small, SortKey::ScheduledAt, descending, 0, 69).await.unwrap().1, "one more follows");
         let retryable = f(vec![JobState::Retryable], Some("later"));
         let got = s.list_jobs_sorted(&retryable, SortKey::Priority, descending, 0, 500).await.unwrap();
         assert_eq!(ids(got), truth("j.state = 'retryable'", by_priority[i], 0, 500).await);

@@ -773,8 +773,8 @@ async fn dead_letters_are_shown_most_recently_dead_first_on_request() {
     assert!(search.text.contains("newest first"), "and says so");
 }
 
-/// The jobs list in the order jobs run: by priority ("next to run") or by scheduled time
-/// ("soonest scheduled"); a filter too large to sort says how to narrow it.
+/// The jobs list in the order jobs run: by priority ("highest priority") or by scheduled time
+/// ("soonest scheduled").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_are_listed_in_the_order_they_run_on_request() {
     let d = Dashboard::new().await;
@@ -791,16 +791,16 @@ async fn jobs_are_listed_in_the_order_they_run_on_request() {
         at.sort();
         at.into_iter().map(|(_, i)| i).collect::<Vec<_>>()
     };
-    let page = d.get("/jobs?queue=runq&sort=next", Some(&b)).await;
+    let page = d.get("/jobs?queue=runq&sort=priority", Some(&b)).await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.text);
-    assert!(page.text.contains(r#"value="next" selected"#), "the order is kept in the form");
+    assert!(page.text.contains(r#"value="priority" selected"#), "the order is kept in the form");
     assert_eq!(listed(&page.text), [3, 1, 0, 2], "highest priority first");
-    let page = d.get("/jobs?queue=runq&state=available&sort=next", Some(&b)).await;
+    let page = d.get("/jobs?queue=runq&state=available&sort=priority", Some(&b)).await;
     assert_eq!(listed(&page.text), [1, 0, 2], "the available ones in the order a claim takes them");
-    let page = d.get("/jobs?queue=runq&sort=soonest", Some(&b)).await;
+    let page = d.get("/jobs?queue=runq&sort=scheduled", Some(&b)).await;
     assert_eq!(listed(&page.text), [0, 1, 2, 3], "soonest scheduled first");
-    let bad = d.get("/jobs?queue=runq&sort=soonest&after=-3", Some(&b)).await;
+    let bad = d.get("/jobs?queue=runq&sort=scheduled&after=-3", Some(&b)).await;
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY, "not a page of this order");
-    let search = d.get("/jobs?sort=next&text=anything", Some(&b)).await;
+    let search = d.get("/jobs?sort=priority&text=anything", Some(&b)).await;
     assert_eq!(search.status, StatusCode::UNPROCESSABLE_ENTITY, "a search lists newest first");
 }

@@ -110,14 +110,20 @@ pub async fn list_jobs(#[server(default)] query: JobQuery, #[server(default)] af
     }
     if let Some((key, descending)) = query.run_order() {
         // In the order jobs run: pages by position (the listing's first 10 000 jobs).
+        use rebound_queue::store::SORT_WINDOW;
         let offset = if after.is_empty() {
             0
         } else {
-            after.parse::<i64>().ok().filter(|o| *o > 0).ok_or_else(|| AppError::Invalid { field: "after".into(), reason: "is not a page cursor of this order".into() })?
+            after
+                .parse::<i64>()
+                .ok()
+                .filter(|o| (1..SORT_WINDOW).contains(o))
+                .ok_or_else(|| AppError::Invalid { field: "after".into(), reason: "is not a page cursor of this order".into() })?
         };
-        let mut items = store.list_jobs_sorted(&filter, key, descending, offset, PAGE_SIZE + 1).await?;
-        let next = (items.len() as i64 > PAGE_SIZE).then(|| (offset + PAGE_SIZE).to_string());
-        items.truncate(PAGE_SIZE as usize);
+        let (items, more) = store.list_jobs_sorted(&filter, key, descending, offset, PAGE_SIZE).await?;
+        // A sorted listing ends at its window: no link to a page it would refuse.
+        let reached = offset + items.len() as i64;
+        let next = (more && reached < SORT_WINDOW).then(|| reached.to_string());
         let counted = store.count_jobs_bounded(&filter, COUNT_CAP).await?;
         return Ok(JobsPageData {
             rows: items.iter().map(|j| JobRow::from_job(j, now)).collect(),

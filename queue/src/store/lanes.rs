@@ -20,8 +20,8 @@ use crate::job::JobState;
 
 /// The states `jobs_listed` holds (its predicate): all but `active`, which holds a job only
 /// while it runs (as many as workers run) and is read through `jobs_locked`. An `available`
-/// entry is written on the way in and never again: the claim and the completion each write
-/// one listing entry at most.
+/// entry is written on the way in (and again if a rate limit holds the job back or admits
+/// it: `rate_limited` is indexed); the claim writes none and the completion one.
 pub(crate) const LISTED_STATES: [JobState; 7] = [
     JobState::Available,
     JobState::Scheduled,
@@ -33,9 +33,9 @@ pub(crate) const LISTED_STATES: [JobState; 7] = [
 ];
 
 /// Above this many lanes a query reads the table as a whole instead, through `jobs_state_id`
-/// (the listed states that are few: not `completed`, which is most of the table and found at
-/// once along the primary key, nor `available`, which no index but the lanes' lists in id
-/// order): planning 256 lanes took 24 ms.
+/// (every listed state but `completed`, which is most of the table and found at once along
+/// the primary key, and `available`, which has `jobs_available_id`): planning 256 lanes took
+/// 24 ms.
 const MAX_LANES: i64 = 256;
 
 /// Where a listing query reads its jobs' ids from (see [`Source::push_ids`]).

@@ -104,7 +104,7 @@ impl JobFilter {
     /// The conditions on the keys of the listing lanes and the counters.
     fn push_keys(&self, qb: &mut QueryBuilder<Postgres>) {
         // States are spelled as literals (they come from the enum, never from input): the
-        // listing index leaves out `available` and `active`, and only a literal lets the
+        // listing indexes are partial (by state), and only a literal lets the
         // planner prove that a filter stays inside an index's predicate.
         match self.states.as_slice() {
             [] => {}

@@ -3,14 +3,15 @@
 //! `sort=priority` and `sort=scheduled_at`).
 //!
 //! The listing indexes keep jobs in id order only, so a sorted listing reads the jobs it sorts.
-//! Two shapes are kept in these orders by indexes of the hot path and are served at any size:
-//! the available jobs of one queue by priority (`jobs_claimable`, which is the claim's own
-//! order), and the scheduled and retryable jobs of every queue by scheduled time (`jobs_due`,
-//! the scheduler's). Any other filter is sorted whole when it matches at most [`SORT_WINDOW`]
-//! jobs (counted from the maintained counters), and refused with the reason otherwise: sorting
-//! millions of finished jobs by priority would read them all for every page.
+//! Two shapes are kept in these orders by indexes and are served at any size: the available
+//! jobs of one queue by priority (`jobs_claimable`, which is the claim's own order, beside
+//! `jobs_held_by_queue` for those a rate limit holds back), and the scheduled and retryable
+//! jobs of every queue by scheduled time (`jobs_due`, the scheduler's). Any other filter is
+//! sorted whole when it matches at most [`SORT_WINDOW`] jobs, and refused with the reason
+//! otherwise: sorting millions of finished jobs by priority would read them all for every page.
 
 use sqlx::{Postgres, QueryBuilder};
+use uuid::Uuid;
 
 use super::lanes::Order;
 use super::{Store, StoreError, jobs_from_rows};
@@ -57,11 +58,17 @@ pub const SORT_WINDOW: i64 = 10_000;
 
 impl Store {
     /// Up to `limit` (1..=500) jobs matching `filter` from position `offset` of `key`'s order,
-    /// `descending` or not. Errors name `sort` when the filter matches more than
-    /// [`SORT_WINDOW`] jobs and no index keeps them in that order, and `page` when `offset`
-    /// is past the window.
-    pub async fn list_jobs_sorted(&self, filter: &JobFilter, key: SortKey, descending: bool, offset: i64, limit: i64) -> Result<Vec<Job>, StoreError> {
-        let limit = limit.clamp(1, 500);
+    /// `descending` or not, and whether more follow. Errors name `sort` when the filter
+    /// matches more than [`SORT_WINDOW`] jobs and no index keeps them in that order, and
+    /// `page` when `offset` is past the window.
+    pub async fn list_jobs_sorted(
+        &self,
+        filter: &JobFilter,
+        key: SortKey,
+        descending: bool,
+        offset: i64,
+        limit: i64,
+    ) -> Result<(Vec<Job>, bool), StoreError> {
         let offset = offset.max(0);
         if filter.is_search() {
             return Err(StoreError::invalid("sort", "a search lists its matches newest first"));
@@ -72,21 +79,15 @@ impl Store {
                 format!("a listing sorted by {} reaches the first {SORT_WINDOW} jobs in its order; narrow the filter for the rest", key.name()),
             ));
         }
-        let limit = limit.min(SORT_WINDOW - offset);
-        let take = offset + limit;
-        let matching = self.count_jobs_bounded(filter, SORT_WINDOW + 1).await?.n;
+        let limit = limit.clamp(1, 500).min(SORT_WINDOW - offset);
+        // One row past the page says whether more follow (past the window too: its next page
+        // is then refused, saying why, rather than the listing seeming to end).
+        let take = offset + limit + 1;
         let order_by = key.order_by(descending);
         let mut qb = QueryBuilder::<Postgres>::new("SELECT j.* FROM jobs j WHERE j.id IN (");
-        if matching <= SORT_WINDOW {
-            // Few enough to sort whole: their ids from the listing lanes, then their rows.
-            let source = self.source_of(filter).await?;
-            qb.push("SELECT j.id FROM jobs j WHERE j.id IN (");
-            source.push_ids(&mut qb, Order::NewestFirst, SORT_WINDOW, |qb, in_lane| filter.push_conditions_in(qb, in_lane));
-            qb.push(format_args!(") ORDER BY {order_by} OFFSET ")).push_bind(offset).push(" LIMIT ").push_bind(limit);
-        } else if let Some(queue) = claim_ordered(filter, key) {
-            // The claim's order: available jobs that may be claimed along `jobs_claimable`,
-            // those a rate limit holds back beside them (no index has them by queue; a limit
-            // holds back what it cannot admit yet, so they are the fewer).
+        if let Some(queue) = claim_ordered(filter, key) {
+            // The claim's order: available jobs that may be claimed along `jobs_claimable`, and
+            // those a rate limit holds back along `jobs_held_by_queue`, merged.
             let cols = "j.id, j.priority, j.scheduled_at";
             let sub_order = key.order_by_unqualified(descending);
             qb.push(format_args!("SELECT id FROM ((SELECT {cols} FROM jobs j WHERE j.state = 'available' AND NOT j.rate_limited AND j.queue = "))
@@ -100,25 +101,43 @@ impl Store {
                 .push(format_args!(")) AS j ORDER BY {sub_order} OFFSET "))
                 .push_bind(offset)
                 .push(" LIMIT ")
-                .push_bind(limit);
+                .push_bind(limit + 1);
         } else if let Some(states) = due_ordered(filter, key) {
             // The scheduler's order, along `jobs_due`.
             qb.push(format_args!("SELECT j.id FROM jobs j WHERE j.state IN ({}) ORDER BY {order_by} OFFSET ", JobState::sql_literals(states)))
                 .push_bind(offset)
                 .push(" LIMIT ")
-                .push_bind(limit);
+                .push_bind(limit + 1);
         } else {
-            return Err(StoreError::invalid(
-                "sort",
-                format!(
-                    "sorting more than {SORT_WINDOW} matching jobs by {}: narrow the filter to at most {SORT_WINDOW} jobs (a state, queue, type or time range), or sort the available jobs of one queue by priority, or every scheduled and retryable job by scheduled_at, which indexes keep in order",
-                    key.name()
-                ),
-            ));
+            // Sorted whole if there are few: the ids of up to one more than the window first
+            // (from the listing lanes), so a filter that has just grown past it is refused
+            // rather than sorted in part.
+            let source = self.source_of(filter).await?;
+            let mut matching = QueryBuilder::<Postgres>::new("");
+            source.push_ids(&mut matching, Order::NewestFirst, SORT_WINDOW + 1, |qb, in_lane| filter.push_conditions_in(qb, in_lane));
+            let ids: Vec<Uuid> = matching.build_query_scalar().fetch_all(&self.pool).await?;
+            if ids.len() as i64 > SORT_WINDOW {
+                return Err(StoreError::invalid(
+                    "sort",
+                    format!(
+                        "sorting more than {SORT_WINDOW} matching jobs by {}: narrow the filter to at most {SORT_WINDOW} jobs (a state, queue, type or time range), or sort the available jobs of one queue by priority, or the scheduled and retryable jobs of every queue by scheduled_at, which indexes keep in order",
+                        key.name()
+                    ),
+                ));
+            }
+            qb.push("SELECT j.id FROM jobs j WHERE j.id = ANY(")
+                .push_bind(ids)
+                .push(format_args!(") ORDER BY {order_by} OFFSET "))
+                .push_bind(offset)
+                .push(" LIMIT ")
+                .push_bind(limit + 1);
         }
         qb.push(format_args!(") ORDER BY {order_by}"));
         let rows = qb.build().fetch_all(&self.pool).await?;
-        jobs_from_rows(&rows)
+        let mut jobs = jobs_from_rows(&rows)?;
+        let more = jobs.len() as i64 > limit;
+        jobs.truncate(limit as usize);
+        Ok((jobs, more))
     }
 }
 

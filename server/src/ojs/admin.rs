@@ -321,9 +321,7 @@ pub async fn jobs(State(state): State<AppState>, q: QueryParams) -> Result<Json<
     let (page, per_page) = paging(&q)?;
     if let Some(key) = sort {
         let offset = (page - 1).saturating_mul(per_page);
-        let mut items = state.store.list_jobs_sorted(&filter, key, order == Order::NewestFirst, offset, per_page + 1).await?;
-        let has_more = items.len() as i64 > per_page;
-        items.truncate(per_page as usize);
+        let (items, has_more) = state.store.list_jobs_sorted(&filter, key, order == Order::NewestFirst, offset, per_page).await?;
         let total = state.store.count_jobs(&filter, COUNT_CAP).await?;
         return Ok(Json(json!({ "items": items.iter().map(job_json).collect::<Vec<_>>(), "pagination": paginated(total, page, per_page, has_more) })));
     }
