@@ -485,6 +485,12 @@ async fn sorted_listings_order_by_priority_or_scheduled_time() {
         s.list_jobs_sorted(&f(vec![], Some("small")), SortKey::Priority, true, SORT_WINDOW, 20).await,
         Err(StoreError::Invalid { field, .. }) if field == "page"
     ));
+    // The policy editor's dry run: a type's retryable jobs, soonest first, read from its lanes
+    // however many scheduled jobs come before them in time.
+    let waiting = s.waiting_retries("sort.job", 1000).await.unwrap();
+    assert_eq!(waiting.iter().map(|w| w.0).collect::<Vec<_>>(), truth("j.state = 'retryable'", "j.scheduled_at, j.id", 0, 1000).await);
+    assert_eq!(waiting.len(), 300);
+    assert!(s.waiting_retries("sort.other", 10).await.unwrap().is_empty());
     let search = JobFilter { text: Some("1".into()), ..f(vec![], Some("small")) };
     assert!(matches!(s.list_jobs_sorted(&search, SortKey::Priority, true, 0, 20).await, Err(StoreError::Invalid { field, .. }) if field == "sort"));
 }

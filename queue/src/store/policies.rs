@@ -9,10 +9,12 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::{Value, json};
-use sqlx::{PgConnection, Row};
+use sqlx::{PgConnection, Postgres, QueryBuilder, Row};
 
 use super::audit::{Actor, record};
+use super::lanes::{LaneKeys, Order};
 use super::{Store, StoreError, ts, ts_opt};
+use crate::job::JobState;
 use crate::outcome::{self, Decision, Outcome};
 use crate::policy::{self, JitterSource, PolicyPatch, ResolvedPolicy, RetryPolicy};
 
@@ -317,15 +319,21 @@ impl Store {
         self.put_policy(job_type, &patch, actor, Some(&format!("restored version {version}"))).await
     }
 
-    /// Jobs of a type waiting to retry, with their next run time: what a policy edit would move.
+    /// Jobs of a type waiting to retry, with their next run time, soonest first: what a policy
+    /// edit would move. Of more than `limit`, the newest `limit` created.
     pub async fn waiting_retries(&self, job_type: &str, limit: i64) -> Result<Vec<(uuid::Uuid, i32, Option<Timestamp>)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, attempt, scheduled_at FROM jobs WHERE type = $1 AND state = 'retryable' ORDER BY scheduled_at LIMIT $2",
-        )
-        .bind(job_type)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
+        // From the type's retryable lanes, not along `jobs_due` in time order: that walked every
+        // scheduled job of every other type first (110 ms with 18 000 scheduled at 10M jobs).
+        let states = [JobState::Retryable];
+        let source = self.source_for(LaneKeys { states: &states, job_type: Some(job_type), ..Default::default() }).await?;
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT j.id, j.attempt, j.scheduled_at FROM jobs j WHERE j.id IN (");
+        source.push_ids(&mut qb, Order::NewestFirst, limit, |qb, in_lane| {
+            if !in_lane {
+                qb.push(" AND j.state = 'retryable' AND j.type = ").push_bind(job_type.to_owned());
+            }
+        });
+        qb.push(") ORDER BY j.scheduled_at, j.id");
+        let rows = qb.build().fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| Ok((r.try_get("id")?, r.try_get("attempt")?, ts_opt(r, "scheduled_at")?)))
             .collect()
