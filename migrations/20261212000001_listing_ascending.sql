@@ -21,7 +21,7 @@
 -- Jobs a rate limit holds back (`rate_limited`) get an index by queue in the claim's order,
 -- so listing a queue's available jobs by priority reads them in order however many are held
 -- (a key admitting one at a time holds back nearly all of its jobs). Written only as a job is
--- held back, never on the hot path.
+-- held back (a keyed enqueue into a full key, a settle), never by a claim or a completion.
 DROP INDEX jobs_listed;
 DROP INDEX jobs_available_id;
 DROP INDEX jobs_state_id;

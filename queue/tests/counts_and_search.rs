@@ -491,6 +491,7 @@ async fn sorted_listings_order_by_priority_or_scheduled_time() {
     assert_eq!(waiting.iter().map(|w| w.0).collect::<Vec<_>>(), truth("j.state = 'retryable'", "j.scheduled_at, j.id", 0, 1000).await);
     assert_eq!(waiting.len(), 300);
     assert!(s.waiting_retries("sort.other", 10).await.unwrap().is_empty());
+    assert!(matches!(s.waiting_retries("sort.*", 10).await, Err(StoreError::InvalidJob(_))), "one type, not a prefix");
     let search = JobFilter { text: Some("1".into()), ..f(vec![], Some("small")) };
     assert!(matches!(s.list_jobs_sorted(&search, SortKey::Priority, true, 0, 20).await, Err(StoreError::Invalid { field, .. }) if field == "sort"));
 }

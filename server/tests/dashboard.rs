@@ -369,6 +369,10 @@ async fn policy_edits_are_validated_by_field_and_saved_with_history() {
     let clash = d.post_form("/api/preview_policy", Some(&b), &[("job_type", "invoice.render"), ("policy[initial_interval]", "PT10M")], false).await;
     let v: serde_json::Value = serde_json::from_str(&clash.text).expect("json");
     assert_eq!(v["problem"]["field"], "max_interval", "{}", clash.text);
+    // Its dry run counts one type's waiting jobs: a prefix is not a type.
+    let prefix = d.post_form("/api/preview_policy", Some(&b), &[("job_type", "invoice.*"), ("policy[max_attempts]", "3")], false).await;
+    assert_eq!(prefix.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", prefix.text);
+    assert!(prefix.text.contains("job_type"), "names the field: {}", prefix.text);
 
     let ok = d
         .post_form("/api/save_policy", Some(&b), &[("csrf", &b.csrf), ("job_type", "invoice.render"), ("policy[initial_interval]", "PT2M"), ("intent", "save"), ("note", "faster")], false)

@@ -353,6 +353,8 @@ pub async fn preview_policy(job_type: String, policy: PolicyForm) -> Result<Poli
     use crate::time_text::duration_text;
 
     crate::auth::signed_in()?;
+    // The type names the jobs the dry run counts: a prefix (`email.*`) would count others'.
+    crate::error::check_job_type(&job_type)?;
     let store = crate::state::store()?;
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let problem_only = |e: AppError| {

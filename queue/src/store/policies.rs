@@ -320,8 +320,10 @@ impl Store {
     }
 
     /// Jobs of a type waiting to retry, with their next run time, soonest first: what a policy
-    /// edit would move. Of more than `limit`, the newest `limit` created.
+    /// edit would move. Of more than `limit`, the newest `limit` created. `job_type` is one
+    /// type (a `.*` prefix is refused, not read as every type under it).
     pub async fn waiting_retries(&self, job_type: &str, limit: i64) -> Result<Vec<(uuid::Uuid, i32, Option<Timestamp>)>, StoreError> {
+        crate::job::validate_type(job_type)?;
         // From the type's retryable lanes, not along `jobs_due` in time order: that walked every
         // scheduled job of every other type first (110 ms with 18 000 scheduled at 10M jobs).
         let states = [JobState::Retryable];

@@ -80,8 +80,9 @@ impl Store {
             ));
         }
         let limit = limit.clamp(1, 500).min(SORT_WINDOW - offset);
-        // One row past the page says whether more follow (past the window too: its next page
-        // is then refused, saying why, rather than the listing seeming to end).
+        // One row past the page says whether more follow, past the window too: the API's next
+        // page is then refused, saying why (the dashboard offers none past the window, and
+        // shows how many match).
         let take = offset + limit + 1;
         let order_by = key.order_by(descending);
         let mut qb = QueryBuilder::<Postgres>::new("SELECT j.* FROM jobs j WHERE j.id IN (");
