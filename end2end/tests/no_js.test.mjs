@@ -38,3 +38,36 @@ test('re-drive works with JavaScript disabled', async () => {
     await close();
   }
 });
+
+test('jobs listed in the order they run, chosen in the filter form without JavaScript', async () => {
+  // A queue no worker serves, so its jobs stay available.
+  const queue = 'e2e-run-order';
+  const ids = [];
+  for (const [i, priority] of [0, 5, -5].entries()) {
+    const res = await fetch(`${BASE_URL}/ojs/v1/jobs`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ type: 'report.order', args: [i], options: { queue, priority } }),
+    });
+    assert.equal(res.status, 201);
+    ids.push((await res.json()).job.id);
+  }
+  const { page, close } = await openBrowser({ javaScriptEnabled: false });
+  try {
+    await signIn(page);
+    await page.goto(`${BASE_URL}/jobs`);
+    await page.fill('form.filters input[name=queue]', queue);
+    await page.selectOption('form.filters select[name=sort]', 'priority');
+    await Promise.all([page.waitForNavigation(), page.click('form.filters button[type=submit]')]);
+    assert.match(page.url(), /sort=priority/);
+    const listed = async () => (await page.$$eval('a[href^="/jobs/"]', (as) => as.map((a) => a.getAttribute('href').split('/').pop()))).filter((id) => ids.includes(id));
+    assert.deepEqual(await listed(), [ids[1], ids[0], ids[2]], 'highest priority first');
+    assert.equal(await page.inputValue('form.filters select[name=sort]'), 'priority', 'the form keeps the order');
+    await screenshot(page, '12-no-js-jobs-by-priority');
+    await page.selectOption('form.filters select[name=sort]', 'scheduled');
+    await Promise.all([page.waitForNavigation(), page.click('form.filters button[type=submit]')]);
+    assert.deepEqual(await listed(), ids, 'soonest scheduled first: in the order they were enqueued');
+  } finally {
+    await close();
+  }
+});
