@@ -39,11 +39,6 @@ impl SortKey {
         }
     }
 
-    /// The same list on the sorted sub-select's own columns.
-    fn order_by_unqualified(self, descending: bool) -> String {
-        self.order_by(descending).replace("j.", "")
-    }
-
     fn name(self) -> &'static str {
         match self {
             SortKey::Priority => "priority",
@@ -89,8 +84,8 @@ impl Store {
         if let Some(queue) = claim_ordered(filter, key) {
             // The claim's order: available jobs that may be claimed along `jobs_claimable`, and
             // those a rate limit holds back along `jobs_held_by_queue`, merged.
+            // (The merged rows are aliased `j` too, so one ORDER BY list serves every level.)
             let cols = "j.id, j.priority, j.scheduled_at";
-            let sub_order = key.order_by_unqualified(descending);
             qb.push(format_args!("SELECT id FROM ((SELECT {cols} FROM jobs j WHERE j.state = 'available' AND NOT j.rate_limited AND j.queue = "))
                 .push_bind(queue.to_owned())
                 .push(format_args!(" ORDER BY {order_by} LIMIT "))
@@ -99,7 +94,7 @@ impl Store {
                 .push_bind(queue.to_owned())
                 .push(format_args!(" ORDER BY {order_by} LIMIT "))
                 .push_bind(take)
-                .push(format_args!(")) AS j ORDER BY {sub_order} OFFSET "))
+                .push(format_args!(")) AS j ORDER BY {order_by} OFFSET "))
                 .push_bind(offset)
                 .push(" LIMIT ")
                 .push_bind(limit + 1);
@@ -142,17 +137,21 @@ impl Store {
     }
 }
 
+/// Whether `filter` selects by state and queue alone (no type, creation range or dead letters
+/// only), which is all the index-served orders can answer.
+fn by_state_and_queue(filter: &JobFilter) -> bool {
+    filter.job_type.is_none() && filter.created_after.is_none() && filter.created_before.is_none() && filter.dead_letter != Some(true)
+}
+
 /// The queue whose available jobs `filter` selects, when they are all it selects and `key`
 /// is the claim's order.
 fn claim_ordered(filter: &JobFilter, key: SortKey) -> Option<&str> {
-    let only_keys = filter.job_type.is_none() && filter.created_after.is_none() && filter.created_before.is_none() && filter.dead_letter != Some(true);
-    (key == SortKey::Priority && only_keys && filter.states == [JobState::Available]).then_some(filter.queue.as_deref()).flatten()
+    (key == SortKey::Priority && by_state_and_queue(filter) && filter.states == [JobState::Available]).then_some(filter.queue.as_deref()).flatten()
 }
 
-/// The states of `filter`, when they are scheduled or retryable jobs of every queue and type
-/// and `key` is the scheduler's order.
+/// The states of `filter`, when they are scheduled or retryable jobs of every queue and `key`
+/// is the scheduler's order.
 fn due_ordered(filter: &JobFilter, key: SortKey) -> Option<&[JobState]> {
-    let every = filter.queue.is_none() && filter.job_type.is_none() && filter.created_after.is_none() && filter.created_before.is_none() && filter.dead_letter != Some(true);
     let due = !filter.states.is_empty() && filter.states.iter().all(|s| matches!(s, JobState::Scheduled | JobState::Retryable));
-    (key == SortKey::ScheduledAt && every && due).then_some(filter.states.as_slice())
+    (key == SortKey::ScheduledAt && by_state_and_queue(filter) && filter.queue.is_none() && due).then_some(filter.states.as_slice())
 }
