@@ -98,6 +98,118 @@ async fn batch_enqueue_refuses_an_id_given_twice_and_stores_nothing() {
     assert_eq!(count, 0, "a failed batch stores nothing");
 }
 
+/// One of each kind of job a batch takes: every optional column set, scheduled later, due
+/// already, pending, each layer of `max_attempts`, text that needs escaping in any text format,
+/// and times whose nanoseconds the database must round (ties among them).
+fn every_kind(later: jiff::Timestamp) -> Vec<(NewJob, bool)> {
+    let ns = jiff::SignedDuration::from_nanos;
+    let mut full = NewJob::new("typed", json!([{"b": 2, "a": [1.5, "x", null]}])).queue("q1");
+    full.meta = json!({"trace": "abc", "n": 3});
+    full.extra = json!({"custom": true});
+    full.priority = -7;
+    full.tags = vec!["one".into(), "twö\ttab".into()];
+    full.retry = Some(PolicyPatch::from_json(&json!({"max_attempts": 2, "initial_interval": "PT3S"})).unwrap());
+    full.timeout_ms = Some(1500);
+    full.visibility_timeout_ms = Some(9000);
+    full.expires_at = Some(later + jiff::SignedDuration::from_secs(60) + ns(999_999_500));
+    let mut scheduled = NewJob::new("typed", json!([]));
+    scheduled.scheduled_at = Some(later + ns(123));
+    let mut tie_down = NewJob::new("other", json!([]));
+    tie_down.scheduled_at = Some(later + ns(2_500));
+    let mut tie_up = NewJob::new("other", json!([]));
+    tie_up.scheduled_at = Some(later + ns(1_500));
+    let mut due = NewJob::new("plain", json!(["due"]));
+    due.scheduled_at = Some(jiff::Timestamp::now() - jiff::SignedDuration::from_secs(30) + ns(777));
+    let mut pending = NewJob::new("plain", json!([1]));
+    pending.pending = true;
+    let escapes = NewJob::new("other", json!([{"s": "tab\there\nnew line\\back slash \"quoted\" ünïcödé 🦀 \u{0001}", "big": 1e300, "neg": -0.0}]))
+        .queue("dotted.queue-name_1");
+    vec![
+        (full, false),
+        (scheduled, true),
+        (tie_down, true),
+        (tie_up, true),
+        (due, true),
+        (pending, false),
+        (escapes, false),
+        (NewJob::new("typed", json!([1])), false),
+    ]
+}
+
+/// A stored job with what differs between two enqueues of the same job blanked: its id and the
+/// enqueue's own time (and the scheduled time, when that is the enqueue's time too).
+fn as_enqueued(mut job: rebound_queue::Job, scheduled_given: bool) -> rebound_queue::Job {
+    let t = jiff::Timestamp::UNIX_EPOCH;
+    job.id = Uuid::nil();
+    job.created_at = t;
+    job.updated_at = t;
+    job.enqueued_at = job.enqueued_at.map(|_| t);
+    if !scheduled_given {
+        job.scheduled_at = t;
+    }
+    job
+}
+
+#[tokio::test]
+async fn a_large_batch_is_copied_and_stores_exactly_what_the_insert_would() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    put_policy(s, "typed", json!({"max_attempts": 7})).await;
+    put_policy(s, "*", json!({"max_attempts": 5})).await;
+    let later = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600);
+    let kinds = every_kind(later);
+    // A few jobs go in one INSERT; a batch of hundreds is copied.
+    let small = s.enqueue_batch(kinds.iter().map(|(j, _)| j.clone()).collect()).await.unwrap();
+    let large_input: Vec<NewJob> = (0..40).flat_map(|_| kinds.iter().map(|(j, _)| j.clone())).collect();
+    let large = s.enqueue_batch(large_input).await.unwrap();
+    assert_eq!(large.len(), 40 * kinds.len());
+
+    let states: Vec<JobState> = small.iter().map(|e| e.job.state).collect();
+    use JobState::{Available, Pending, Scheduled};
+    assert_eq!(states, vec![Available, Scheduled, Scheduled, Scheduled, Available, Pending, Available, Available]);
+    assert_eq!(small.iter().map(|e| e.job.max_attempts).collect::<Vec<_>>(), vec![2, 7, 5, 5, 5, 5, 5, 7]);
+    for (i, e) in large.iter().enumerate() {
+        let stored = s.job(e.job.id).await.unwrap();
+        assert_eq!(e.job, stored, "the answer for job {i} differs from the stored row");
+        let (_, scheduled_given) = kinds[i % kinds.len()];
+        let inserted = s.job(small[i % kinds.len()].job.id).await.unwrap();
+        assert_eq!(as_enqueued(stored, scheduled_given), as_enqueued(inserted, scheduled_given), "job {i} is stored unlike its inserted twin");
+    }
+    // Equal-priority jobs run in the order given, as from an INSERT.
+    let available: Vec<Uuid> = large.iter().filter(|e| e.job.state == Available && e.job.queue == "default" && e.job.priority == 0).map(|e| e.job.id).collect();
+    let mut sorted = available.clone();
+    sorted.sort();
+    assert_eq!(available, sorted);
+
+    // The insert trigger ran for the copied rows: the counters and the enqueue events have them.
+    let stats = s.stats(None).await.unwrap();
+    let counted: Vec<(JobState, i64)> = [Available, Scheduled, Pending].into_iter().map(|st| (st, stats.by_state(st))).collect();
+    assert_eq!(counted, vec![(Available, 4 * 41), (Scheduled, 3 * 41), (Pending, 41)]);
+    let enqueued = EventFilter { types: vec!["job.enqueued".into()], job_id: Some(large[0].job.id), limit: 10, ..Default::default() };
+    assert_eq!(s.events(&enqueued).await.unwrap().len(), 1, "the copied job's enqueue is an event");
+}
+
+#[tokio::test]
+async fn a_copied_batch_with_a_duplicate_id_stores_nothing() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let taken = s.enqueue(NewJob::new("t", json!([0]))).await.unwrap().job.id;
+    let mut jobs: Vec<NewJob> = (0..100).map(|i| NewJob::new("t", json!([i]))).collect();
+    jobs[70].id = Some(taken);
+    let err = s.enqueue_batch(jobs).await.unwrap_err();
+    assert!(matches!(&err, StoreError::Duplicate { reason, existing: Some(dup) } if reason.starts_with("jobs[70]") && *dup == taken), "{err:?}");
+    let twice = Uuid::now_v7();
+    let mut jobs: Vec<NewJob> = (0..100).map(|i| NewJob::new("t", json!([i]))).collect();
+    jobs[10].id = Some(twice);
+    jobs[90].id = Some(twice);
+    let err = s.enqueue_batch(jobs).await.unwrap_err();
+    assert!(matches!(&err, StoreError::Duplicate { reason, existing: Some(dup) } if reason.starts_with("jobs[90]") && *dup == twice), "{err:?}");
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(count, 1, "a failed batch stores nothing");
+    // The connection the failed copy used is fine for the next batch.
+    assert_eq!(s.enqueue_batch((0..100).map(|i| NewJob::new("t", json!([i]))).collect()).await.unwrap().len(), 100);
+}
+
 #[tokio::test]
 async fn claims_stay_right_across_many_limits() {
     let db = TestDb::new().await;

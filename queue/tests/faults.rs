@@ -10,7 +10,10 @@
 //!   lost is kept once;
 //! * a snooze whose answer was lost, written again after the same worker claimed the job
 //!   again at the attempt number the snooze gave back, is refused, not applied to that run;
-//! * after a database restart the rescuer gives every lock one visibility timeout.
+//! * after a database restart the rescuer gives every lock one visibility timeout;
+//! * a batch enqueue copied in is all or nothing wherever its connection drops: before the
+//!   `COPY`, in the middle of its rows, at its `COMMIT`; with the `COMMIT`'s answer lost it
+//!   is all there, and sent again with its ids it is refused as a duplicate naming one.
 
 use std::time::Duration;
 
@@ -494,4 +497,46 @@ async fn a_bulk_action_waits_for_a_row_being_written_instead_of_leaving_it_out()
     for id in ids {
         assert_eq!(s.job(id).await.expect("job").state, JobState::Cancelled);
     }
+}
+
+#[tokio::test]
+async fn a_copied_batch_enqueue_is_all_or_nothing_wherever_its_connection_drops() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    // Big enough to go in more than one piece of COPY data (64 KiB each).
+    let batch = || -> Vec<NewJob> {
+        (0..1000)
+            .map(|i| {
+                let mut job = NewJob::new("t.copied", json!([{"i": i, "pad": "x".repeat(100)}]));
+                job.id = Some(Uuid::now_v7());
+                job
+            })
+            .collect()
+    };
+    let stored = || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobs").fetch_one(db.store.pool()).await.unwrap() };
+    let counted = || async { db.store.stats(None).await.unwrap().by_state(JobState::Available) };
+
+    for (fragment, point) in [("COPY jobs", FaultPoint::BeforeSend), ("COPY jobs", FaultPoint::DuringCopy), ("COMMIT", FaultPoint::BeforeSend)] {
+        let hit = proxy.inject(Fault::once(fragment, point));
+        let err = through.enqueue_batch(batch()).await.unwrap_err();
+        assert_eq!(hit.count(), 1, "{fragment} {point:?}");
+        assert!(err.is_transient(), "{fragment} {point:?}: {err:?}");
+        assert_eq!((stored().await, counted().await), (0, 0), "{fragment} {point:?}: nothing stored, nothing counted");
+    }
+
+    // Committed, its answer lost: every job is there, counted once, and the same batch sent
+    // again is refused as a duplicate, not stored twice.
+    let jobs = batch();
+    let lost = proxy.inject(Fault::once("COMMIT", FaultPoint::AfterCommit));
+    assert!(through.enqueue_batch(jobs.clone()).await.is_err());
+    assert_eq!(lost.count(), 1);
+    assert_eq!((stored().await, counted().await), (1000, 1000));
+    let again = through.enqueue_batch(jobs.clone()).await.unwrap_err();
+    assert!(matches!(&again, rebound_queue::store::StoreError::Duplicate { existing: Some(id), .. } if jobs.iter().any(|j| j.id == Some(*id))), "{again:?}");
+    assert_eq!(stored().await, 1000);
+
+    // The store goes on as before: no session was left in a transaction.
+    assert_eq!(through.enqueue_batch(batch()).await.unwrap().len(), 1000);
+    assert_eq!(idle_in_transaction(&db.store, &db.name, Duration::ZERO).await, 0);
 }

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use sqlx::Row;
 
-use super::{NamedRun, Store, StoreError, Window, job_from_row, millis, ts, ts_opt};
+use super::{NamedRun, Store, copy_in, StoreError, Window, job_from_row, millis, ts, ts_opt};
 use crate::job::{Job, JobRateLimit, JobState, NewJob, OnConflict, UniqueSpec};
 use crate::policy::{self, PolicyPatch, RetryPolicy};
 
@@ -211,6 +211,12 @@ impl Store {
         let mut checked = Vec::with_capacity(jobs.len());
         for (i, job) in jobs.iter().enumerate() {
             checked.push(check(job).map_err(|e| prefix_index(e, i))?);
+        }
+        if copy_in::copyable(&jobs) {
+            let mut tx = self.begin().await?;
+            let out = copy_in::copy_many(&mut tx, jobs, &checked).await?;
+            tx.commit().await?;
+            return Ok(out);
         }
         if jobs.iter().all(|j| j.unique.is_none() && j.rate_limit.is_none()) {
             // One statement is atomic on its own: no BEGIN and COMMIT round trips.
@@ -489,7 +495,7 @@ fn sparse<T>(column: Vec<Option<T>>) -> Vec<Option<T>> {
 
 /// A batch insert that hit an existing id (or the same id twice) is a typed duplicate naming
 /// the offending job; any other error passes through.
-fn duplicate_in_batch(e: sqlx::Error, ids: &[Uuid]) -> StoreError {
+pub(super) fn duplicate_in_batch(e: sqlx::Error, ids: &[Uuid]) -> StoreError {
     let dup = match &e {
         sqlx::Error::Database(db) if db.code().as_deref() == Some("23505") => db
             .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()

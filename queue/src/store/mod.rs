@@ -96,6 +96,7 @@ mod auth;
 mod cancel;
 mod claim;
 mod complete;
+mod copy_in;
 mod cron;
 mod dead_letter;
 mod enqueue;

@@ -14,7 +14,8 @@
 //! * [`FaultPoint::Delay`]: hold its answer back, so a client can be cancelled while the
 //!   statement is in flight;
 //! * [`FaultPoint::HoldRequest`]: hold the statement back before the server sees it, so the
-//!   world moves on between the moment the client decided what to send and its execution.
+//!   world moves on between the moment the client decided what to send and its execution;
+//! * [`FaultPoint::DuringCopy`]: cut a `COPY … FROM STDIN` off in the middle of its data.
 //!
 //! Connect through [`FaultProxy::url`]; TLS is turned off on that URL because the proxy must
 //! read the messages.
@@ -44,6 +45,9 @@ pub enum FaultPoint {
     /// The statement itself is held back this long before the server sees it, as when it
     /// waits for a connection while the database is away.
     HoldRequest(Duration),
+    /// The statement is a `COPY … FROM STDIN`: the connection drops as the client sends the
+    /// second piece of its data, after the first has reached the server.
+    DuringCopy,
 }
 
 /// A fault armed on the proxy: strikes the next `times` statements whose SQL contains `sql`.
@@ -257,12 +261,15 @@ async fn frontend(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<S
     let mut statements: HashMap<String, String> = HashMap::new();
     let mut bound = String::new();
     let mut this_sync: Option<Pending> = None;
+    // Pieces of data a struck COPY has sent so far.
+    let mut copy_pieces: Option<u32> = None;
     loop {
         let Ok((kind, body)) = read_message(&mut from).await else { return };
         let mut hold = None;
         let mut strike = |sql: &str, this_sync: &mut Option<Pending>| -> bool {
             match shared.matching(sql) {
                 Some(FaultPoint::BeforeSend) => return true,
+                Some(FaultPoint::DuringCopy) => copy_pieces = Some(0),
                 Some(FaultPoint::AfterCommit) => this_sync.get_or_insert_with(Pending::default).fire_when_idle = true,
                 Some(FaultPoint::Delay(d)) => this_sync.get_or_insert_with(Pending::default).delay = Some(d),
                 Some(FaultPoint::HoldRequest(d)) => hold = Some(d),
@@ -297,6 +304,15 @@ async fn frontend(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<S
             }
             b'S' => {
                 conversation.lock().unwrap_or_else(|p| p.into_inner()).pending.push_back(this_sync.take());
+            }
+            // CopyData, CopyDone: a struck COPY's second piece never arrives, nor its end.
+            b'd' | b'c' if copy_pieces.is_some() => {
+                let sent = copy_pieces.unwrap_or(0);
+                if sent >= 1 || kind == b'c' {
+                    kill.cancel();
+                    return;
+                }
+                copy_pieces = Some(sent + 1);
             }
             _ => {}
         }
