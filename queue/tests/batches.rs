@@ -156,7 +156,8 @@ async fn a_large_batch_is_copied_and_stores_exactly_what_the_insert_would() {
     let s = &db.store;
     put_policy(s, "typed", json!({"max_attempts": 7})).await;
     put_policy(s, "*", json!({"max_attempts": 5})).await;
-    let later = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600);
+    // Whole microseconds, so that the kinds' added 1.5 and 2.5 µs are exact ties.
+    let later = jiff::Timestamp::from_microsecond((jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600)).as_microsecond()).unwrap();
     let kinds = every_kind(later);
     // A few jobs go in one INSERT; a batch of hundreds is copied.
     let small = s.enqueue_batch(kinds.iter().map(|(j, _)| j.clone()).collect()).await.unwrap();
@@ -185,14 +186,18 @@ async fn a_large_batch_is_copied_and_stores_exactly_what_the_insert_would() {
     let stats = s.stats(None).await.unwrap();
     let counted: Vec<(JobState, i64)> = [Available, Scheduled, Pending].into_iter().map(|st| (st, stats.by_state(st))).collect();
     assert_eq!(counted, vec![(Available, 4 * 41), (Scheduled, 3 * 41), (Pending, 41)]);
-    let enqueued = EventFilter { types: vec!["job.enqueued".into()], job_id: Some(large[0].job.id), limit: 10, ..Default::default() };
-    assert_eq!(s.events(&enqueued).await.unwrap().len(), 1, "the copied job's enqueue is an event");
+    let scheduled = EventFilter { types: vec!["job.scheduled".into()], job_id: Some(large[large.len() - 7].job.id), limit: 10, ..Default::default() };
+    assert_eq!(large[large.len() - 7].job.state, Scheduled);
+    assert_eq!(s.events(&scheduled).await.unwrap().len(), 1, "the trigger logged the copied job's scheduling");
 }
 
 #[tokio::test]
 async fn a_copied_batch_with_a_duplicate_id_stores_nothing() {
     let db = TestDb::new().await;
-    let s = &db.store;
+    // One connection, so that the session each batch runs in can be told apart.
+    let s = &Store::connect(&db.url, 1).await.unwrap();
+    let session = || async { sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()").fetch_one(s.pool()).await.unwrap() };
+    let first = session().await;
     let taken = s.enqueue(NewJob::new("t", json!([0]))).await.unwrap().job.id;
     let mut jobs: Vec<NewJob> = (0..100).map(|i| NewJob::new("t", json!([i]))).collect();
     jobs[70].id = Some(taken);
@@ -206,8 +211,10 @@ async fn a_copied_batch_with_a_duplicate_id_stores_nothing() {
     assert!(matches!(&err, StoreError::Duplicate { reason, existing: Some(dup) } if reason.starts_with("jobs[90]") && *dup == twice), "{err:?}");
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(s.pool()).await.unwrap();
     assert_eq!(count, 1, "a failed batch stores nothing");
-    // The connection the failed copy used is fine for the next batch.
+    // Each refused copy was rolled back and its connection kept, in step for the next batch.
+    assert_eq!(session().await, first, "the refused copies' session was kept, not closed");
     assert_eq!(s.enqueue_batch((0..100).map(|i| NewJob::new("t", json!([i]))).collect()).await.unwrap().len(), 100);
+    assert_eq!(session().await, first);
 }
 
 #[tokio::test]

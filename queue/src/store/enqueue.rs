@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use sqlx::Row;
 
-use super::{NamedRun, Store, copy_in, StoreError, Window, job_from_row, millis, ts, ts_opt};
+use super::{NamedRun, Store, StoreError, copy_in, Window, job_from_row, millis, ts, ts_opt};
 use crate::job::{Job, JobRateLimit, JobState, NewJob, OnConflict, UniqueSpec};
 use crate::policy::{self, PolicyPatch, RetryPolicy};
 
@@ -214,9 +214,24 @@ impl Store {
         }
         if copy_in::copyable(&jobs) {
             let mut tx = self.begin().await?;
-            let out = copy_in::copy_many(&mut tx, jobs, &checked).await?;
-            tx.commit().await?;
-            return Ok(out);
+            return match copy_in::copy_many(&mut tx, jobs, &checked).await {
+                Ok(out) => {
+                    tx.commit().await?;
+                    Ok(out)
+                }
+                // The server refused the batch (a duplicate id, most often: a batch sent again
+                // after its answer was lost) and the session is back in step: rolled back, its
+                // connection goes back to the pool instead of being closed for a reconnect.
+                Err(e) => {
+                    if matches!(&e, StoreError::Duplicate { .. } | StoreError::Database(sqlx::Error::Database(_)))
+                        && let Err(lost) = tx.rollback().await
+                    {
+                        // The connection is closed instead; the refusal is still the answer.
+                        tracing::debug!(error = %lost, "rolling back a refused batch enqueue failed");
+                    }
+                    Err(e)
+                }
+            };
         }
         if jobs.iter().all(|j| j.unique.is_none() && j.rate_limit.is_none()) {
             // One statement is atomic on its own: no BEGIN and COMMIT round trips.

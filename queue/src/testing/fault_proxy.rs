@@ -46,7 +46,8 @@ pub enum FaultPoint {
     /// waits for a connection while the database is away.
     HoldRequest(Duration),
     /// The statement is a `COPY … FROM STDIN`: the connection drops as the client sends the
-    /// second piece of its data, after the first has reached the server.
+    /// second piece of its data (or its end, if it had one piece), after the first has reached
+    /// the server.
     DuringCopy,
 }
 
@@ -265,6 +266,10 @@ async fn frontend(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<S
     let mut copy_pieces: Option<u32> = None;
     loop {
         let Ok((kind, body)) = read_message(&mut from).await else { return };
+        if kind == b'Q' {
+            // A struck COPY's cut applies to that statement alone.
+            copy_pieces = None;
+        }
         let mut hold = None;
         let mut strike = |sql: &str, this_sync: &mut Option<Pending>| -> bool {
             match shared.matching(sql) {
