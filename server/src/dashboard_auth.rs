@@ -331,6 +331,10 @@ pub async fn logout(State(state): State<AppState>, headers: HeaderMap, Form(form
                 tracing::error!(error = %e, "logout: deleting the session failed");
                 return unavailable("could not end the session; try again", 5);
             }
+            let who = &session.operator.username;
+            if let Err(e) = state.store.audit(&Actor::new(who.clone()), "operator.logout", Some(who), json!({})).await {
+                tracing::warn!(error = %e, "logout: writing the audit entry failed");
+            }
         }
         Ok(Some(_)) => return guard::refusal_page(StatusCode::FORBIDDEN, &AppError::Csrf.to_string()),
         Ok(None) => {}

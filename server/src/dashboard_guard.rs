@@ -42,6 +42,9 @@ const READ_ONLY_FUNCTIONS: &[&str] = &[
     "load_workflow",
     "list_workflows",
     "maintenance_state",
+    "rate_limit_keys",
+    "replay_rules",
+    "replay_rule_form",
 ];
 
 /// Holds a hash of the one error a no-JavaScript form post was just answered with, so that the
@@ -251,6 +254,44 @@ mod tests {
         assert!(needs_csrf("/api/some_new_function"));
         assert!(!needs_csrf("/api/list_jobs"));
         assert!(!needs_csrf("/auth/login"));
+    }
+
+    /// Every server function that takes no `csrf` argument is a read and must be listed (an
+    /// unlisted one is refused 403 when a hydrated page calls it), and none that takes one
+    /// may be (its token must be checked before its form is parsed). Read from the functions'
+    /// source, since the list and the functions live in different crates.
+    #[test]
+    fn the_read_only_list_is_exactly_the_functions_without_a_token() {
+        fn sources(dir: &std::path::Path, out: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).expect("read app/src") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    sources(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(std::fs::read_to_string(&path).expect("read a source file"));
+                }
+            }
+        }
+        let mut files = Vec::new();
+        sources(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../app/src"), &mut files);
+        let marker = "#[server(endpoint = \"";
+        let mut reads = Vec::new();
+        let mut writes = Vec::new();
+        for text in &files {
+            for (at, _) in text.match_indices(marker) {
+                let rest = &text[at + marker.len()..];
+                let name = &rest[..rest.find('"').expect("the endpoint's closing quote")];
+                let signature = &rest[rest.find("async fn").expect("the function")..];
+                let signature = &signature[..signature.find(") ->").expect("the function's arguments")];
+                if signature.contains("csrf:") { writes.push(name) } else { reads.push(name) }
+            }
+        }
+        assert!(writes.len() > 10 && reads.len() > 10, "found {writes:?} and {reads:?}");
+        let mut listed: Vec<&str> = READ_ONLY_FUNCTIONS.to_vec();
+        listed.sort_unstable();
+        reads.sort_unstable();
+        assert_eq!(listed, reads, "READ_ONLY_FUNCTIONS against the server functions that take no csrf token");
+        assert!(writes.iter().all(|w| needs_csrf(&format!("/api/{w}"))));
     }
 
     #[test]

@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::http::{HeaderValue, Request};
-use axum::middleware::map_response;
+use axum::middleware::{map_request, map_response};
 use axum::routing::get;
 use rebound_queue::Store;
 use tokio::sync::Semaphore;
@@ -108,6 +108,30 @@ impl MakeRequestId for RequestIdV7 {
     }
 }
 
+/// The longest client `X-Request-Id` kept.
+const MAX_CLIENT_REQUEST_ID: usize = 128;
+
+/// A client's `X-Request-Id` is kept only if it is one plain token (at most
+/// [`MAX_CLIENT_REQUEST_ID`] of `A-Z a-z 0-9 . _ : -`), sent once: it is echoed in the answer
+/// and its error body and written into every log line of the request, where anything else
+/// could pass for other text. Otherwise the request gets one of ours.
+async fn keep_plain_request_id(mut req: axum::extract::Request) -> axum::extract::Request {
+    let values = req.headers().get_all("x-request-id");
+    let mut sent = values.iter();
+    let plain = match (sent.next(), sent.next()) {
+        (None, _) => true,
+        (Some(v), None) => {
+            let b = v.as_bytes();
+            !b.is_empty() && b.len() <= MAX_CLIENT_REQUEST_ID && b.iter().all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(c))
+        }
+        (Some(_), Some(_)) => false,
+    };
+    if !plain {
+        req.headers_mut().remove("x-request-id");
+    }
+    req
+}
+
 /// The span of one request, at INFO so that the default filter keeps it: every line a handler
 /// logs (on its own task, see [`request_task`]) then says which request it served.
 fn request_span<B>(req: &Request<B>) -> tracing::Span {
@@ -142,4 +166,5 @@ pub fn router(state: AppState) -> Router {
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .layer(SetRequestIdLayer::x_request_id(RequestIdV7))
+        .layer(map_request(keep_plain_request_id))
 }

@@ -410,6 +410,9 @@ async fn logout_needs_the_csrf_token_and_ends_the_session() {
     assert!(r.header("set-cookie").is_some_and(|c| c.contains("Max-Age=0")));
     assert!(d.db.store.session(&hash_token(&b.cookie)).await.expect("db").is_none());
     assert_eq!(d.get("/jobs", Some(&b)).await.status, StatusCode::SEE_OTHER);
+    // Signing out is audited like signing in; the forged attempt was not.
+    let logouts: Vec<_> = d.audit_actions().await.into_iter().filter(|(_, action, _)| action == "operator.logout").collect();
+    assert_eq!(logouts, vec![("olivia".to_owned(), "operator.logout".to_owned(), Some("olivia".to_owned()))]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -256,10 +256,13 @@ impl DeathCursor {
         format!("{}_{}", self.at.as_microsecond(), self.id)
     }
 
-    /// Reads [`DeathCursor::encode`]'s token; `None` for anything else.
+    /// Reads [`DeathCursor::encode`]'s token; `None` for anything else, including a time no
+    /// job can have died at (outside [`crate::bounds::check_time`]'s range, which Postgres
+    /// may not even hold).
     pub fn parse(token: &str) -> Option<DeathCursor> {
         let (micros, id) = token.split_once('_')?;
         let at = Timestamp::from_microsecond(micros.parse().ok()?).ok()?;
+        crate::bounds::check_time(at).ok()?;
         Some(DeathCursor { at, id: Uuid::parse_str(id).ok()? })
     }
 

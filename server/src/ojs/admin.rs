@@ -285,6 +285,7 @@ async fn job_page(state: &AppState, listing: &str, filter: &JobFilter, page: i64
                     "a search (error_type) pages on one page at a time from its first: ask for the pages before this one first, narrow the search, or page by cursor through GET /ojs/v1/dead-letter",
                 ));
             }
+            None if offset > super::offset_pages::MAX_SCANNED_OFFSET => return Err(super::offset_pages::too_deep("page", offset)),
             None => match state.store.job_id_at_offset_ordered(filter, offset, order).await? {
                 Some(id) => Some(id),
                 None => return Ok((Vec::new(), false)),

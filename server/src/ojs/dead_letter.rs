@@ -85,6 +85,7 @@ pub async fn list(State(state): State<AppState>, q: QueryParams) -> Result<Json<
         }
         cursor = match state.offset_pages.start_of(&listing, offset) {
             Some(id) => Some(id),
+            None if offset > super::offset_pages::MAX_SCANNED_OFFSET => return Err(super::offset_pages::too_deep("offset", offset)),
             None => match state.store.job_id_at_offset(&filter, offset).await? {
                 Some(id) => Some(id),
                 None => {

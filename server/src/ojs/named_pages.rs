@@ -42,6 +42,10 @@ impl NamedPage {
             (None, Some(p)) => Some((p - 1).saturating_mul(limit)),
             (None, None) => None,
         };
+        // Reading a list up to an offset costs in proportion to it, on every request.
+        if let Some(o) = offset.filter(|o| *o > super::offset_pages::MAX_SCANNED_OFFSET) {
+            return Err(super::offset_pages::too_deep(if q.one("page")?.is_some() { "page" } else { "offset" }, o));
+        }
         let start = match (q.one("cursor")?, offset) {
             (Some(_), Some(_)) => return Err(ApiError::invalid_field("cursor", "give cursor or offset (page), not both")),
             (Some(""), None) => return Err(ApiError::invalid_field("cursor", "must not be empty")),

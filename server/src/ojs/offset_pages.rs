@@ -4,13 +4,32 @@
 //! Every page served remembers where the next offset starts (the last id it returned), so a
 //! client walking `offset=0, 50, 100, …` gets each page by keyset (`id < last`), as cheaply as
 //! with a cursor. An offset nobody reached that way is found once by an id-only scan
-//! ([`rebound_queue::Store::job_id_at_offset`]). Boundaries are remembered per listing filter;
-//! the map is bounded and simply forgotten when full.
+//! ([`rebound_queue::Store::job_id_at_offset`]), at most [`MAX_SCANNED_OFFSET`] deep.
+//! Boundaries are remembered per listing filter; the map is bounded and simply forgotten when
+//! full.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use uuid::Uuid;
+
+use super::error::ApiError;
+
+/// The deepest offset found by scanning: reading the ids before it is work in proportion to
+/// it, on every request, since an offset past the end is never remembered. Deeper pages are
+/// served following the page before them (remembered) or by cursor.
+pub const MAX_SCANNED_OFFSET: i64 = 100_000;
+
+/// The refusal of an offset deeper than [`MAX_SCANNED_OFFSET`] that no page served led to,
+/// naming `field` (`offset` or `page`).
+pub fn too_deep(field: &str, offset: i64) -> ApiError {
+    ApiError::invalid_field(
+        field,
+        format!(
+            "an offset of {offset} is deeper than the {MAX_SCANNED_OFFSET} a page may skip unless the page before it was just served: page on from there, or by cursor"
+        ),
+    )
+}
 
 /// Most boundaries kept before the map is cleared.
 const CAPACITY: usize = 4096;

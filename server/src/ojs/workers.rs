@@ -111,10 +111,16 @@ fn named_run(f: &Fields<'_>) -> Result<NamedRun, ApiError> {
     let attempt = f.i64_in("attempt", 1, i64::from(i32::MAX))?.and_then(|a| i32::try_from(a).ok());
     let started_at = match f.str("started_at")? {
         None => None,
-        Some(s) => Some(s.parse::<Timestamp>().map_err(|e| {
+        Some(s) => {
             let shown: String = s.chars().take(64).collect();
-            f.error("started_at", format!("must be the job's started_at as the fetch returned it, an RFC 3339 timestamp with an offset; got {shown:?} ({e})"))
-        })?),
+            let t = s.parse::<Timestamp>().map_err(|e| {
+                f.error("started_at", format!("must be the job's started_at as the fetch returned it, an RFC 3339 timestamp with an offset; got {shown:?} ({e})"))
+            })?;
+            // No run starts outside these bounds, and Postgres cannot compare with every time
+            // jiff can hold.
+            rebound_queue::bounds::check_time(t).map_err(|reason| f.error("started_at", format!("{reason} (no run of the job started then)")))?;
+            Some(t)
+        }
     };
     Ok(NamedRun { attempt, started_at })
 }

@@ -746,7 +746,10 @@ async fn dead_letters_are_listed_most_recently_dead_first_on_request() {
     let r = s.get("/ojs/v1/dead-letter?sort=dead_lettered_at&type=dead.job&error_type=Db.*").await;
     assert_eq!(ids(&r), [older, newer], "a search in that order: {}", r.text);
     let not_a_death_cursor = format!("sort=dead_lettered_at&cursor={}", uuid::Uuid::nil());
+    // Well formed, at a time no job died at and Postgres cannot hold (it was a 500).
+    let before_any_death = format!("sort=dead_lettered_at&cursor=-300000000000000000_{}", uuid::Uuid::nil());
     for (query, field) in [
+        (before_any_death.as_str(), "cursor"),
         ("sort=priority", "sort"),
         ("sort=dead_lettered_at&order=asc", "order"),
         ("sort=dead_lettered_at&offset=5", "offset"),

@@ -135,6 +135,9 @@ fn table() -> Vec<Case> {
         case("ack attempt a string", "POST", ack, json!({"job_id": some_id, "attempt": "1"}), 400, "attempt"),
         case("ack started_at not a time", "POST", ack, json!({"job_id": some_id, "started_at": "yesterday"}), 400, "started_at"),
         case("ack started_at without an offset", "POST", ack, json!({"job_id": some_id, "started_at": "2026-11-27T08:00:00"}), 400, "started_at"),
+        // Well formed, at times no run started at, which Postgres cannot compare with (a 500).
+        case("ack started_at before any run", "POST", ack, json!({"job_id": some_id, "started_at": "-005000-01-01T00:00:00Z"}), 400, "started_at"),
+        case("requeue nack started_at past year 9000", "POST", nack, json!({"job_id": some_id, "requeue": true, "started_at": "9999-01-01T00:00:00Z"}), 400, "started_at"),
         case("nack started_at a number", "POST", nack, json!({"job_id": some_id, "started_at": 17, "error": {"code": "x", "message": "m"}}), 400, "started_at"),
         case("requeue nack attempt negative", "POST", nack, json!({"job_id": some_id, "requeue": true, "attempt": -1}), 400, "attempt"),
         case("heartbeat without worker", "POST", beat, json!({"active_jobs": []}), 400, "worker_id"),
@@ -154,6 +157,13 @@ fn table() -> Vec<Case> {
         get("dead-letter negative offset", "/ojs/v1/dead-letter?offset=-1", 400, "offset"),
         get("dead-letter offset and cursor", "/ojs/v1/dead-letter?offset=20&cursor=019539a4-bbbb-7000-8000-000000000001", 400, "offset"),
         get("dead-letter cursor not an id", "/ojs/v1/dead-letter?cursor=abc", 400, "cursor"),
+        // Offsets no page served led to, deeper than a scan may go (each was a scan of the
+        // whole listing, on every request).
+        get("dead-letter offset past any scan", "/ojs/v1/dead-letter?offset=2147483647", 400, "offset"),
+        get("admin jobs page past any scan", "/ojs/v1/admin/jobs?page=1000000&per_page=100", 400, "page"),
+        get("admin dead letters page past any scan", "/ojs/v1/admin/dead-letter?page=1002&per_page=100", 400, "page"),
+        get("rate limits offset past any scan", "/ojs/v1/rate-limits?offset=2147483647", 400, "offset"),
+        get("queues page past any scan", "/ojs/v1/queues?page=200000&per_page=1", 400, "page"),
         get("dead-letter queue malformed", "/ojs/v1/dead-letter?queue=Bad%20Q", 400, "queue"),
         get("dead-letter unknown filter", "/ojs/v1/dead-letter?state=discarded", 400, "state"),
         get("dead-letter repeated limit", "/ojs/v1/dead-letter?limit=1&limit=2", 400, "limit"),

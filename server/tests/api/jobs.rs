@@ -378,6 +378,21 @@ async fn headers_request_ids_and_location() {
     let generated = r.header("x-request-id").expect("a request id is generated");
     assert!(generated.starts_with("req_"));
     assert_eq!(r.body["error"]["request_id"], generated);
+    // A client's id is kept only as one plain token: anything else, which would be echoed and
+    // logged as sent, is replaced by one of ours.
+    let missing = "/ojs/v1/jobs/019539a4-0000-7000-8000-000000000009";
+    let longest = "a".repeat(128);
+    let too_long = "a".repeat(129);
+    for sent in [vec![longest.as_str()], vec!["req_0193.x:y-z"]] {
+        let r = s.raw("GET", missing, &sent.iter().map(|v| ("x-request-id", *v)).collect::<Vec<_>>(), Vec::new()).await;
+        assert_eq!(r.header("x-request-id"), Some(sent[0]), "{sent:?}");
+    }
+    for sent in [vec![too_long.as_str()], vec!["two words"], vec!["id\"quoted\""], vec!["ok-1", "ok-2"]] {
+        let r = s.raw("GET", missing, &sent.iter().map(|v| ("x-request-id", *v)).collect::<Vec<_>>(), Vec::new()).await;
+        let id = r.header("x-request-id").expect("an id");
+        assert!(id.starts_with("req_") && id.len() == 40, "{sent:?} gave {id}");
+        assert_eq!(r.body["error"]["request_id"], id, "{sent:?}");
+    }
 }
 
 #[tokio::test]
