@@ -743,7 +743,7 @@ async fn a_chain_with_a_group_as_a_step_fans_out_and_hands_the_group_s_results_o
     assert_eq!(wf.members[1].job_type, "rebound.workflow.group");
     assert!(inner.members.iter().all(|m| m.state == JobState::Pending));
     // The job standing for it is never handed out, not even when asked for.
-    assert!(s.activate(wf.members[1].job_id).await.is_err());
+    assert!(s.activate(wf.members[1].job_id, None).await.is_err());
 
     let extract = claim_types(s).await;
     assert_eq!(types(&extract), ["extract"], "the group's jobs wait with it");

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use sqlx::Row;
 
-use super::{NamedRun, Store, StoreError, copy_in, Window, job_from_row, millis, ts, ts_opt};
+use super::{Actor, NamedRun, Store, StoreError, copy_in, Window, job_from_row, millis, ts, ts_opt};
 use crate::job::{Job, JobRateLimit, JobState, NewJob, OnConflict, UniqueSpec};
 use crate::policy::{self, PolicyPatch, RetryPolicy};
 
@@ -265,8 +265,9 @@ impl Store {
     }
 
     /// Moves a `pending` job to `available` (OJS activate). A job standing for a nested
-    /// workflow is not one to run: it is refused as a job not pending.
-    pub async fn activate(&self, id: Uuid) -> Result<Job, StoreError> {
+    /// workflow is not one to run: it is refused as a job not pending. With an `actor`, the
+    /// activation is audited (`job.activate`) by the same statement.
+    pub async fn activate(&self, id: Uuid, actor: Option<&Actor>) -> Result<Job, StoreError> {
         // The queue is notified by the same statement: notified separately, a failed notify
         // would report a failure for an activation that happened, and the job, no longer
         // pending, could not be activated again.
@@ -278,11 +279,15 @@ impl Store {
                    AND NOT EXISTS (SELECT 1 FROM workflows c WHERE c.parent_job = jobs.id) RETURNING *
              ), woken AS (
                  SELECT pg_notify('rebound_jobs', queue) FROM activated WHERE state = 'available'
+             ), audited AS (
+                 INSERT INTO audit_log (actor, action, target, details)
+                 SELECT $2, 'job.activate', id::text, jsonb_build_object('state', state) FROM activated WHERE $2::text IS NOT NULL
              )
-             -- Referencing `woken` is what makes Postgres run it.
+             -- Referencing `woken` is what makes Postgres run it (`audited`, a write, always runs).
              SELECT * FROM activated WHERE (SELECT count(*) FROM woken) >= 0",
         )
         .bind(id)
+        .bind(actor.map(|a| a.name.as_str()))
         .fetch_optional(&self.pool)
         .await?;
         match row {

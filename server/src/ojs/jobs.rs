@@ -97,9 +97,10 @@ pub async fn cancel(State(state): State<AppState>, caller: Caller, Path(id): Pat
     Ok(Json(json!({ "job": job })))
 }
 
-/// `POST /ojs/v1/jobs/{id}/activate`: a `pending` job becomes available (or scheduled).
-pub async fn activate(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+/// `POST /ojs/v1/jobs/{id}/activate`: a `pending` job becomes available (or scheduled);
+/// audited, as a cancel is.
+pub async fn activate(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let id = path_uuid(&id)?;
-    let job = state.store.activate(id).await?;
+    let job = state.store.activate(id, Some(&caller.actor())).await?;
     Ok(Json(json!({ "job": job_json(&job) })))
 }

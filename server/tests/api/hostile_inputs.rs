@@ -428,6 +428,14 @@ async fn state_conflicts_and_missing_jobs() {
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert_eq!(r.body["error"]["code"], "conflict");
     assert_eq!(r.body["error"]["details"]["current_state"], "available");
+    // A pending job is activated, and that is audited (the refused one was not).
+    let pending = server.enqueue(json!({"type": "a", "args": [], "options": {"pending": true}})).await;
+    let pending_id = pending["id"].as_str().expect("id");
+    let r = server.post(&format!("/ojs/v1/jobs/{pending_id}/activate"), json!({})).await;
+    assert_eq!((r.status, r.body["job"]["state"].as_str()), (StatusCode::OK, Some("available")), "{}", r.text);
+    let audit = server.db.store.audit_log(&Default::default()).await.expect("audit");
+    let activations: Vec<_> = audit.iter().filter(|e| e.action == "job.activate").map(|e| e.target.as_deref()).collect();
+    assert_eq!(activations, vec![Some(pending_id)]);
 }
 
 /// Rows an older version (or a hand edit) may have stored beyond today's bounds: a timeout of
