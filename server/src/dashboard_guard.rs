@@ -287,6 +287,10 @@ mod tests {
             }
         }
         assert!(writes.len() > 10 && reads.len() > 10, "found {writes:?} and {reads:?}");
+        // Every server function was read: one declared any other way (a bare `#[server]`, an
+        // attribute spelled differently) would be missed above, not failed.
+        let declared: usize = files.iter().map(|t| t.matches("#[server").count() - t.matches("#[server(default)]").count()).sum();
+        assert_eq!(declared, reads.len() + writes.len(), "a server function is declared other than as #[server(endpoint = \"…\")]");
         let mut listed: Vec<&str> = READ_ONLY_FUNCTIONS.to_vec();
         listed.sort_unstable();
         reads.sort_unstable();

@@ -16,6 +16,8 @@ pub const PARAMS: [&str; 5] = ["limit", "cursor", "offset", "page", "per_page"];
 
 const DEFAULT_LIMIT: i64 = 50;
 const MAX_LIMIT: i64 = 200;
+/// The deepest offset a named list serves (see [`NamedPage::from_query`]).
+const MAX_NAMED_OFFSET: i64 = 100_000;
 
 /// Which page of a list sorted by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,9 +44,13 @@ impl NamedPage {
             (None, Some(p)) => Some((p - 1).saturating_mul(limit)),
             (None, None) => None,
         };
-        // Reading a list up to an offset costs in proportion to it, on every request.
-        if let Some(o) = offset.filter(|o| *o > super::offset_pages::MAX_SCANNED_OFFSET) {
-            return Err(super::offset_pages::too_deep(if q.one("page")?.is_some() { "page" } else { "offset" }, o));
+        // A list read in part (rate-limit keys) reads every name up to an offset, on every
+        // request: how deep it may go is bounded there, past it the cursor pages on.
+        if let Some(o) = offset.filter(|o| *o > MAX_NAMED_OFFSET) {
+            return Err(ApiError::invalid_field(
+                if q.one("page")?.is_some() { "page" } else { "offset" },
+                format!("an offset of {o} is deeper than the {MAX_NAMED_OFFSET} names a page may skip: page by cursor (next_cursor)"),
+            ));
         }
         let start = match (q.one("cursor")?, offset) {
             (Some(_), Some(_)) => return Err(ApiError::invalid_field("cursor", "give cursor or offset (page), not both")),

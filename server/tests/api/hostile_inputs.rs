@@ -160,10 +160,10 @@ fn table() -> Vec<Case> {
         // Offsets no page served led to, deeper than a scan may go (each was a scan of the
         // whole listing, on every request).
         get("dead-letter offset past any scan", "/ojs/v1/dead-letter?offset=2147483647", 400, "offset"),
-        get("admin jobs page past any scan", "/ojs/v1/admin/jobs?page=1000000&per_page=100", 400, "page"),
-        get("admin dead letters page past any scan", "/ojs/v1/admin/dead-letter?page=1002&per_page=100", 400, "page"),
+        get("admin jobs page past any scan", "/ojs/v1/admin/jobs?page=10002&per_page=100", 400, "page"),
+        get("admin dead letters page past any scan", "/ojs/v1/admin/dead-letter?page=1000000&per_page=100", 400, "page"),
         get("rate limits offset past any scan", "/ojs/v1/rate-limits?offset=2147483647", 400, "offset"),
-        get("queues page past any scan", "/ojs/v1/queues?page=200000&per_page=1", 400, "page"),
+        get("rate limits page past any scan", "/ojs/v1/rate-limits?page=100002&per_page=1", 400, "page"),
         get("dead-letter queue malformed", "/ojs/v1/dead-letter?queue=Bad%20Q", 400, "queue"),
         get("dead-letter unknown filter", "/ojs/v1/dead-letter?state=discarded", 400, "state"),
         get("dead-letter repeated limit", "/ojs/v1/dead-letter?limit=1&limit=2", 400, "limit"),
