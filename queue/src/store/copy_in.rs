@@ -94,7 +94,7 @@ pub(super) async fn copy_many(conn: &mut PgConnection, jobs: Vec<NewJob>, max_at
         rows.jsonb("meta", &job.meta)?;
         rows.jsonb("extra", &job.extra)?;
         rows.int2(job.priority);
-        rows.text_array(&job.tags);
+        rows.text_array(&job.tags)?;
         rows.text(state.as_str());
         rows.int4(max);
         match &job.retry {
@@ -244,23 +244,24 @@ impl BinaryRows {
     }
 
     /// A one-dimensional `text[]` (element type oid 25), or an empty one.
-    fn text_array(&mut self, items: &[String]) {
+    fn text_array(&mut self, items: &[String]) -> Result<(), StoreError> {
         const TEXT_OID: i32 = 25;
-        let at = self.buf.len();
-        self.buf.extend_from_slice(&0i32.to_be_bytes());
-        let dims: i32 = if items.is_empty() { 0 } else { 1 };
-        self.buf.extend_from_slice(&dims.to_be_bytes());
-        self.buf.extend_from_slice(&0i32.to_be_bytes()); // no NULL elements
-        self.buf.extend_from_slice(&TEXT_OID.to_be_bytes());
-        if !items.is_empty() {
-            self.buf.extend_from_slice(&(items.len() as i32).to_be_bytes());
-            self.buf.extend_from_slice(&1i32.to_be_bytes()); // lower bound
-            for item in items {
-                self.text(item);
+        self.varlen("tags", |buf| {
+            let dims: i32 = if items.is_empty() { 0 } else { 1 };
+            buf.extend_from_slice(&dims.to_be_bytes());
+            buf.extend_from_slice(&0i32.to_be_bytes()); // no NULL elements
+            buf.extend_from_slice(&TEXT_OID.to_be_bytes());
+            if !items.is_empty() {
+                let n = i32::try_from(items.len()).map_err(|_| "too many tags".to_owned())?;
+                buf.extend_from_slice(&n.to_be_bytes());
+                buf.extend_from_slice(&1i32.to_be_bytes()); // lower bound
+                for item in items {
+                    buf.extend_from_slice(&(item.len() as i32).to_be_bytes());
+                    buf.extend_from_slice(item.as_bytes());
+                }
             }
-        }
-        let len = (self.buf.len() - at - 4) as i32;
-        self.buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+            Ok(())
+        })
     }
 }
 
