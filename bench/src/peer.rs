@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use rebound_queue::policy::PolicyPatch;
-use rebound_queue::store::Actor;
+use rebound_queue::store::{Actor, ClaimRequest, Completion};
 use rebound_queue::{NewJob, Store};
 use serde_json::json;
 use sqlx::Row;
@@ -44,6 +44,48 @@ pub enum PeerMode {
     },
     /// Enqueue → handler start on an idle worker: N jobs enqueued one at a time, spaced.
     Latency { n: usize },
+    /// The store's own claim and batch completion in C loops of B jobs until N are completed,
+    /// with no worker around them: what the `jobs` table and its statements cost, apart from
+    /// the worker runtime. `--strip` first removes parts of the table, to price each one
+    /// (the schema is left broken: `reset` afterwards).
+    StoreLoop {
+        n: usize,
+        #[arg(long, default_value_t = 4)]
+        clients: usize,
+        #[arg(long, default_value_t = 500)]
+        batch: u32,
+        #[arg(long, value_enum, value_delimiter = ',')]
+        strip: Vec<Strip>,
+    },
+}
+
+/// What `store-loop --strip` removes from the `jobs` table.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strip {
+    /// `jobs_listed`: the dashboard's listing entry a completion adds.
+    Listing,
+    /// `jobs_locked`: the rescuer's entry a claim adds.
+    Locked,
+    /// Every secondary index but the claim's (`jobs_claimable`).
+    Indexes,
+    /// The statement triggers (counters, the transition log, workflows, rate limits).
+    Triggers,
+}
+
+impl Strip {
+    fn sql(self) -> &'static str {
+        match self {
+            Strip::Listing => "DROP INDEX jobs_listed",
+            Strip::Locked => "DROP INDEX jobs_locked",
+            Strip::Indexes => {
+                "DO $$ DECLARE r record; BEGIN
+                   FOR r IN SELECT indexrelid::regclass::text AS name FROM pg_index
+                            WHERE indrelid = 'jobs'::regclass AND NOT indisprimary AND indexrelid::regclass::text <> 'jobs_claimable'
+                   LOOP EXECUTE format('DROP INDEX %I', r.name); END LOOP; END $$"
+            }
+            Strip::Triggers => "ALTER TABLE jobs DISABLE TRIGGER USER",
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -107,6 +149,7 @@ pub async fn run(args: PeerArgs) -> anyhow::Result<()> {
         }
         PeerMode::Process { n, processes, backoff } => process(&args.database_url, &args.worker_bin, &store, n, processes, backoff).await?,
         PeerMode::Latency { n } => latency(&args.database_url, &args.worker_bin, &store, n).await?,
+        PeerMode::StoreLoop { n, clients, batch, strip } => store_loop(&args.database_url, &store, n, clients, batch, &strip).await?,
     }
     Ok(())
 }
@@ -165,6 +208,45 @@ impl Workers {
 // itself then lacked (the peers' harnesses poll nothing; their workers count what they ran).
 async fn completed(store: &Store) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar("SELECT COALESCE(sum(n), 0)::bigint FROM job_count_totals WHERE state = 'completed'").fetch_one(store.pool()).await?)
+}
+
+async fn store_loop(url: &str, store: &Store, n: usize, clients: usize, batch: u32, strip: &[Strip]) -> anyhow::Result<()> {
+    for part in strip {
+        sqlx::query(part.sql()).execute(store.pool()).await.with_context(|| format!("stripping {part:?}"))?;
+    }
+    let loops = Store::connect(url, clients as u32 + 1).await.context("connecting the loops")?;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..clients {
+        let store = loops.clone();
+        let req = ClaimRequest { worker_id: format!("store-loop-{c}"), queues: vec!["default".into()], limit: batch, visibility_timeout: Duration::from_secs(30) };
+        tasks.spawn(async move {
+            let mut done = 0usize;
+            loop {
+                let jobs = store.claim(&req).await?;
+                if jobs.is_empty() {
+                    return Ok::<_, anyhow::Error>(done);
+                }
+                // As the worker's completer writes them: each names its attempt, run and worker.
+                let results: Vec<Completion> = jobs
+                    .iter()
+                    .map(|j| Completion { id: j.id, attempt: Some(j.attempt), worker_id: Some(req.worker_id.clone()), started_at: j.started_at, result: None })
+                    .collect();
+                done += store.complete_batch(&results).await?.len();
+            }
+        });
+    }
+    let mut done = 0;
+    while let Some(r) = tasks.join_next().await {
+        done += r??;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    if done < n {
+        bail!("only {done} of {n} jobs were completed");
+    }
+    let strip: Vec<String> = strip.iter().map(|s| format!("{s:?}").to_lowercase()).collect();
+    result(json!({"jobs": done, "seconds": secs, "jobs_per_s": done as f64 / secs, "clients": clients, "batch": batch, "strip": strip.join("+")}));
+    Ok(())
 }
 
 async fn process(url: &str, bin: &std::path::Path, store: &Store, n: usize, processes: usize, backoff: Option<String>) -> anyhow::Result<()> {
