@@ -113,11 +113,10 @@ async fn a_claim_whose_answer_is_lost_costs_no_attempt() {
     assert!(through.release_orphans("w1", &known).await.unwrap().is_empty());
 }
 
-/// A fetch over two queues whose second claim fails after the first committed: the first
-/// queue's jobs are already active under the caller's name, so they are returned to it rather
-/// than stranded behind an error until the rescuer charged them an attempt that never ran.
+/// A claim over two queues whose second queue fails: one transaction, so the first queue's
+/// jobs are not left active under the caller's name either.
 #[tokio::test]
-async fn a_claim_over_several_queues_keeps_what_the_earlier_queues_gave_when_a_later_one_fails() {
+async fn a_claim_over_several_queues_is_all_or_nothing_when_a_later_one_fails() {
     let db = TestDb::new().await;
     // A concurrency limit makes the claim lock the queue's row; another transaction holds it,
     // and the claimer gives up on the lock after 300 ms.
@@ -139,19 +138,17 @@ async fn a_claim_over_several_queues_keeps_what_the_earlier_queues_gave_when_a_l
     sqlx::query("SELECT 1 FROM queues WHERE name = 'b' FOR UPDATE").execute(&mut *holder).await.unwrap();
 
     let req = ClaimRequest { worker_id: "w1".into(), queues: vec!["a".into(), "b".into()], limit: 10, visibility_timeout: Duration::from_secs(60) };
-    let got = impatient.claim(&req).await.expect("queue a's jobs come back despite queue b's failure");
-    let mut got: Vec<Uuid> = got.iter().map(|j| j.id).collect();
-    got.sort();
-    let mut from_a = ids[..2].to_vec();
-    from_a.sort();
-    assert_eq!(got, from_a);
-    for id in &ids[2..] {
-        assert_eq!(db.store.job(*id).await.unwrap().state, JobState::Available, "queue b's jobs were not claimed");
+    // Queue b's failure undoes queue a's claim: a later queue's claim whose answer was lost
+    // cannot leave jobs active that the caller never heard of beside the ones it did.
+    assert!(impatient.claim(&req).await.is_err(), "queue b's failure is the claim's");
+    for id in &ids {
+        assert_eq!(db.store.job(*id).await.unwrap().state, JobState::Available, "nothing was claimed");
     }
-    // Nothing was claimed when the first queue is the one that fails: that is an error.
-    let only_b = ClaimRequest { queues: vec!["b".into()], ..req };
+    let only_b = ClaimRequest { queues: vec!["b".into()], ..req.clone() };
     assert!(impatient.claim(&only_b).await.is_err());
     holder.rollback().await.unwrap();
+    let got = impatient.claim(&req).await.expect("both queues' jobs once b is free");
+    assert_eq!(got.iter().map(|j| j.id).collect::<Vec<_>>(), ids, "queue order, then FIFO");
 }
 
 /// Registers worker `w1` and claims `n` fresh jobs for it (visibility 60 s).

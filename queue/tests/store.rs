@@ -8,7 +8,7 @@ use rebound_queue::job::{OnConflict, UniqueSpec};
 use rebound_queue::outcome::{HandlerError, Outcome};
 use rebound_queue::policy::PolicyPatch;
 use rebound_queue::store::{
-    Actor, AuditFilter, ClaimRequest, Completion, EnqueueOutcome, EventFilter, Failure, JobFilter, JobSelection, Notification, ProgressReport, PruneConfig,
+    Actor, AuditFilter, ClaimRequest, Completion, EnqueueOutcome, EventFilter, Failure, JobFilter, JobSelection, NamedRun, Notification, ProgressReport, PruneConfig,
     RedriveBudget, RedriveOptions, StoreError,
 };
 use rebound_queue::testing::TestDb;
@@ -659,12 +659,25 @@ async fn release_hands_jobs_back_without_counting() {
     let db = TestDb::new().await;
     let s = &db.store;
     let id = s.enqueue(NewJob::new("t", json!([]))).await.unwrap().job.id;
-    claim_one(s, "default").await;
-    let released = s.release(&[id], Some("w1"), "shutdown").await.unwrap();
+    let first = claim_one(s, "default").await;
+    let released = s.release(&[(id, NamedRun::of(&first))], Some("w1"), "shutdown").await.unwrap();
     assert_eq!(released.len(), 1);
     let j = s.job(id).await.unwrap();
     assert_eq!((j.state, j.attempt), (JobState::Available, 0));
     assert_eq!(s.attempts(id).await.unwrap()[0].outcome, "released");
+
+    // The same release sent again (its first answer lost) after the same worker claimed the
+    // job again: the new run has the same attempt number, and is left alone.
+    let second = claim_one(s, "default").await;
+    assert_eq!((second.id, second.attempt), (id, first.attempt));
+    assert!(s.release(&[(id, NamedRun::of(&first))], Some("w1"), "shutdown").await.unwrap().is_empty(), "the new run was handed back");
+    let j = s.job(id).await.unwrap();
+    assert_eq!((j.state, j.attempt, j.started_at), (JobState::Active, 1, second.started_at));
+    assert_eq!(s.attempts(id).await.unwrap().len(), 1, "one released row");
+    // Named with its own run, it goes back; a run left unnamed is not checked.
+    assert_eq!(s.release(&[(id, NamedRun::of(&second))], Some("w1"), "shutdown").await.unwrap().len(), 1);
+    claim_one(s, "default").await;
+    assert_eq!(s.release(&[(id, NamedRun::default())], Some("w1"), "shutdown").await.unwrap().len(), 1);
 }
 
 #[tokio::test]

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rebound_queue::storage_retry::StorageRetry;
-use rebound_queue::store::ClaimRequest;
+use rebound_queue::store::{ClaimRequest, NamedRun};
 use rebound_queue::{Job, Store, StoreError};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
@@ -244,7 +244,7 @@ impl Claimer {
         if jobs.is_empty() {
             return;
         }
-        let ids: Vec<Uuid> = jobs.iter().map(|j| j.id).collect();
+        let runs: Vec<(Uuid, NamedRun)> = jobs.iter().map(|j| (j.id, NamedRun::of(j))).collect();
         let give_up = CancellationToken::new();
         let timer = {
             let give_up = give_up.clone();
@@ -254,7 +254,7 @@ impl Claimer {
             })
         };
         let reason = "worker shutting down before the job started; the attempt is not counted";
-        match self.retry.run("release", &give_up, || self.store.release(&ids, Some(&self.worker_id), reason)).await {
+        match self.retry.run("release", &give_up, || self.store.release(&runs, Some(&self.worker_id), reason)).await {
             Ok(released) => tracing::info!(queue = %self.queue, count = released.len(), "handed back jobs claimed as shutdown began"),
             Err(e) => {
                 // They are still ours and never ran: the final sweep tries again, so that the

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use jiff::Timestamp;
 use rebound_queue::Outcome;
 use rebound_queue::storage_retry::StorageRetry;
-use rebound_queue::store::{Completion, Failure, InPlaceEnd, InPlaceRun, KnownRun};
+use rebound_queue::store::{Completion, Failure, InPlaceEnd, InPlaceRun, KnownRun, NamedRun};
 use rebound_queue::{Store, StoreError};
 use serde_json::Value;
 use tokio::sync::{Notify, mpsc};
@@ -513,11 +513,17 @@ impl BatchWriter {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<Uuid> = items.iter().map(|f| f.key().0).collect();
+        let runs: Vec<(Uuid, NamedRun)> = items
+            .iter()
+            .filter_map(|f| match f {
+                Finished::Released { id, attempt, started_at } => Some((*id, NamedRun { attempt: Some(*attempt), started_at: *started_at })),
+                _ => None,
+            })
+            .collect();
         let worker = self.worker_id.as_str();
         let released = self
             .retry
-            .run("release", cancel, || self.store.release(&ids, Some(worker), "worker shutting down; the attempt is not counted"))
+            .run("release", cancel, || self.store.release(&runs, Some(worker), "worker shutting down; the attempt is not counted"))
             .await?;
         Ok(released.into_iter().map(|j| j.id).collect())
     }

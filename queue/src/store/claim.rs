@@ -96,36 +96,24 @@ impl Store {
     /// lock that expires after the visibility timeout. Two claimers never get the same job.
     /// Jobs come back in claim order: queue order, then priority (high first), then FIFO.
     ///
-    /// Each queue is claimed by a statement of its own. If one fails after earlier queues gave
-    /// jobs, those jobs are returned (the failure is logged): an error is returned only when
-    /// nothing was claimed.
+    /// One queue is one statement. Several queues are claimed as [`Store::claim_in_one`] claims
+    /// them, all or nothing: claimed one statement each, a later queue's claim whose answer was
+    /// lost could have committed jobs that nobody knows of, while the earlier queues' jobs
+    /// were returned as if nothing had happened.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Job>, StoreError> {
-        let mut claimed: Vec<Job> = Vec::new();
-        let vis = millis(req.visibility_timeout).clamp(1, bounds::MAX_TIMEOUT_MS);
-        for queue in &req.queues {
-            let want = req.limit as usize - claimed.len();
-            if want == 0 {
-                break;
-            }
-            let jobs = match sqlx::query(CLAIM).bind(queue).bind(want as i64).bind(&req.worker_id).bind(vis).fetch_all(&self.pool).await {
-                Ok(rows) => jobs_from_rows(&rows),
-                Err(e) => Err(e.into()),
-            };
-            let mut jobs = match jobs {
-                Ok(jobs) => jobs,
-                // The earlier queues' claims committed: their jobs are the caller's now, and an
-                // error would strand them, active under its name, until their locks lapsed and
-                // the rescuer charged each an attempt that never ran.
-                Err(e) if !claimed.is_empty() => {
-                    tracing::warn!(queue = %queue, claimed = claimed.len(), error = %e, "claiming from a later queue failed; returning the jobs already claimed");
-                    break;
-                }
-                Err(e) => return Err(e),
-            };
-            in_claim_order(&mut jobs);
-            claimed.extend(jobs);
+        let queue = match req.queues.as_slice() {
+            [] => return Ok(Vec::new()),
+            [queue] => queue,
+            _ => return self.claim_in_one(req).await,
+        };
+        if req.limit == 0 {
+            return Ok(Vec::new());
         }
-        Ok(claimed)
+        let vis = millis(req.visibility_timeout).clamp(1, bounds::MAX_TIMEOUT_MS);
+        let rows = sqlx::query(CLAIM).bind(queue).bind(i64::from(req.limit)).bind(&req.worker_id).bind(vis).fetch_all(&self.pool).await?;
+        let mut jobs = jobs_from_rows(&rows)?;
+        in_claim_order(&mut jobs);
+        Ok(jobs)
     }
 
     /// [`Store::claim`] for a caller with nothing of its own to find lost claims by: the OJS

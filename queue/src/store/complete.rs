@@ -143,17 +143,30 @@ impl Store {
     }
 
     /// Hands active jobs back to `available` without counting the attempt (a worker shutting
-    /// down, or an OJS nack with `requeue: true`). Returns the jobs released.
-    pub async fn release(&self, ids: &[Uuid], worker_id: Option<&str>, reason: &str) -> Result<Vec<Job>, StoreError> {
-        if ids.is_empty() {
+    /// down, a fetch whose caller left). Each job goes back only if it still stands at the run
+    /// named beside it (see [`NamedRun`]): sent again after its first answer was lost, the
+    /// release must not hand back the next claim of the same job, which reuses the attempt
+    /// number it gave back. Returns the jobs released.
+    pub async fn release(&self, runs: &[(Uuid, NamedRun)], worker_id: Option<&str>, reason: &str) -> Result<Vec<Job>, StoreError> {
+        if runs.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(release_sql!("j.id = ANY($1) AND ($2::text IS NULL OR j.locked_by = $2)"))
-            .bind(ids)
-            .bind(worker_id)
-            .bind(reason)
-            .fetch_all(&self.pool)
-            .await?;
+        let ids: Vec<Uuid> = runs.iter().map(|(id, _)| *id).collect();
+        let attempts: Vec<Option<i32>> = runs.iter().map(|(_, run)| run.attempt).collect();
+        let started: Vec<Option<i64>> = runs.iter().map(|(_, run)| run.started_us()).collect();
+        let rows = sqlx::query(release_sql!(
+            "j.id = ANY($1) AND ($2::text IS NULL OR j.locked_by = $2)
+       AND EXISTS (SELECT 1 FROM unnest($1::uuid[], $4::int4[], $5::int8[]) AS r(id, attempt, started_us)
+                   WHERE r.id = j.id AND (r.attempt IS NULL OR j.attempt = r.attempt)
+                     AND (r.started_us IS NULL OR j.started_at = 'epoch'::timestamptz + r.started_us * interval '1 microsecond'))"
+        ))
+        .bind(&ids)
+        .bind(worker_id)
+        .bind(reason)
+        .bind(&attempts)
+        .bind(&started)
+        .fetch_all(&self.pool)
+        .await?;
         jobs_from_rows(&rows)
     }
 

@@ -790,7 +790,7 @@ mod tests {
     use super::*;
     use crate::NewJob;
     use crate::outcome::{HandlerError, Outcome};
-    use crate::store::{ClaimRequest, Completion, Failure};
+    use crate::store::{ClaimRequest, Completion, Failure, NamedRun};
     use crate::testing::TestDb;
 
     fn filter(types: &[&str], queues: &[&str]) -> EventFilter {
@@ -1185,7 +1185,7 @@ mod tests {
         s.fail(&Failure { id: snoozed.id, attempt: Some(1), worker_id: Some("w9".into()), outcome: snooze, error_code: None }).await.unwrap();
         let released = s.enqueue(NewJob::new("ev.one", serde_json::json!([])).queue("one7")).await.unwrap().job;
         s.claim(&claim("one7")).await.unwrap();
-        s.release(&[released.id], Some("w9"), "shutting down").await.unwrap();
+        s.release(&[(released.id, NamedRun::default())], Some("w9"), "shutting down").await.unwrap();
         let retried = s.enqueue(NewJob::new("ev.one", serde_json::json!([])).queue("one8")).await.unwrap().job;
         s.claim(&claim("one8")).await.unwrap();
         s.cancel(retried.id, None).await.unwrap();

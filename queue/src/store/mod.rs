@@ -459,6 +459,11 @@ pub struct NamedRun {
 }
 
 impl NamedRun {
+    /// The run `job` stands at, as its claim (or its last write) left it.
+    pub fn of(job: &Job) -> NamedRun {
+        NamedRun { attempt: Some(job.attempt), started_at: job.started_at }
+    }
+
     /// Whether a job at `attempt`, started at `started_at`, is this run. Compared in
     /// microseconds, as Postgres stores times.
     pub fn matches(&self, attempt: i32, started_at: Option<jiff::Timestamp>) -> bool {

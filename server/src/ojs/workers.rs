@@ -76,13 +76,14 @@ pub async fn fetch(State(state): State<AppState>, unheard_by: Option<Extension<U
     if !jobs.is_empty() && unheard_by.as_ref().is_some_and(|u| !u.deliver()) {
         // Its caller hung up or was answered 408 while the claim ran: nobody will run these
         // jobs, so they go back now, uncounted, rather than be charged when their lock lapses.
-        let ids: Vec<Uuid> = jobs.iter().map(|j| j.id).collect();
-        // The release is guarded (still active under this worker), so sending it again after
-        // a blip cannot hand back anything twice.
+        // Each job goes back only while it stands at the run this fetch claimed: sent again
+        // after a blip, the release must not hand back a later fetch's claim of the same job
+        // (by the same worker id: every fetch naming none is "anonymous").
+        let runs: Vec<(Uuid, NamedRun)> = jobs.iter().map(|j| (j.id, NamedRun::of(j))).collect();
         let retry = StorageRetry::storage_default();
-        match retry.run("handing back an unheard fetch's jobs", &CancellationToken::new(), || state.store.release(&ids, Some(&req.worker_id), UNHEARD_FETCH_REASON)).await {
+        match retry.run("handing back an unheard fetch's jobs", &CancellationToken::new(), || state.store.release(&runs, Some(&req.worker_id), UNHEARD_FETCH_REASON)).await {
             Ok(released) => tracing::warn!(worker = req.worker_id, count = released.len(), "a fetch's caller stopped waiting before its answer; its jobs were handed back uncounted"),
-            Err(e) => tracing::error!(worker = req.worker_id, count = ids.len(), error = %e, "a fetch's caller stopped waiting, and handing its jobs back failed; they are charged when their locks lapse"),
+            Err(e) => tracing::error!(worker = req.worker_id, count = runs.len(), error = %e, "a fetch's caller stopped waiting, and handing its jobs back failed; they are charged when their locks lapse"),
         }
         return Ok(Json(json!({ "jobs": [] })));
     }

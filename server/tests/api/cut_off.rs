@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use rebound_queue::store::ClaimRequest;
 use rebound_queue::testing::{Fault, FaultHits, FaultPoint, FaultProxy, TestDb};
 use rebound_queue::{JobState, NewJob, Store};
 use rebound_server::config::{ApiAuth, ServerConfig};
@@ -120,6 +121,55 @@ async fn a_fetch_whose_caller_left_hands_its_jobs_back_uncounted() {
     }
     let job = db.store.job(id).await.expect("job");
     assert_eq!((job.state, job.attempt), (JobState::Available, 0), "back, not counted");
+}
+
+#[tokio::test]
+async fn a_hand_back_sent_again_after_its_answer_was_lost_leaves_the_next_claim_alone() {
+    // Both a named worker and the fetches that name none, which share one worker id.
+    for worker in [Some("w-gone"), None] {
+        let db = TestDb::new().await;
+        let proxy = FaultProxy::in_front_of(&db.url).await;
+        let app = app_through(&db, &proxy, Duration::from_secs(30)).await;
+        let id = db.store.enqueue(NewJob::new("t.cut", json!([]))).await.expect("enqueue").job.id;
+        const HAND_BACK: &str = "released AS (";
+        // The claim's answer is held while the caller gives up; the hand-back commits with its
+        // answer lost, and its second sending is held back long enough for a new claim.
+        let held = proxy.inject(Fault::once("SET state = 'active', attempt = j.attempt + 1", FaultPoint::Delay(Duration::from_millis(800))));
+        let lost = proxy.inject(Fault::once(HAND_BACK, FaultPoint::AfterCommit));
+        let resent = proxy.inject(Fault::once(HAND_BACK, FaultPoint::HoldRequest(Duration::from_millis(1500))));
+        let mut body = json!({"queues": ["default"]});
+        if let Some(w) = worker {
+            body["worker_id"] = json!(w);
+        }
+        let req = Request::builder()
+            .method("POST")
+            .uri("/ojs/v1/workers/fetch")
+            .header("content-type", "application/openjobspec+json")
+            .body(Body::from(body.to_string()))
+            .expect("request");
+        hang_up_once_held(app, req, &held).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while resent.count() == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "the hand-back was not sent again (first sending struck: {})", lost.count());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(state_of(&db, id).await, JobState::Available, "the first hand-back committed");
+        // The same worker id fetches again while the second sending waits.
+        let again = ClaimRequest { worker_id: worker.unwrap_or("anonymous").into(), queues: vec!["default".into()], limit: 1, visibility_timeout: Duration::from_secs(60) };
+        let claimed = db.store.claim_in_one(&again).await.expect("claim again");
+        assert_eq!(claimed.len(), 1);
+        // The second sending reaches the database within the hold; then nothing of it runs.
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        let running: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE '%released AS (%' AND state <> 'idle' AND pid <> pg_backend_pid()")
+            .fetch_one(db.store.pool())
+            .await
+            .expect("activity");
+        assert_eq!(running, 0);
+        let job = db.store.job(id).await.expect("job");
+        assert_eq!((job.state, job.attempt, job.started_at), (JobState::Active, 1, claimed[0].started_at), "the new claim was handed back ({worker:?})");
+        let rows = db.store.attempts(id).await.expect("attempts");
+        assert_eq!(rows.iter().map(|a| a.outcome.as_str()).collect::<Vec<_>>(), ["released"], "one hand-back recorded: {rows:?}");
+    }
 }
 
 /// Sends `body` as JSON with `method` to `uri` and reads the answer.
