@@ -85,6 +85,28 @@ pub async fn require_token(State(state): State<AppState>, mut req: Request, next
     next.run(req).await
 }
 
+/// Middleware for the API routes: refuses (403) a request that writes and that a browser sent
+/// from another site's page. API clients are programs, not pages: a page could only ever send
+/// such a request to make a visitor's browser act on an API it can reach (one left without
+/// authentication on loopback, say), and it cannot read the answer, but the write would land.
+/// The dashboard's own requests are checked the same way (see [`crate::dashboard_guard`]).
+pub async fn refuse_cross_site(req: Request, next: Next) -> Response {
+    if crate::dashboard_guard::is_unsafe(req.method())
+        && let Some(reason) = crate::dashboard_guard::cross_site(req.headers())
+    {
+        tracing::warn!(path = %req.uri().path(), reason, "API: cross-site request from a browser refused");
+        return ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "forbidden",
+            "authorization_error",
+            format!("{reason}: the API does not take writes from other sites' pages"),
+            "call the API from a program, not from a web page",
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

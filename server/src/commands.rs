@@ -7,6 +7,7 @@ use rebound_queue::Store;
 use rebound_queue::store::{Actor, Role};
 
 use crate::config::{ApiAuth, Cli, Command, RoleArg, ServeArgs, ServerConfig, TokenCommand, UserCommand};
+use crate::connections::{self, ConnectionLimits};
 use crate::{AppState, auth, maintenance, passwords, router};
 
 /// Runs the parsed command line.
@@ -36,6 +37,8 @@ fn cli_actor() -> Actor {
 /// How long a stopping server waits for the store's background work (see
 /// [`Store::settle_background`]), after its requests.
 const BACKGROUND_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
+/// Beyond the request timeout, how long a stopping server waits for its connections.
+const SHUTDOWN_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     // Lazy: the server starts (and answers /healthz) while the database is still coming up.
@@ -76,15 +79,16 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(addr = %listener.local_addr().context("reading the bound address")?, "rebound-server listening");
     let stop = shutdown.clone();
     let (tasks, request_timeout, settling) = (state.request_tasks.clone(), state.config.request_timeout, state.store.clone());
+    // A stopping server lets open connections finish their answers: a request still running
+    // is answered 408 at its timeout, so that plus a margin bounds the wait.
+    let limits = ConnectionLimits { max_open: args.max_connections, header_timeout: args.header_timeout, shutdown_grace: request_timeout + SHUTDOWN_MARGIN };
     // The peer address reaches handlers (sign-in throttling counts per client address).
-    axum::serve(listener, router(state).into_make_service_with_connect_info::<std::net::SocketAddr>())
-        .with_graceful_shutdown(async move {
-            wait_for_signal().await;
-            tracing::info!("shutting down");
-            stop.cancel();
-        })
-        .await
-        .context("serving HTTP")?;
+    connections::serve(listener, router(state), limits, async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        stop.cancel();
+    })
+    .await;
     // Handlers whose callers left (or were answered 408) are still finishing their work:
     // exiting under them would cut them off mid-transaction.
     tasks.drain(request_timeout).await;

@@ -86,6 +86,16 @@ pub struct ServeArgs {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub request_timeout: Duration,
 
+    /// Most HTTP connections open at once; past it new ones wait in the listen backlog until
+    /// one closes. Bounds the file descriptors and memory that clients can hold.
+    #[arg(long, env = "REBOUND_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// How long a client has to send a request's head once its connection is ready for one
+    /// (just opened, or kept alive after an answer); then the connection is closed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
+
     /// Size of the database connection pool.
     #[arg(long, env = "REBOUND_DB_POOL", default_value_t = 20)]
     pub db_pool: u32,

@@ -32,6 +32,7 @@ use crate::AppState;
 use crate::auth::hash_token;
 use crate::dashboard_guard::{self as guard, FlashCheck};
 use crate::login_throttle;
+use crate::request_body;
 use crate::passwords::verify_password;
 
 /// The session cookie's name when it is not `Secure` (plain HTTP, e.g. on localhost).
@@ -394,10 +395,20 @@ async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
         }
     };
     if unsafe_method {
+        // Refused before its body is read: a stranger's post must not hold the connection and
+        // up to a form's worth of memory for as long as it cares to send.
+        if guard::needs_csrf(&path) && session.is_none() {
+            tracing::info!(path = %path, signed_in = false, "dashboard: mutation without a valid CSRF token refused");
+            return guard::refusal(StatusCode::FORBIDDEN, &AppError::Csrf, form_post);
+        }
         let (parts, body) = req.into_parts();
-        let Ok(bytes) = axum::body::to_bytes(body, guard::MAX_FORM_BYTES).await else {
-            let too_big = AppError::Invalid { field: "body".into(), reason: format!("larger than {} KiB", guard::MAX_FORM_BYTES / 1024) };
-            return guard::refusal(StatusCode::PAYLOAD_TOO_LARGE, &too_big, form_post);
+        let bytes = match request_body::within(request_body::DEADLINE, axum::body::to_bytes(body, guard::MAX_FORM_BYTES)).await {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(_)) => {
+                let too_big = AppError::Invalid { field: "body".into(), reason: format!("larger than {} KiB", guard::MAX_FORM_BYTES / 1024) };
+                return guard::refusal(StatusCode::PAYLOAD_TOO_LARGE, &too_big, form_post);
+            }
+            Err(slow) => return guard::refusal(StatusCode::REQUEST_TIMEOUT, &AppError::Invalid { field: "body".into(), reason: slow.to_string() }, form_post),
         };
         if guard::needs_csrf(&path) {
             let sent = guard::form_field(&bytes, "csrf").unwrap_or_default();

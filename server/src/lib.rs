@@ -15,6 +15,7 @@
 pub mod auth;
 pub mod commands;
 pub mod config;
+pub mod connections;
 pub mod dashboard;
 pub mod dashboard_auth;
 pub mod dashboard_guard;
@@ -24,6 +25,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod ojs;
 pub mod passwords;
+pub mod request_body;
 pub mod request_task;
 pub mod security_headers;
 

@@ -194,9 +194,16 @@ async fn big_bodies_cross_site_posts_and_forced_logouts_are_refused() {
     // No Content-Length (a streamed body): still refused once it passes the limit.
     let req = Request::post("/api/set_queue_paused")
         .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", format!("{SESSION_COOKIE}={}", b.cookie))
         .body(Body::from_stream(futures::stream::iter(big.as_bytes().chunks(64 * 1024).map(|c| Ok::<_, std::io::Error>(c.to_vec())).collect::<Vec<_>>())))
         .expect("request");
     assert_eq!(d.send(req).await.status, StatusCode::PAYLOAD_TOO_LARGE);
+    // Signed out, a mutation is refused before its body is read: one that never ends gets
+    // its 403 at once instead of holding the connection.
+    let never = futures::stream::pending::<Result<Vec<u8>, std::io::Error>>();
+    let req = Request::post("/api/set_queue_paused").header("content-type", "application/x-www-form-urlencoded").body(Body::from_stream(never)).expect("request");
+    let refused = tokio::time::timeout(Duration::from_secs(10), d.send(req)).await.expect("answered without reading the body");
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.text);
 
     let no_token = d.post("/api/set_queue_paused", Some(&b), form(&[("queue", "emails"), ("paused", "true")]), true, &[]).await;
     assert_eq!(no_token.status, StatusCode::FORBIDDEN);

@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use super::error::ApiError;
+use crate::request_body;
 
 /// The JSON type name of a value, for error messages.
 pub fn json_kind(v: &Value) -> &'static str {
@@ -63,9 +64,10 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             }
         }
         let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
-        let bytes = match Bytes::from_request(req, state).await {
-            Ok(b) => b,
-            Err(rejection) => {
+        let bytes = match request_body::within(request_body::DEADLINE, Bytes::from_request(req, state)).await {
+            Err(slow) => return Err(ApiError::from_status(axum::http::StatusCode::REQUEST_TIMEOUT, &method, &path, &slow.to_string())),
+            Ok(Ok(b)) => b,
+            Ok(Err(rejection)) => {
                 let status = rejection.status();
                 let text = rejection.into_response().into_body();
                 let text = axum::body::to_bytes(text, 4096).await.unwrap_or_default();
@@ -97,9 +99,10 @@ impl<S: Send + Sync> OptionalFromRequest<S> for JsonObject {
     async fn from_request(req: Request, state: &S) -> Result<Option<Self>, Self::Rejection> {
         let (parts, body) = req.into_parts();
         let (method, path) = (parts.method.to_string(), parts.uri.path().to_owned());
-        let bytes = match Bytes::from_request(Request::from_parts(parts.clone(), body), state).await {
-            Ok(b) => b,
-            Err(rejection) => {
+        let bytes = match request_body::within(request_body::DEADLINE, Bytes::from_request(Request::from_parts(parts.clone(), body), state)).await {
+            Err(slow) => return Err(ApiError::from_status(axum::http::StatusCode::REQUEST_TIMEOUT, &method, &path, &slow.to_string())),
+            Ok(Ok(b)) => b,
+            Ok(Err(rejection)) => {
                 let status = rejection.status();
                 return Err(ApiError::from_status(status, &method, &path, "the body could not be read"));
             }

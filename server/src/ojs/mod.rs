@@ -109,7 +109,8 @@ pub fn router(state: AppState) -> Router {
         .route_layer(from_fn_with_state(state.clone(), body_budget::admit))
         .route_layer(from_fn(query::refuse_nul))
         .route_layer(from_fn_with_state(state.clone(), request_limit::limit))
-        .route_layer(from_fn_with_state(state.clone(), auth::require_token));
+        .route_layer(from_fn_with_state(state.clone(), auth::require_token))
+        .route_layer(from_fn(auth::refuse_cross_site));
 
     Router::new()
         .route("/manifest", get(manifest::manifest))

@@ -573,3 +573,38 @@ async fn bodies_in_flight_share_a_budget_and_past_it_a_request_waits_then_gets_5
     // The budget is all back.
     assert_eq!(s.state.body_budget.available_permits(), 256);
 }
+
+#[tokio::test]
+async fn a_write_from_another_site_s_page_is_refused_and_lands_nothing() {
+    // No authentication (as on loopback), so only the check stands between a page a developer
+    // visits and the API it can reach.
+    let s = TestServer::new().await;
+    let job = json!({"type": "hostile.cross", "args": []}).to_string().into_bytes();
+    for headers in [
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("sec-fetch-site", "same-site")],
+        vec![("origin", "https://evil.example"), ("host", "127.0.0.1:3000")],
+        vec![("origin", "null"), ("host", "127.0.0.1:3000")],
+    ] {
+        // A page's fetch of a Blob body carries no Content-Type at all.
+        for content_type in [None, Some(JSON)] {
+            let mut sent = headers.clone();
+            sent.extend(content_type.map(|ct| ("content-type", ct)));
+            let r = s.raw("POST", "/ojs/v1/jobs", &sent, job.clone()).await;
+            assert_eq!(r.status, StatusCode::FORBIDDEN, "{sent:?}: {}", r.text);
+            r.assert_ojs_error("cross-site");
+            assert_eq!(r.body["error"]["code"], "forbidden");
+        }
+    }
+    assert_eq!(s.job_count().await, 0, "nothing enqueued");
+    // Reads are not refused (a page cannot read the answer), nor are programs and same-origin
+    // pages, which send no such header or say so.
+    assert_eq!(s.raw("GET", "/ojs/v1/queues", &[("sec-fetch-site", "cross-site")], Vec::new()).await.status, StatusCode::OK);
+    for headers in [vec![], vec![("sec-fetch-site", "same-origin")], vec![("origin", "http://127.0.0.1:3000"), ("host", "127.0.0.1:3000")]] {
+        let mut sent = headers.clone();
+        sent.push(("content-type", JSON));
+        let r = s.raw("POST", "/ojs/v1/jobs", &sent, job.clone()).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{headers:?}: {}", r.text);
+    }
+    assert_eq!(s.job_count().await, 3);
+}

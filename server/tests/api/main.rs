@@ -4,6 +4,7 @@
 mod admin;
 mod auth;
 mod common;
+mod connections;
 mod cron;
 mod cut_off;
 mod event_streams;
