@@ -16,8 +16,13 @@ use tower::ServiceExt;
 
 /// The router over a store whose statements pass through `proxy`, its connection made.
 async fn app_through(db: &TestDb, proxy: &FaultProxy, request_timeout: Duration) -> axum::Router {
-    let store = Store::connect(&proxy.url(&db.name), 1).await.expect("connect through the proxy");
-    // One pooled connection, opened now: the request under test then spends no time connecting.
+    app_through_pool(db, proxy, request_timeout, 1).await
+}
+
+/// [`app_through`] with `connections` pooled connections (a failure reads on two at once).
+async fn app_through_pool(db: &TestDb, proxy: &FaultProxy, request_timeout: Duration, connections: u32) -> axum::Router {
+    let store = Store::connect(&proxy.url(&db.name), connections).await.expect("connect through the proxy");
+    // A pooled connection, opened now: the request under test then spends no time connecting.
     store.now().await.expect("warm the pool");
     router(AppState::new(store, ServerConfig { api_auth: ApiAuth::None, request_timeout, ..ServerConfig::default() }))
 }
@@ -169,6 +174,77 @@ async fn a_hand_back_sent_again_after_its_answer_was_lost_leaves_the_next_claim_
         assert_eq!((job.state, job.attempt, job.started_at), (JobState::Active, 1, claimed[0].started_at), "the new claim was handed back ({worker:?})");
         let rows = db.store.attempts(id).await.expect("attempts");
         assert_eq!(rows.iter().map(|a| a.outcome.as_str()).collect::<Vec<_>>(), ["released"], "one hand-back recorded: {rows:?}");
+    }
+}
+
+/// An OJS client's ack, nack or requeue whose connection to the database is cut, before the
+/// write reaches it or after it committed: answered 503 (the server cannot tell which), landed
+/// at most once, and sent again it either lands (it never ran) or is refused (it did).
+#[tokio::test]
+async fn an_ack_or_nack_cut_off_is_answered_503_and_lands_at_most_once() {
+    const COMPLETE: &str = "SET state = 'completed', completed_at = now()";
+    const FAIL: &str = "attempt = j.attempt + i.attempt_delta";
+    const REQUEUE: &str = "released AS (";
+    let cases = [
+        ("ack", COMPLETE, FaultPoint::BeforeSend),
+        ("ack", COMPLETE, FaultPoint::AfterCommit),
+        ("nack", FAIL, FaultPoint::BeforeSend),
+        ("nack", FAIL, FaultPoint::AfterCommit),
+        ("requeue", REQUEUE, FaultPoint::BeforeSend),
+        ("requeue", REQUEUE, FaultPoint::AfterCommit),
+    ];
+    for (write, fragment, point) in cases {
+        let db = TestDb::new().await;
+        let proxy = FaultProxy::in_front_of(&db.url).await;
+        let app = app_through_pool(&db, &proxy, Duration::from_secs(30), 2).await;
+        let id = db.store.enqueue(NewJob::new("t.acked", json!([])).queue("acks")).await.expect("enqueue").job.id;
+        let (status, fetched) = send(app.clone(), "POST", "/ojs/v1/workers/fetch", Some(json!({"queues": ["acks"], "worker_id": "w-ack"}))).await;
+        assert_eq!(status, StatusCode::OK, "{fetched}");
+        let job = &fetched["jobs"][0];
+        let mut body = json!({"job_id": id.to_string(), "worker_id": "w-ack", "attempt": job["attempt"], "started_at": job["started_at"]});
+        let path = match write {
+            "ack" => "/ojs/v1/workers/ack",
+            "nack" => {
+                body["error"] = json!({"code": "t.flaky", "message": "failed"});
+                "/ojs/v1/workers/nack"
+            }
+            _ => {
+                body["requeue"] = json!(true);
+                "/ojs/v1/workers/nack"
+            }
+        };
+        let hit = proxy.inject(Fault::once(fragment, point));
+        let (status, answer) = send(app.clone(), "POST", path, Some(body.clone())).await;
+        assert_eq!(hit.count(), 1, "{write} {point:?}: the fault struck");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{write} {point:?}: {answer}");
+        assert_eq!(answer["error"]["retryable"], false, "{write} {point:?}: it may have landed: {answer}");
+        let landed = point == FaultPoint::AfterCommit;
+        let (state, rows) = (state_of(&db, id).await, db.store.attempts(id).await.expect("attempts"));
+        if landed {
+            let expected = match write {
+                "ack" => JobState::Completed,
+                "nack" => JobState::Retryable,
+                _ => JobState::Available,
+            };
+            assert_eq!(state, expected, "{write} {point:?}");
+        } else {
+            assert_eq!((state, rows.len()), (JobState::Active, 0), "{write} {point:?}: nothing of it ran");
+        }
+        // The client sends it again.
+        let (status, again) = send(app.clone(), "POST", path, Some(body)).await;
+        let expected_status = if landed { StatusCode::CONFLICT } else { StatusCode::OK };
+        assert_eq!(status, expected_status, "{write} {point:?}, sent again: {again}");
+        let job = db.store.job(id).await.expect("job");
+        let rows = db.store.attempts(id).await.expect("attempts");
+        match write {
+            // The history shows the completed run once.
+            "ack" => assert_eq!((job.state, job.attempt, rows.len()), (JobState::Completed, 1, 1), "{write} {point:?}"),
+            "nack" => assert_eq!((job.state, job.attempt, rows.len()), (JobState::Retryable, 1, 1), "{write} {point:?}: charged once, one failure recorded"),
+            _ => {
+                assert_eq!((job.state, job.attempt), (JobState::Available, 0), "{write} {point:?}: not counted");
+                assert_eq!(rows.iter().map(|a| a.outcome.as_str()).collect::<Vec<_>>(), ["released"], "{write} {point:?}");
+            }
+        }
     }
 }
 
