@@ -65,7 +65,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
         }
         let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
         let bytes = match request_body::within(request_body::DEADLINE, Bytes::from_request(req, state)).await {
-            Err(slow) => return Err(ApiError::from_status(axum::http::StatusCode::REQUEST_TIMEOUT, &method, &path, &slow.to_string())),
+            Err(slow) => return Err(ApiError::body_too_slow(slow)),
             Ok(Ok(b)) => b,
             Ok(Err(rejection)) => {
                 let status = rejection.status();
@@ -100,7 +100,7 @@ impl<S: Send + Sync> OptionalFromRequest<S> for JsonObject {
         let (parts, body) = req.into_parts();
         let (method, path) = (parts.method.to_string(), parts.uri.path().to_owned());
         let bytes = match request_body::within(request_body::DEADLINE, Bytes::from_request(Request::from_parts(parts.clone(), body), state)).await {
-            Err(slow) => return Err(ApiError::from_status(axum::http::StatusCode::REQUEST_TIMEOUT, &method, &path, &slow.to_string())),
+            Err(slow) => return Err(ApiError::body_too_slow(slow)),
             Ok(Ok(b)) => b,
             Ok(Err(rejection)) => {
                 let status = rejection.status();

@@ -197,8 +197,30 @@ impl ApiError {
                 "send Content-Type: application/openjobspec+json (or application/json)",
             ),
             s if s.is_server_error() => ApiError::backend(s, reason),
-            s => ApiError::new(s, "invalid_request", "invalid_request", reason, "check the request against the OJS HTTP binding"),
+            s => {
+                // The framework names a path parameter it could not read in backticks
+                // ("Invalid URL: Invalid UTF-8 in `id`"): the error names it as its field.
+                let field = reason.split_once(" in `").and_then(|(_, rest)| rest.split_once('`')).map(|(name, _)| name.to_owned());
+                let error = ApiError::new(s, "invalid_request", "invalid_request", reason, "check the request against the OJS HTTP binding");
+                match field {
+                    Some(field) if !field.is_empty() && field.len() <= 64 => error.detail("field", field),
+                    _ => error,
+                }
+            }
         }
+    }
+
+    /// A request body that did not arrive in time (see [`crate::request_body`]): nothing was
+    /// done with it.
+    pub fn body_too_slow(reason: impl std::fmt::Display) -> Self {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request",
+            "timeout",
+            format!("{reason}; nothing was done with the request"),
+            "send the whole body without pausing; the request can be sent again",
+        )
+        .detail("field", "body")
     }
 
     /// The JSON body, with the request id when known.

@@ -151,6 +151,10 @@ fn table() -> Vec<Case> {
         case("progress message an object", "POST", progress, json!({"job_id": some_id, "percentage": 5, "message": {}}), 400, "message"),
         // Job paths and listings.
         get("job id not a UUID", "/ojs/v1/jobs/not-a-uuid", 400, "id"),
+        // A path segment that is not UTF-8 is refused by the framework, which names it.
+        get("job id not UTF-8", "/ojs/v1/jobs/%FF", 400, "id"),
+        get("queue name not UTF-8", "/ojs/v1/queues/%C3%28/stats", 400, "name"),
+        Case { method: "PUT", ..get("rate-limit key not UTF-8", "/ojs/v1/rate-limits/%FF", 400, "key") },
         Case { method: "DELETE", ..get("cancel id not a UUID", "/ojs/v1/jobs/42", 400, "id") },
         get("dead-letter limit zero", "/ojs/v1/dead-letter?limit=0", 400, "limit"),
         get("dead-letter limit not a number", "/ojs/v1/dead-letter?limit=ten", 400, "limit"),
