@@ -81,7 +81,8 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     let (tasks, request_timeout, settling) = (state.request_tasks.clone(), state.config.request_timeout, state.store.clone());
     // A stopping server lets open connections finish their answers: a request still running
     // is answered 408 at its timeout, so that plus a margin bounds the wait.
-    let limits = ConnectionLimits { max_open: args.max_connections, header_timeout: args.header_timeout, shutdown_grace: request_timeout + SHUTDOWN_MARGIN };
+    let max_open = connections::fit_to_file_limit(args.max_connections, args.db_pool);
+    let limits = ConnectionLimits { max_open, header_timeout: args.header_timeout, shutdown_grace: request_timeout + SHUTDOWN_MARGIN };
     // The peer address reaches handlers (sign-in throttling counts per client address).
     connections::serve(listener, router(state), limits, async move {
         wait_for_signal().await;

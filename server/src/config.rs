@@ -88,12 +88,14 @@ pub struct ServeArgs {
 
     /// Most HTTP connections open at once; past it new ones wait in the listen backlog until
     /// one closes. Bounds the file descriptors and memory that clients can hold.
-    #[arg(long, env = "REBOUND_MAX_CONNECTIONS", default_value_t = 1024)]
+    /// The process's open-file limit is raised to fit (or, if it cannot be, the cap lowered).
+    #[arg(long, env = "REBOUND_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub max_connections: usize,
 
     /// How long a client has to send a request's head once its connection is ready for one
-    /// (just opened, or kept alive after an answer); then the connection is closed.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    /// (just opened, or kept alive after an answer); then the connection is closed. Clients
+    /// that pool connections should keep idle ones for less than this.
+    #[arg(long, default_value = "30s", value_parser = parse_header_timeout)]
     pub header_timeout: Duration,
 
     /// Size of the database connection pool.
@@ -198,6 +200,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d.is_zero() { Err(format!("{s:?} must be longer than zero")) } else { Ok(d) }
+}
+
+/// A header timeout: between 1 s (a client on a slow link must get its head through) and an
+/// hour (past that it bounds nothing).
+fn parse_header_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if (Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) { Ok(d) } else { Err(format!("{s:?} must be between 1s and 1h")) }
 }
 
 /// The settings the running server needs (the part of [`ServeArgs`] that is not about starting).

@@ -9,6 +9,7 @@
 //! with hyper's own HTTP/1 server, as axum would serve them otherwise.
 
 use std::future::Future;
+use std::io::ErrorKind;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tower::ServiceExt;
 
 /// The bounds on connections.
@@ -36,6 +38,32 @@ pub struct ConnectionLimits {
     pub shutdown_grace: Duration,
 }
 
+/// Files the process holds besides its connections (listener, epoll, log, static files being
+/// sent), on top of the database pool's.
+const OTHER_FILES: u64 = 128;
+
+/// How many connections the process can hold open, at most `wanted`: the open-file limit's
+/// soft value is raised as far as its hard one allows (it is often 1 024, as low as the
+/// default cap, and Rust does not raise it), and if that is still short, the cap is lowered to
+/// fit, with a warning. At the limit, `accept` would fail, and so would the database pool's
+/// reconnections.
+pub fn fit_to_file_limit(wanted: usize, pool: u32) -> usize {
+    let others = OTHER_FILES + u64::from(pool);
+    let needed = wanted as u64 + others;
+    match rlimit::increase_nofile_limit(needed) {
+        Ok(limit) if limit >= needed => wanted,
+        Ok(limit) => {
+            let fits = usize::try_from(limit.saturating_sub(others)).unwrap_or(wanted).clamp(1, wanted);
+            tracing::warn!(wanted, fits, open_file_limit = limit, "the open-file limit is too low for --max-connections; serving at most {fits} connections (raise LimitNOFILE)");
+            fits
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, wanted, "could not read or raise the open-file limit; keeping --max-connections as given");
+            wanted
+        }
+    }
+}
+
 /// Serves `app` on `listener` until `stop` resolves, then lets the open connections finish
 /// their answers for up to `limits.shutdown_grace` (whatever is left then ends with the
 /// process). The client's
@@ -47,6 +75,7 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnectionLimits,
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
     let mut stop = std::pin::pin!(stop);
     let mut warned_full = false;
+    let mut last_warned: Option<Instant> = None;
     loop {
         let slot = tokio::select! {
             slot = Arc::clone(&slots).acquire_owned() => match slot {
@@ -64,11 +93,18 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnectionLimits,
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
+                // That one connection went away before it was taken: take the next.
+                Err(e) if matches!(e.kind(), ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::ConnectionRefused | ErrorKind::Interrupted) => continue,
                 Err(e) => {
-                    // Out of file descriptors, most likely: accepting again at once would spin.
-                    tracing::warn!(error = %e, "accepting a connection failed; trying again shortly");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+                    // Out of file descriptors or memory: accepting again at once would spin.
+                    if last_warned.is_none_or(|at: Instant| at.elapsed() >= Duration::from_secs(5)) {
+                        last_warned = Some(Instant::now());
+                        tracing::warn!(error = %e, "accepting connections failed; trying again every 50 ms");
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(50)) => continue,
+                        () = &mut stop => break,
+                    }
                 }
             },
             () = &mut stop => break,
@@ -92,5 +128,22 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnectionLimits,
         () = tokio::time::sleep(limits.shutdown_grace) => {
             tracing::warn!(grace_s = limits.shutdown_grace.as_secs(), "connections still open after the shutdown grace are closed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_fits_the_open_file_limit() {
+        // A cap the limit allows is kept (the soft limit raised if need be).
+        assert_eq!(fit_to_file_limit(16, 20), 16);
+        // One no limit can reach (Linux allows at most a few million files per process) is
+        // lowered to what it can hold.
+        let fits = fit_to_file_limit(1 << 40, 20);
+        assert!((1..1 << 40).contains(&fits), "{fits}");
+        let (soft, _) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap_or((0, 0));
+        assert!(fits as u64 + 20 <= soft, "{fits} connections do not fit the soft limit {soft}");
     }
 }

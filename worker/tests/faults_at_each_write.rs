@@ -117,11 +117,18 @@ async fn attempt_rows(s: &Setup, id: Uuid) -> Vec<(String, Option<String>, Optio
 }
 
 async fn run_case(statement: &str, point: FaultPoint, workload: Workload) {
+    run_case_then(statement, point, workload, None).await;
+}
+
+/// [`run_case`], with a second fault armed behind the first: it strikes the first statement
+/// containing `then.0` after the first fault did (or before, if such a statement comes first).
+async fn run_case_then(statement: &str, point: FaultPoint, workload: Workload, then: Option<(&str, FaultPoint)>) {
     let s = setup().await;
     policy(&s, "fault.retry", json!({"max_attempts": 3, "initial_interval": "PT0.2S", "backoff_strategy": "constant", "jitter": false})).await;
     policy(&s, "fault.inplace", json!({"max_attempts": 3, "initial_interval": "PT0.0001S", "backoff_strategy": "constant", "jitter": false})).await;
     let cfg = config(&s, workload);
     let hits = s.proxy.inject(Fault::once(statement, point));
+    let then_hits = then.map(|(statement, point)| s.proxy.inject(Fault::once(statement, point)));
     let url = s.proxy.url(&s.db.name);
 
     // The work is there before the worker starts, so its first claim (and first heartbeat)
@@ -155,6 +162,9 @@ async fn run_case(statement: &str, point: FaultPoint, workload: Workload) {
     }
     settled(&s, &ids, JobState::Completed).await;
     assert_eq!(hits.count(), 1, "the fault struck exactly once:\n{}", worker.log_text());
+    if let Some(then_hits) = &then_hits {
+        assert_eq!(then_hits.count(), 1, "the second fault struck exactly once:\n{}", worker.log_text());
+    }
     assert!(worker.running(), "the worker died:\n{}", worker.log_text());
 
     let ran = executions(&s);
@@ -163,10 +173,15 @@ async fn run_case(statement: &str, point: FaultPoint, workload: Workload) {
         let job = s.db.store.job(*id).await.unwrap();
         assert_eq!(job.attempt, done_attempt, "job {id}'s attempts:\n{:?}", attempt_rows(&s, *id).await);
         assert_eq!(ran.get(id).cloned().unwrap_or_default(), runs, "job {id} ran as expected");
+        let mut handed_back = 0;
         for (outcome, error_type, reason) in attempt_rows(&s, *id).await {
             match (outcome.as_str(), error_type.as_deref()) {
                 ("retried", Some("http.5xx")) => assert!(runs.len() > 1 && workload != Workload::ShutdownRelease),
-                ("released", None) if reason.as_deref() == Some(ORPHAN_REASON) => orphans_handed_back += 1,
+                ("released", None) if reason.as_deref() == Some(ORPHAN_REASON) => {
+                    handed_back += 1;
+                    orphans_handed_back += 1;
+                    assert_eq!(handed_back, 1, "job {id} was handed back twice");
+                }
                 ("released", None) => assert_eq!(workload, Workload::ShutdownRelease),
                 ("retried", Some("rebound.stalled")) => assert_eq!(workload, Workload::Rescue),
                 other => panic!("job {id}: unexpected attempt {other:?}"),
@@ -221,6 +236,20 @@ cases! {
     release_committed_answer_lost: RELEASE, AfterCommit, ShutdownRelease;
     rescue_lost_before_it_ran: RESCUE, BeforeSend, Rescue;
     rescue_committed_answer_lost: RESCUE, AfterCommit, Rescue;
+}
+
+// The sweep that hands back a lost claim's jobs, itself cut: tried again, it hands each back
+// once (and the worker lives on).
+const SWEEP: &str = "j.locked_by = $2 AND NOT (j.id = ANY($1))";
+
+#[tokio::test]
+async fn orphan_sweep_lost_before_it_ran() {
+    run_case_then(CLAIM, AfterCommit, Plain, Some((SWEEP, BeforeSend))).await;
+}
+
+#[tokio::test]
+async fn orphan_sweep_committed_answer_lost() {
+    run_case_then(CLAIM, AfterCommit, Plain, Some((SWEEP, AfterCommit))).await;
 }
 
 /// A heartbeat decides what it knows, then waits for its connection (the database is away)

@@ -102,13 +102,11 @@ impl Store {
     /// were returned as if nothing had happened.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Job>, StoreError> {
         let queue = match req.queues.as_slice() {
+            _ if req.limit == 0 => return Ok(Vec::new()),
             [] => return Ok(Vec::new()),
             [queue] => queue,
             _ => return self.claim_in_one(req).await,
         };
-        if req.limit == 0 {
-            return Ok(Vec::new());
-        }
         let vis = millis(req.visibility_timeout).clamp(1, bounds::MAX_TIMEOUT_MS);
         let rows = sqlx::query(CLAIM).bind(queue).bind(i64::from(req.limit)).bind(&req.worker_id).bind(vis).fetch_all(&self.pool).await?;
         let mut jobs = jobs_from_rows(&rows)?;

@@ -163,13 +163,26 @@ async fn a_hand_back_sent_again_after_its_answer_was_lost_leaves_the_next_claim_
         let again = ClaimRequest { worker_id: worker.unwrap_or("anonymous").into(), queues: vec!["default".into()], limit: 1, visibility_timeout: Duration::from_secs(60) };
         let claimed = db.store.claim_in_one(&again).await.expect("claim again");
         assert_eq!(claimed.len(), 1);
-        // The second sending reaches the database within the hold; then nothing of it runs.
-        tokio::time::sleep(Duration::from_millis(1600)).await;
-        let running: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE '%released AS (%' AND state <> 'idle' AND pid <> pg_backend_pid()")
+        let reclaimed_at: String = sqlx::query_scalar("SELECT clock_timestamp()::text").fetch_one(db.store.pool()).await.expect("now");
+        // The second sending reaches the database after the hold: wait until the session it
+        // went to has finished it since the new claim (its parse and bind arrived before the
+        // hold, so the session shows it active until then).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let finished: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+                   AND query LIKE 'WITH released AS (%' AND state = 'idle' AND state_change > $1::timestamptz",
+            )
+            .bind(&reclaimed_at)
             .fetch_one(db.store.pool())
             .await
             .expect("activity");
-        assert_eq!(running, 0);
+            if finished > 0 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the hand-back was never sent again after the new claim");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let job = db.store.job(id).await.expect("job");
         assert_eq!((job.state, job.attempt, job.started_at), (JobState::Active, 1, claimed[0].started_at), "the new claim was handed back ({worker:?})");
         let rows = db.store.attempts(id).await.expect("attempts");
