@@ -66,8 +66,7 @@ pub fn fit_to_file_limit(wanted: usize, pool: u32) -> usize {
 
 /// Serves `app` on `listener` until `stop` resolves, then lets the open connections finish
 /// their answers for up to `limits.shutdown_grace` (whatever is left then ends with the
-/// process). The client's
-/// address reaches handlers as [`ConnectInfo`]`<SocketAddr>`.
+/// process). The client's address reaches handlers as [`ConnectInfo`]`<SocketAddr>`.
 pub async fn serve(listener: TcpListener, app: Router, limits: ConnectionLimits, stop: impl Future<Output = ()>) {
     let slots = Arc::new(Semaphore::new(limits.max_open.max(1)));
     let graceful = GracefulShutdown::new();
@@ -126,7 +125,7 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnectionLimits,
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(limits.shutdown_grace) => {
-            tracing::warn!(grace_s = limits.shutdown_grace.as_secs(), "connections still open after the shutdown grace are closed");
+            tracing::warn!(grace_s = limits.shutdown_grace.as_secs(), "connections still open after the shutdown grace are left to end with the process");
         }
     }
 }
