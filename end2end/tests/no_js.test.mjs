@@ -1,5 +1,5 @@
-// With JavaScript off, the dashboard still works: sign in, re-drive from a job's page, and
-// preview a policy edit with the Preview button.
+// With JavaScript off, the dashboard still works: sign in, re-drive from a job's page,
+// preview a policy edit with the Preview button, and get a refused save back with its values.
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -34,6 +34,20 @@ test('re-drive works with JavaScript disabled', async () => {
     assert.deepEqual(delays, ['30s', '1m', '2m']);
     assert.equal(await page.inputValue('input[name="policy[max_attempts]"]'), '4');
     await screenshot(page, '11-no-js-policy-preview');
+
+    // A save the policy's rules refuse comes back with what was typed, and the reason.
+    const stored = async () => {
+      const res = await fetch(`${BASE_URL}/ojs/v1/admin/policies/payment.refund/versions`);
+      return `${res.status} ${await res.text()}`;
+    };
+    const before = await stored();
+    await page.fill('input[name="policy[max_attempts]"]', '-1');
+    await Promise.all([page.waitForNavigation(), page.click('button[name=intent][value=save]')]);
+    assert.match(await textOf(page, '.alert.error'), /max_attempts/);
+    assert.equal(await page.inputValue('input[name="policy[max_attempts]"]'), '-1');
+    assert.equal(await page.inputValue('input[name="policy[initial_interval]"]'), 'PT30S', 'the other edits are kept');
+    assert.equal(await stored(), before, 'nothing was saved');
+    await screenshot(page, '12-no-js-policy-refused');
   } finally {
     await close();
   }
