@@ -515,9 +515,9 @@ impl BatchWriter {
         }
         let runs: Vec<(Uuid, NamedRun)> = items
             .iter()
-            .filter_map(|f| match f {
-                Finished::Released { id, attempt, started_at } => Some((*id, NamedRun { attempt: Some(*attempt), started_at: *started_at })),
-                _ => None,
+            .map(|f| {
+                let (id, run) = f.key();
+                (id, NamedRun { attempt: Some(run.attempt), started_at: run.started_at })
             })
             .collect();
         let worker = self.worker_id.as_str();
