@@ -402,7 +402,7 @@ async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
             return guard::refusal(StatusCode::FORBIDDEN, &AppError::Csrf, form_post);
         }
         let (parts, body) = req.into_parts();
-        let bytes = match request_body::within(request_body::DEADLINE, axum::body::to_bytes(body, guard::MAX_FORM_BYTES)).await {
+        let bytes = match request_body::within(state.config.request_timeout, axum::body::to_bytes(body, guard::MAX_FORM_BYTES)).await {
             Ok(Ok(bytes)) => bytes,
             Ok(Err(_)) => {
                 let too_big = AppError::Invalid { field: "body".into(), reason: format!("larger than {} KiB", guard::MAX_FORM_BYTES / 1024) };

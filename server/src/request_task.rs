@@ -83,8 +83,11 @@ pub async fn run_to_completion(State(tasks): State<RequestTasks>, req: Request, 
 
 /// [`run_to_completion`], answering `408 Request Timeout` if the handler is not done within
 /// the given time. The handler still runs to its end.
-pub async fn run_to_completion_within(State((tasks, limit)): State<(RequestTasks, Duration)>, req: Request, next: Next) -> Response {
+pub async fn run_to_completion_within(State((tasks, limit)): State<(RequestTasks, Duration)>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path().to_owned();
+    // The body must arrive within the same time, nobody hearing an answer after it; a little
+    // less, so that what the client hears is the body's refusal, which says nothing was done.
+    req.extensions_mut().insert(crate::request_body::Deadline(limit - limit / 10));
     let (mut handler, waiting) = spawn(&tasks, req, next);
     match tokio::time::timeout(limit, &mut handler).await {
         Ok(done) => answer(done),

@@ -64,7 +64,8 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             }
         }
         let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
-        let bytes = match request_body::within(request_body::DEADLINE, Bytes::from_request(req, state)).await {
+        let deadline = request_body::deadline(req.extensions());
+        let bytes = match request_body::within(deadline, Bytes::from_request(req, state)).await {
             Err(slow) => return Err(ApiError::body_too_slow(slow)),
             Ok(Ok(b)) => b,
             Ok(Err(rejection)) => {
@@ -99,7 +100,8 @@ impl<S: Send + Sync> OptionalFromRequest<S> for JsonObject {
     async fn from_request(req: Request, state: &S) -> Result<Option<Self>, Self::Rejection> {
         let (parts, body) = req.into_parts();
         let (method, path) = (parts.method.to_string(), parts.uri.path().to_owned());
-        let bytes = match request_body::within(request_body::DEADLINE, Bytes::from_request(Request::from_parts(parts.clone(), body), state)).await {
+        let deadline = request_body::deadline(&parts.extensions);
+        let bytes = match request_body::within(deadline, Bytes::from_request(Request::from_parts(parts.clone(), body), state)).await {
             Err(slow) => return Err(ApiError::body_too_slow(slow)),
             Ok(Ok(b)) => b,
             Ok(Err(rejection)) => {
