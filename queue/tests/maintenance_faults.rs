@@ -355,9 +355,12 @@ async fn act(s: &Store, action: Action, ids: &[Uuid]) -> Result<(), rebound_queu
     }
 }
 
-/// What the jobs look like once `action` has landed: `(state, dead letter)` of each of `ids`
-/// (gone: none), or for a trigger, the jobs it enqueued.
-async fn landed(s: &Store, action: Action, ids: &[Uuid]) -> Vec<(JobState, bool)> {
+/// `(state, dead letter)` of each job still there.
+type Standing = Vec<(JobState, bool)>;
+
+/// Where the jobs stand now: `(state, dead letter)` of each of `ids` still there,
+/// or for a trigger, one entry per job the cron job has enqueued.
+async fn landed(s: &Store, action: Action, ids: &[Uuid]) -> Standing {
     if let Action::TriggerCron = action {
         let n: i64 = scalar(s, "SELECT count(*) FROM jobs WHERE queue = 'cq'").await;
         return vec![(JobState::Available, false); usize::try_from(n).unwrap()];
@@ -376,7 +379,7 @@ async fn an_operator_write_cut_off_at_its_commit_lands_whole_or_not_at_all() {
     let actions = [Action::BulkRetry, Action::BulkCancel, Action::BulkDelete, Action::PurgeQueue, Action::Redrive, Action::PurgeDeadLetters, Action::TriggerCron];
     for action in actions {
         // Where the jobs stand before the write, and after it has landed once.
-        let (before, after): (Vec<(JobState, bool)>, Vec<(JobState, bool)>) = match action {
+        let (before, after): (Standing, Standing) = match action {
             Action::BulkRetry => (vec![(JobState::Cancelled, false); 3], vec![(JobState::Available, false); 3]),
             Action::BulkCancel => (vec![(JobState::Available, false); 3], vec![(JobState::Cancelled, false); 3]),
             Action::BulkDelete | Action::PurgeQueue => (vec![(JobState::Cancelled, false); 3], vec![]),
