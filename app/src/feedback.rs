@@ -46,3 +46,23 @@ where
         }
     }
 }
+
+/// Without JavaScript, a form post refused for its values sends the browser back to `back`
+/// (a dashboard path whose query carries what was typed, which the page puts back into its
+/// form) with the reason, as a refused post's redirect carries it: a plain form post otherwise
+/// returns to the page as it was loaded, and every edit is lost. With JavaScript the form
+/// keeps its values and shows the error itself, so nothing changes; nor for other errors.
+#[cfg(feature = "ssr")]
+pub fn back_with_typed_values<S: ServerFn>(back: &str, error: AppError) -> AppError {
+    use leptos::server_fn::error::ServerFnUrlError;
+    let plain_form = use_context::<http::request::Parts>()
+        .and_then(|p| p.headers.get(http::header::ACCEPT).and_then(|a| a.to_str().ok()).map(|a| a.contains("text/html")))
+        .unwrap_or(false);
+    if plain_form && matches!(error, AppError::Invalid { .. }) {
+        // Only the path and query are used: the origin is a placeholder to build the URL on.
+        if let Ok(url) = ServerFnUrlError::new(S::PATH, error.clone()).to_url(&format!("http://dashboard.invalid{back}")) {
+            leptos_axum::redirect(&format!("{}?{}", url.path(), url.query().unwrap_or_default()));
+        }
+    }
+    error
+}

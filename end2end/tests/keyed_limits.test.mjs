@@ -51,6 +51,7 @@ test('a rate-limit key seen, overridden and released from the Queues page', asyn
     await page.fill(`${row} input[name="concurrency"]`, 'lots');
     await Promise.all([page.waitForNavigation(), page.click(`${row} button:has-text("Override")`)]);
     assert.match(await page.content(), /concurrency/);
+    assert.equal(await page.inputValue(`${row} input[type="text"][name="concurrency"]`), 'lots', 'the form comes back with what was typed');
     assert.equal((await (await fetch(`${BASE_URL}/ojs/v1/rate-limits/${KEY}`)).json()).override.concurrency, 0);
 
     // Clearing it: the jobs' own limit applies again, and one job goes.

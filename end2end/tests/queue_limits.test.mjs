@@ -51,11 +51,18 @@ test('set and clear a queue rate limit from the Queues page', async () => {
     assert.equal((await fetchJobs(10)).length, 2, 'two starts per hour, whoever fetches');
     assert.equal((await fetchJobs(10)).length, 0);
 
-    // A bad period is refused, naming the field, and changes nothing.
+    // A bad period is refused, naming the field, and changes nothing; the form comes back open
+    // with what was typed.
     await page.click(`${row} details.limit-edit summary`);
     await page.fill(`${row} input[name="limit[rate_period]"]`, 'an hour');
+    await page.fill(`${row} input[name="limit[concurrency]"]`, '4');
     await Promise.all([page.waitForNavigation(), page.click(`${row} button:has-text("Save limit")`)]);
-    assert.match(await page.content(), /rate_period/);
+    assert.match(await textOf(page, '.alert.error'), /rate_period/);
+    assert.ok(await page.isVisible(`${row} input[name="limit[rate_period]"]`), 'the form is open');
+    assert.equal(await page.inputValue(`${row} input[name="limit[rate_period]"]`), 'an hour');
+    assert.equal(await page.inputValue(`${row} input[name="limit[concurrency]"]`), '4');
+    assert.equal(await page.inputValue(`${row} input[name="limit[rate_limit]"]`), '2');
+    assert.match(await textOf(page, `${row} .limit-summary`), /3 active · 2 per PT1H/, 'the limit in force is shown as saved');
     assert.equal((await (await fetch(`${BASE_URL}/ojs/v1/rate-limits/queue:${QUEUE}`)).json()).rate.limit, 2);
 
     // Clearing every field removes the limit.
@@ -111,6 +118,8 @@ test('override a queue\'s concurrency for a while from the Queues page, and clea
     await page.fill(`${row} details.override-edit input[type="text"][name="until"]`, 'tomorrow');
     await Promise.all([page.waitForNavigation(), page.click(`${row} details.override-edit button:text-is("Override")`)]);
     assert.match(await textOf(page, '.alert.error'), /until/);
+    assert.equal(await page.inputValue(`${row} details.override-edit input[type="text"][name="until"]`), 'tomorrow', 'the form comes back with what was typed');
+    assert.equal(await page.inputValue(`${row} details.override-edit input[type="text"][name="concurrency"]`), '1');
     assert.equal((await (await fetch(`${BASE_URL}/ojs/v1/rate-limits/queue:${queue}`)).json()).override.concurrency, 0);
 
     await page.goto(`${BASE_URL}/queues`);

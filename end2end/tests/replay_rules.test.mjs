@@ -1,7 +1,7 @@
 // The replay rules page, reached from the dead letters, without JavaScript (plain form posts
 // answered by a redirect back): create a rule and see it listed, have a bad delay refused
-// naming the field, edit the rule through its Edit link, disable it, delete it; each change
-// is audited.
+// naming the field (the form coming back with what was typed), edit the rule through its Edit
+// link, disable it, delete it; each change is audited.
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -48,10 +48,17 @@ test('create, list, edit, disable and delete a replay rule without JavaScript', 
     assert.equal(created.enabled, true);
     await screenshot(page, '23-replay-rule-created');
 
-    // A delay that is not ISO-8601 is refused, naming the field, and nothing is saved.
-    await saveRule(page, { name: 'bad-delay-e2e', delay: 'six hours' });
+    // A delay that is not ISO-8601 is refused, naming the field, and nothing is saved; the
+    // form comes back with what was typed.
+    await page.selectOption('.replay-rule-editor select[name=enabled]', 'false');
+    await saveRule(page, { name: 'bad-delay-e2e', queue: 'typed-queue', delay: 'six hours', max_replays: '4' });
     assert.match(await textOf(page, '.alert.error'), /^delay: must be an ISO-8601 duration/);
     assert.ok(await page.isVisible('.replay-rule-editor label.field.invalid input[name=delay]'), 'the delay field is marked');
+    const typed = { name: 'bad-delay-e2e', queue: 'typed-queue', delay: 'six hours', max_replays: '4' };
+    for (const [name, value] of Object.entries(typed)) {
+      assert.equal(await page.inputValue(`.replay-rule-editor input[name=${name}]`), value, `${name} kept`);
+    }
+    assert.equal(await page.inputValue('.replay-rule-editor select[name=enabled]'), 'false', 'the status kept');
     assert.equal(await page.$(row('bad-delay-e2e')), null);
     assert.equal(await apiRule('bad-delay-e2e'), null);
     await screenshot(page, '24-replay-rule-bad-delay');

@@ -455,29 +455,12 @@ pub async fn save_policy(csrf: String, job_type: String, policy: PolicyForm, #[s
         Ok::<_, AppError>(store.put_policy(job_type.trim(), &patch, &actor, note).await?)
     }
     .await
-    .map_err(|e| back_with_typed_values(&job_type, &policy, e))?;
+    // Without JavaScript, refused values come back to the editor, shown as Preview shows them.
+    .map_err(|e| {
+        let back = format!("/policies/edit?type={}&preview=1&{}", urlencode(&job_type), policy.to_query_string());
+        crate::feedback::back_with_typed_values::<SavePolicy>(&back, e)
+    })?;
     Ok(format!("Saved version {} of the {} policy. It applies at each job's next failure.", saved.version, saved.job_type))
-}
-
-/// Without JavaScript, a save refused for its values sends the browser back to the editor with
-/// what was typed, as Preview does, and the reason: a plain form post otherwise returns to the
-/// page as it was loaded, and every edit is lost. (With JavaScript the form keeps its values
-/// and shows the error itself.)
-#[cfg(feature = "ssr")]
-fn back_with_typed_values(job_type: &str, policy: &PolicyForm, error: AppError) -> AppError {
-    use leptos::server_fn::ServerFn;
-    use leptos::server_fn::error::ServerFnUrlError;
-    let plain_form = use_context::<http::request::Parts>()
-        .and_then(|p| p.headers.get(http::header::ACCEPT).and_then(|a| a.to_str().ok()).map(|a| a.contains("text/html")))
-        .unwrap_or(false);
-    if plain_form && matches!(error, AppError::Invalid { .. }) {
-        // Only the path and query are used: the origin is a placeholder to build the URL on.
-        let back = format!("http://editor.invalid/policies/edit?type={}&preview=1&{}", urlencode(job_type), policy.to_query_string());
-        if let Ok(url) = ServerFnUrlError::new(SavePolicy::PATH, error.clone()).to_url(&back) {
-            leptos_axum::redirect(&format!("{}?{}", url.path(), url.query().unwrap_or_default()));
-        }
-    }
-    error
 }
 
 #[server(endpoint = "restore_policy")]

@@ -57,6 +57,35 @@ impl RateLimitForm {
         }
         (!parts.is_empty()).then(|| parts.join(" · "))
     }
+
+    /// The Queues page with these values in `queue`'s form (see [`RateLimitForm::typed`]).
+    #[cfg(feature = "ssr")]
+    fn back_url(&self, queue: &str) -> String {
+        let fields = [
+            ("concurrency", &self.concurrency),
+            ("rate_limit", &self.rate_limit),
+            ("rate_period", &self.rate_period),
+            ("throttle_limit", &self.throttle_limit),
+            ("throttle_period", &self.throttle_period),
+        ];
+        fields.iter().fold(format!("/queues?typed_limit={}", urlencode(queue)), |url, (k, v)| format!("{url}&{k}={}", urlencode(v)))
+    }
+
+    /// What was typed into `queue`'s form, carried in the page's URL when a save without
+    /// JavaScript was refused (`?typed_limit=<queue>&concurrency=…`).
+    fn typed(queue: &str) -> Option<RateLimitForm> {
+        let q = leptos_router::hooks::use_query_map();
+        q.with_untracked(|q| {
+            let text = |k: &str| q.get(k).unwrap_or_default();
+            (q.get("typed_limit").as_deref() == Some(queue)).then(|| RateLimitForm {
+                concurrency: text("concurrency"),
+                rate_limit: text("rate_limit"),
+                rate_period: text("rate_period"),
+                throttle_limit: text("throttle_limit"),
+                throttle_period: text("throttle_period"),
+            })
+        })
+    }
 }
 
 #[server(endpoint = "queues")]
@@ -135,8 +164,10 @@ pub async fn set_queue_paused(csrf: String, queue: String, paused: String) -> Re
 pub async fn set_queue_rate_limit(csrf: String, queue: String, limit: RateLimitForm) -> Result<String, AppError> {
     use rebound_queue::store::{QueueRateLimit, Window};
     let actor = crate::auth::authorize_mutation(&csrf)?;
-    crate::error::check_queue(&queue)?;
-    let invalid = |field: &str, reason: String| AppError::Invalid { field: field.into(), reason };
+    // Without JavaScript, refused values come back to the Queues page, in this queue's form.
+    let back = |e: AppError| crate::feedback::back_with_typed_values::<SetQueueRateLimit>(&limit.back_url(&queue), e);
+    crate::error::check_queue(&queue).map_err(back)?;
+    let invalid = |field: &str, reason: String| back(AppError::Invalid { field: field.into(), reason });
     let number = |field: &str, raw: &str| -> Result<Option<u32>, AppError> {
         let raw = raw.trim();
         if raw.is_empty() {
@@ -159,7 +190,7 @@ pub async fn set_queue_rate_limit(csrf: String, queue: String, limit: RateLimitF
         throttle: window("throttle_limit", "throttle_period", &limit.throttle_limit, &limit.throttle_period)?,
     };
     let store = crate::state::store()?;
-    let saved = store.set_queue_rate_limit(&queue, Some(&parsed), &actor).await?;
+    let saved = store.set_queue_rate_limit(&queue, Some(&parsed), &actor).await.map_err(|e| back(e.into()))?;
     Ok(match saved {
         Some(l) => format!("Queue {queue} is now limited to {}; it applies to the next claim.", l.to_json()),
         None => format!("Queue {queue} has no rate limit now."),
@@ -352,6 +383,11 @@ fn RateLimitEditor(
     let summary = limit.summary();
     let overridden = override_note.is_some();
     let partition = format!("queue:{queue}");
+    // A refused save comes back open, with what was typed.
+    let typed = RateLimitForm::typed(&queue);
+    let editing = typed.is_some();
+    let limit = typed.unwrap_or(limit);
+    let overriding = overridden || super::rate_limit_keys::typed_override(&partition).is_some();
     let field = move |name: &'static str, label: &'static str, value: String, hint: &'static str| {
         view! {
             <label>
@@ -366,7 +402,7 @@ fn RateLimitEditor(
             None => view! { <span class="muted limit-summary">"none"</span> }.into_any(),
         }}
         {override_note.map(|n| view! { <div class="limit-override">"Override: " {n}</div> })}
-        <details class="limit-edit">
+        <details class="limit-edit" open=editing>
             <summary>"Edit"</summary>
             <ActionForm action=action>
                 <CsrfField/>
@@ -384,7 +420,7 @@ fn RateLimitEditor(
                 <button type="submit" disabled=move || !can_act.get()>"Save limit"</button>
             </ActionForm>
         </details>
-        <details class="limit-edit override-edit" open=overridden>
+        <details class="limit-edit override-edit" open=overriding>
             <summary>"Override"</summary>
             <small class="muted">"Active at most this many until a time (0 stops the queue); its limit above applies again after."</small>
             <super::rate_limit_keys::OverrideForms key=partition overridden=overridden action=set_override can_act=can_act/>

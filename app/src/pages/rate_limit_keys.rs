@@ -3,11 +3,14 @@
 //! during an incident, or raise it for a while) with a form that works without JavaScript.
 
 use leptos::prelude::*;
+use leptos_router::hooks::use_query_map;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::CsrfField;
 use crate::error::AppError;
 use crate::feedback::ErrorBox;
+#[cfg(feature = "ssr")]
+use crate::filters::urlencode;
 
 /// Keys shown at most; the OJS API (`GET /ojs/v1/rate-limits`) pages through all of them.
 #[cfg(feature = "ssr")]
@@ -108,15 +111,20 @@ fn override_of(concurrency: &str, until: &str) -> Result<Option<rebound_queue::s
 #[server(endpoint = "set_rate_limit_override")]
 pub async fn set_rate_limit_override(csrf: String, key: String, concurrency: String, until: String) -> Result<String, AppError> {
     let actor = crate::auth::authorize_mutation(&csrf)?;
-    let limit = override_of(&concurrency, &until)?;
+    // Without JavaScript, refused values come back to the Queues page, in this key's form.
+    let back = |e: AppError| {
+        let url = format!("/queues?typed_override={}&concurrency={}&until={}", urlencode(&key), urlencode(&concurrency), urlencode(&until));
+        crate::feedback::back_with_typed_values::<SetRateLimitOverride>(&url, e)
+    };
+    let limit = override_of(&concurrency, &until).map_err(back)?;
     let store = crate::state::store()?;
     // The store names the end `expires_at`, as the API does; this form calls it `until`.
     let until_field = |e: rebound_queue::StoreError| match AppError::from(e) {
-        AppError::Invalid { field, reason } if field == "expires_at" => AppError::Invalid { field: "until".into(), reason },
-        other => other,
+        AppError::Invalid { field, reason } if field == "expires_at" => back(AppError::Invalid { field: "until".into(), reason }),
+        other => back(other),
     };
     if let Some(queue) = key.strip_prefix("queue:") {
-        crate::error::check_queue(queue)?;
+        crate::error::check_queue(queue).map_err(back)?;
         let saved = store.override_queue_concurrency(queue, limit.as_ref(), &actor).await.map_err(until_field)?;
         return Ok(match (limit, saved.and_then(|s| s.concurrency_in_force())) {
             (Some(o), _) => format!("Queue {queue} now runs at most {} at once{}; its own limit applies again after.", o.concurrency, o.expires_at.map(|t| format!(" until {t}")).unwrap_or_default()),
@@ -131,17 +139,27 @@ pub async fn set_rate_limit_override(csrf: String, key: String, concurrency: Str
     })
 }
 
+/// What was typed into `key`'s override form, carried in the page's URL when a save without
+/// JavaScript was refused (`?typed_override=<key>&concurrency=…&until=…`).
+pub fn typed_override(key: &str) -> Option<(String, String)> {
+    let q = use_query_map();
+    q.with_untracked(|q| {
+        (q.get("typed_override").as_deref() == Some(key)).then(|| (q.get("concurrency").unwrap_or_default(), q.get("until").unwrap_or_default()))
+    })
+}
+
 /// The form that overrides `key` (a rate-limit key, or `queue:<name>`), and the one that
 /// clears it when `overridden`: plain forms, no JavaScript needed.
 #[component]
 pub fn OverrideForms(key: String, overridden: bool, action: ServerAction<SetRateLimitOverride>, can_act: Signal<bool>) -> impl IntoView {
     let clear_key = key.clone();
+    let (concurrency, until) = typed_override(&key).unwrap_or_default();
     view! {
         <ActionForm action=action>
             <CsrfField/>
             <input type="hidden" name="key" value=key/>
-            <label>"At most " <input type="text" name="concurrency" size="4" placeholder="—"/></label>
-            <label>" until " <input type="text" name="until" size="10" placeholder="+PT1H"/></label>
+            <label>"At most " <input type="text" name="concurrency" size="4" placeholder="—" value=concurrency/></label>
+            <label>" until " <input type="text" name="until" size="10" placeholder="+PT1H" value=until/></label>
             <button type="submit" disabled=move || !can_act.get()>"Override"</button>
         </ActionForm>
         {overridden.then(move || view! {

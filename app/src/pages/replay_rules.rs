@@ -51,6 +51,68 @@ pub struct RuleForm {
     pub replays_limit: i32,
 }
 
+/// What was typed into the rule form, carried in the page's URL when a save without
+/// JavaScript was refused (`?typed=1&…`), and put back over the form's values.
+#[derive(Clone, Debug, PartialEq)]
+struct TypedRule {
+    name: String,
+    queue: String,
+    job_type: String,
+    error_type: String,
+    delay: String,
+    max_replays: String,
+    enabled: bool,
+}
+
+impl TypedRule {
+    fn from_query(q: &leptos_router::params::ParamsMap) -> Option<TypedRule> {
+        let text = |k: &str| q.get(k).unwrap_or_default();
+        (q.get("typed").as_deref() == Some("1")).then(|| TypedRule {
+            name: text("name"),
+            queue: text("queue"),
+            job_type: text("job_type"),
+            error_type: text("error_type"),
+            delay: text("delay"),
+            max_replays: text("max_replays"),
+            enabled: q.get("enabled").as_deref() == Some("true"),
+        })
+    }
+
+    /// The page, editing the rule of the typed name (if there is one), with these values.
+    #[cfg(feature = "ssr")]
+    fn back_url(&self) -> String {
+        let fields = [
+            ("name", &self.name),
+            ("queue", &self.queue),
+            ("job_type", &self.job_type),
+            ("error_type", &self.error_type),
+            ("delay", &self.delay),
+            ("max_replays", &self.max_replays),
+        ];
+        let mut url = format!("{PAGE}?edit={}&typed=1&enabled={}", urlencode(self.name.trim()), self.enabled);
+        for (k, v) in fields {
+            url.push_str(&format!("&{k}={}", urlencode(v)));
+        }
+        url
+    }
+
+    /// `form` (the rule being edited, or a new one) showing what was typed.
+    fn over(self, form: RuleForm) -> RuleForm {
+        RuleForm {
+            name: self.name,
+            queue: self.queue,
+            job_type: self.job_type,
+            error_type: self.error_type,
+            delay: self.delay,
+            max_replays: self.max_replays,
+            enabled: self.enabled,
+            // The typed name was being saved, not followed from a link.
+            missing: false,
+            ..form
+        }
+    }
+}
+
 #[server(endpoint = "replay_rules")]
 pub async fn replay_rules() -> Result<Vec<ReplayRuleRow>, AppError> {
     use rebound_queue::policy::iso8601;
@@ -152,7 +214,11 @@ pub async fn save_replay_rule(
     use crate::error::{quoted, requoted};
 
     let actor = crate::auth::authorize_mutation(&csrf)?;
-    let invalid = |field: &str, reason: String| AppError::Invalid { field: field.into(), reason };
+    // Without JavaScript, refused values come back to the form (see `TypedRule`).
+    let typed = TypedRule { name: name.clone(), queue: queue.clone(), job_type: job_type.clone(), error_type: error_type.clone(),
+        delay: delay.clone(), max_replays: max_replays.clone(), enabled: enabled.as_deref().map(str::trim) == Some("true") };
+    let back = |e: AppError| crate::feedback::back_with_typed_values::<SaveReplayRule>(&typed.back_url(), e);
+    let invalid = |field: &str, reason: String| back(AppError::Invalid { field: field.into(), reason });
     let optional = |s: &str| Some(s.trim().to_string()).filter(|s| !s.is_empty());
     let delay_raw = delay.trim();
     let delay = iso8601::parse(delay_raw).map_err(|r| invalid("delay", requoted(r, delay_raw)))?;
@@ -181,12 +247,12 @@ pub async fn save_replay_rule(
                 _ => None,
             };
             let reason = match input { Some(i) => requoted(reason, i), None => reason };
-            AppError::Invalid { field, reason }
+            back(AppError::Invalid { field, reason })
         }
         other => other,
     })?;
     let store = crate::state::store()?;
-    let (_, created) = store.put_replay_rule(&spec, &actor).await?;
+    let (_, created) = store.put_replay_rule(&spec, &actor).await.map_err(|e| back(e.into()))?;
     let what = if created { "Created" } else { "Updated" };
     let state = if enabled { "the replayer applies it within seconds" } else { "it is disabled: it replays nothing until enabled" };
     Ok(format!("{what} replay rule {}; {state}.", spec.name))
@@ -245,6 +311,7 @@ fn text_field(input: &'static str, field: &'static str, label: &'static str, val
 pub fn ReplayRulesPage() -> impl IntoView {
     let q = use_query_map();
     let edit = Memo::new(move |_| q.with(|q| q.get("edit").unwrap_or_default()));
+    let typed = Memo::new(move |_| q.with(TypedRule::from_query));
     let tick = use_refresh();
     let save = ServerAction::<SaveReplayRule>::new();
     let act = ServerAction::<ActOnReplayRule>::new();
@@ -340,7 +407,13 @@ pub fn ReplayRulesPage() -> impl IntoView {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             {move || Suspend::new(async move {
                 match form.await {
-                    Ok(f) => view! { <RuleEditor form=f save=save/> }.into_any(),
+                    Ok(f) => {
+                        let f = match typed.get_untracked() {
+                            Some(t) => t.over(f),
+                            None => f,
+                        };
+                        view! { <RuleEditor form=f save=save/> }.into_any()
+                    }
                     Err(e) => view! { <ErrorBox error=e/> }.into_any(),
                 }
             })}
