@@ -66,7 +66,7 @@ impl JobQuery {
 
     /// The filter as URL query pairs (empty fields left out), e.g. for links.
     pub fn to_query_string(&self) -> String {
-        [
+        let pairs = [
             ("state", &self.state),
             ("queue", &self.queue),
             ("job_type", &self.job_type),
@@ -77,15 +77,18 @@ impl JobQuery {
             ("sort", &self.sort),
         ]
         .into_iter()
-        .filter(|(_, v)| !v.is_empty())
-        .map(|(k, v)| format!("{k}={}", urlencode(v)))
-        .collect::<Vec<_>>()
-        .join("&")
+        .filter(|(_, v)| !v.is_empty());
+        query_pairs(pairs.map(|(k, v)| (k, v.as_str())))
     }
 
     pub fn is_empty(&self) -> bool {
         self == &JobQuery::default()
     }
+}
+
+/// `k=v&k=v…`, each value percent-encoded (see [`urlencode`]).
+pub fn query_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    pairs.into_iter().map(|(k, v)| format!("{k}={}", urlencode(v))).collect::<Vec<_>>().join("&")
 }
 
 /// Percent-encodes a query value (everything but unreserved characters).

@@ -61,14 +61,15 @@ impl RateLimitForm {
     /// The Queues page with these values in `queue`'s form (see [`RateLimitForm::typed`]).
     #[cfg(feature = "ssr")]
     fn back_url(&self, queue: &str) -> String {
-        let fields = [
+        let fields = crate::filters::query_pairs([
+            ("typed_limit", queue),
             ("concurrency", &self.concurrency),
             ("rate_limit", &self.rate_limit),
             ("rate_period", &self.rate_period),
             ("throttle_limit", &self.throttle_limit),
             ("throttle_period", &self.throttle_period),
-        ];
-        fields.iter().fold(format!("/queues?typed_limit={}", urlencode(queue)), |url, (k, v)| format!("{url}&{k}={}", urlencode(v)))
+        ]);
+        format!("/queues?{fields}")
     }
 
     /// What was typed into `queue`'s form, carried in the page's URL when a save without

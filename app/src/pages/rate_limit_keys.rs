@@ -9,8 +9,6 @@ use serde::{Deserialize, Serialize};
 use crate::auth::CsrfField;
 use crate::error::AppError;
 use crate::feedback::ErrorBox;
-#[cfg(feature = "ssr")]
-use crate::filters::urlencode;
 
 /// Keys shown at most; the OJS API (`GET /ojs/v1/rate-limits`) pages through all of them.
 #[cfg(feature = "ssr")]
@@ -113,7 +111,7 @@ pub async fn set_rate_limit_override(csrf: String, key: String, concurrency: Str
     let actor = crate::auth::authorize_mutation(&csrf)?;
     // Without JavaScript, refused values come back to the Queues page, in this key's form.
     let back = |e: AppError| {
-        let url = format!("/queues?typed_override={}&concurrency={}&until={}", urlencode(&key), urlencode(&concurrency), urlencode(&until));
+        let url = format!("/queues?{}", crate::filters::query_pairs([("typed_override", key.as_str()), ("concurrency", &concurrency), ("until", &until)]));
         crate::feedback::back_with_typed_values::<SetRateLimitOverride>(&url, e)
     };
     let limit = override_of(&concurrency, &until).map_err(back)?;

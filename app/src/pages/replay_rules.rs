@@ -81,19 +81,19 @@ impl TypedRule {
     /// The page, editing the rule of the typed name (if there is one), with these values.
     #[cfg(feature = "ssr")]
     fn back_url(&self) -> String {
-        let fields = [
+        let enabled = if self.enabled { "true" } else { "false" };
+        let fields = crate::filters::query_pairs([
+            ("edit", self.name.trim()),
+            ("typed", "1"),
+            ("enabled", enabled),
             ("name", &self.name),
             ("queue", &self.queue),
             ("job_type", &self.job_type),
             ("error_type", &self.error_type),
             ("delay", &self.delay),
             ("max_replays", &self.max_replays),
-        ];
-        let mut url = format!("{PAGE}?edit={}&typed=1&enabled={}", urlencode(self.name.trim()), self.enabled);
-        for (k, v) in fields {
-            url.push_str(&format!("&{k}={}", urlencode(v)));
-        }
-        url
+        ]);
+        format!("{PAGE}?{fields}")
     }
 
     /// `form` (the rule being edited, or a new one) showing what was typed.
