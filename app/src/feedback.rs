@@ -47,6 +47,18 @@ where
     }
 }
 
+/// Whether `action`'s latest answer refused its values: only then does a page put back into
+/// its form the values a refused post carried to its URL (see [`back_with_typed_values`]).
+/// Without JavaScript that answer comes from the refusal's own redirect, which the flash
+/// cookie vouches for; so a link with values in it fills no form, nor does the page come back
+/// with them after a later post that succeeded.
+pub fn refused_for_values<S>(action: ServerAction<S>) -> bool
+where
+    S: ServerFn<Output = String, Error = AppError> + Clone + Send + Sync + 'static,
+{
+    action.value().with_untracked(|v| matches!(v, Some(Err(AppError::Invalid { .. }))))
+}
+
 /// Without JavaScript, a form post refused for its values sends the browser back to `back`
 /// (a dashboard path whose query carries what was typed, which the page puts back into its
 /// form) with the reason, as a refused post's redirect carries it: a plain form post otherwise
@@ -58,7 +70,9 @@ pub fn back_with_typed_values<S: ServerFn>(back: &str, error: AppError) -> AppEr
     let plain_form = use_context::<http::request::Parts>()
         .and_then(|p| p.headers.get(http::header::ACCEPT).and_then(|a| a.to_str().ok()).map(|a| a.contains("text/html")))
         .unwrap_or(false);
-    if plain_form && matches!(error, AppError::Invalid { .. }) {
+    // A way back longer than a few KiB (a form's worth of text, percent-encoded) could pass
+    // the longest URL a server takes; such a post comes back to the page as it was.
+    if plain_form && back.len() <= 8 * 1024 && matches!(error, AppError::Invalid { .. }) {
         // Only the path and query are used: the origin is a placeholder to build the URL on.
         if let Ok(url) = ServerFnUrlError::new(S::PATH, error.clone()).to_url(&format!("http://dashboard.invalid{back}")) {
             leptos_axum::redirect(&format!("{}?{}", url.path(), url.query().unwrap_or_default()));

@@ -372,6 +372,14 @@ pub async fn session_middleware(State(state): State<AppState>, req: Request, nex
     res
 }
 
+/// When a dashboard form's body must have arrived: within the request timeout, but never
+/// more than 30 s (the dashboard has no timeout of its own, and a sign-in's body is read
+/// before anyone is known) nor less than a second.
+fn form_deadline(request_timeout: std::time::Duration) -> tokio::time::Instant {
+    let allowed = request_timeout.clamp(std::time::Duration::from_secs(1), request_body::DEFAULT_DEADLINE);
+    tokio::time::Instant::now() + allowed
+}
+
 /// [`session_middleware`] but for the cache header.
 async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
     let form_post = req.method() == Method::POST
@@ -402,7 +410,7 @@ async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
             return guard::refusal(StatusCode::FORBIDDEN, &AppError::Csrf, form_post);
         }
         let (parts, body) = req.into_parts();
-        let bytes = match request_body::within(state.config.request_timeout, axum::body::to_bytes(body, guard::MAX_FORM_BYTES)).await {
+        let bytes = match request_body::within(form_deadline(state.config.request_timeout), axum::body::to_bytes(body, guard::MAX_FORM_BYTES)).await {
             Ok(Ok(bytes)) => bytes,
             Ok(Err(_)) => {
                 let too_big = AppError::Invalid { field: "body".into(), reason: format!("larger than {} KiB", guard::MAX_FORM_BYTES / 1024) };

@@ -87,7 +87,7 @@ pub async fn run_to_completion_within(State((tasks, limit)): State<(RequestTasks
     let path = req.uri().path().to_owned();
     // The body must arrive within the same time, nobody hearing an answer after it; a little
     // less, so that what the client hears is the body's refusal, which says nothing was done.
-    req.extensions_mut().insert(crate::request_body::Deadline(limit - limit / 10));
+    req.extensions_mut().insert(crate::request_body::Deadline(tokio::time::Instant::now() + (limit - limit / 10)));
     let (mut handler, waiting) = spawn(&tasks, req, next);
     match tokio::time::timeout(limit, &mut handler).await {
         Ok(done) => answer(done),

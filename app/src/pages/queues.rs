@@ -385,10 +385,10 @@ fn RateLimitEditor(
     let overridden = override_note.is_some();
     let partition = format!("queue:{queue}");
     // A refused save comes back open, with what was typed.
-    let typed = RateLimitForm::typed(&queue);
+    let typed = RateLimitForm::typed(&queue).filter(|_| crate::feedback::refused_for_values(action));
     let editing = typed.is_some();
     let limit = typed.unwrap_or(limit);
-    let overriding = overridden || super::rate_limit_keys::typed_override(&partition).is_some();
+    let overriding = overridden || super::rate_limit_keys::typed_override(&partition, set_override).is_some();
     let field = move |name: &'static str, label: &'static str, value: String, hint: &'static str| {
         view! {
             <label>

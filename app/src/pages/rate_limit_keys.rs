@@ -138,8 +138,12 @@ pub async fn set_rate_limit_override(csrf: String, key: String, concurrency: Str
 }
 
 /// What was typed into `key`'s override form, carried in the page's URL when a save without
-/// JavaScript was refused (`?typed_override=<key>&concurrency=…&until=…`).
-pub fn typed_override(key: &str) -> Option<(String, String)> {
+/// JavaScript was refused (`?typed_override=<key>&concurrency=…&until=…`; see
+/// [`crate::feedback::refused_for_values`]).
+pub fn typed_override(key: &str, action: ServerAction<SetRateLimitOverride>) -> Option<(String, String)> {
+    if !crate::feedback::refused_for_values(action) {
+        return None;
+    }
     let q = use_query_map();
     q.with_untracked(|q| {
         (q.get("typed_override").as_deref() == Some(key)).then(|| (q.get("concurrency").unwrap_or_default(), q.get("until").unwrap_or_default()))
@@ -151,7 +155,7 @@ pub fn typed_override(key: &str) -> Option<(String, String)> {
 #[component]
 pub fn OverrideForms(key: String, overridden: bool, action: ServerAction<SetRateLimitOverride>, can_act: Signal<bool>) -> impl IntoView {
     let clear_key = key.clone();
-    let (concurrency, until) = typed_override(&key).unwrap_or_default();
+    let (concurrency, until) = typed_override(&key, action).unwrap_or_default();
     view! {
         <ActionForm action=action>
             <CsrfField/>

@@ -408,7 +408,7 @@ pub fn ReplayRulesPage() -> impl IntoView {
             {move || Suspend::new(async move {
                 match form.await {
                     Ok(f) => {
-                        let f = match typed.get_untracked() {
+                        let f = match typed.get_untracked().filter(|_| crate::feedback::refused_for_values(save)) {
                             Some(t) => t.over(f),
                             None => f,
                         };

@@ -51,7 +51,7 @@ async fn state_of(db: &TestDb, id: uuid::Uuid) -> JobState {
 async fn a_body_slower_than_the_request_timeout_is_refused_with_nothing_done() {
     let db = TestDb::new().await;
     let proxy = FaultProxy::in_front_of(&db.url).await;
-    let app = app_through(&db, &proxy, Duration::from_millis(400)).await;
+    let app = app_through(&db, &proxy, Duration::from_secs(3)).await;
     let first: Result<axum::body::Bytes, std::io::Error> = Ok(axum::body::Bytes::from_static(br#"{"type": "t.slow", "args": ["#));
     let dribble = futures::StreamExt::chain(futures::stream::iter([first]), futures::stream::pending());
     let req = Request::builder()
@@ -61,8 +61,8 @@ async fn a_body_slower_than_the_request_timeout_is_refused_with_nothing_done() {
         .body(Body::from_stream(dribble))
         .expect("request");
     let started = tokio::time::Instant::now();
-    let res = tokio::time::timeout(Duration::from_secs(10), app.oneshot(req)).await.expect("answered").expect("infallible");
-    assert!(started.elapsed() < Duration::from_secs(5), "answered at the request timeout, not the 30 s default");
+    let res = tokio::time::timeout(Duration::from_secs(20), app.oneshot(req)).await.expect("answered").expect("infallible");
+    assert!(started.elapsed() < Duration::from_secs(10), "answered by the request timeout, not the 30 s default");
     assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
     let body: serde_json::Value = serde_json::from_slice(&axum::body::to_bytes(res.into_body(), usize::MAX).await.expect("body")).expect("json");
     assert_eq!(body["error"]["details"]["field"], "body", "the body's own refusal: {body}");
