@@ -72,3 +72,21 @@ test('a forged __err link shows nothing attacker-chosen, with or without JavaScr
     }
   }
 });
+
+test('a link carrying form values fills no form, with or without JavaScript', async () => {
+  // The shape a refused save's way back has, but no refusal behind it: the values would be
+  // shown as the rule's, and saved by a careless click.
+  const link = `${BASE_URL}/dead-letters/replay-rules?edit=linked-rule&typed=1&name=linked-rule&delay=PT1M&max_replays=100&enabled=true`;
+  for (const javaScriptEnabled of [true, false]) {
+    const { page, close } = await openBrowser({ javaScriptEnabled });
+    try {
+      await signIn(page);
+      await page.goto(link);
+      if (javaScriptEnabled) await hydrated(page);
+      assert.equal(await page.inputValue('.replay-rule-editor input[name=delay]'), 'PT1H', `js ${javaScriptEnabled}: a new rule's default`);
+      assert.equal(await page.inputValue('.replay-rule-editor input[name=max_replays]'), '3', `js ${javaScriptEnabled}`);
+    } finally {
+      await close();
+    }
+  }
+});
