@@ -5,6 +5,7 @@
 //!   inside a transaction, and the pool never hands out a connection in one;
 //! * a claim that commits with its answer lost costs nothing: the worker hands the jobs back
 //!   uncounted ([`Store::release_orphans`]), and a heartbeat does if the worker never noticed;
+//! * the same for a claim that takes a due retry as it is (no promotion first);
 //! * a retry-in-place write whose answer was lost is recognised as written when tried again;
 //! * a progress report lost on the way is missing and nothing else is; one whose answer was
 //!   lost is kept once;
@@ -111,6 +112,42 @@ async fn a_claim_whose_answer_is_lost_costs_no_attempt() {
     // Jobs the worker holds are never touched.
     let known: Vec<Uuid> = again.iter().map(|j| j.id).collect();
     assert!(through.release_orphans("w1", &known).await.unwrap().is_empty());
+}
+
+/// A due retry is claimed as it is, without a promotion (see
+/// migrations/…_retries_claimed_when_due.sql): a claim of one cut as it is sent leaves it
+/// waiting, one whose answer was lost costs it nothing once the worker hands it back, and
+/// either way its next run is its second attempt.
+#[tokio::test]
+async fn a_lost_claim_of_a_due_retry_costs_it_no_attempt() {
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let through = Store::connect(&proxy.url(&db.name), 2).await.unwrap();
+    let id = db.store.enqueue(NewJob::new("t.claim", json!([]))).await.unwrap().job.id;
+    db.store.claim(&claim_req("w0", 1, Duration::from_secs(60))).await.unwrap();
+    let failure = Failure { id, attempt: Some(1), worker_id: Some("w0".into()), outcome: Outcome::Retry(HandlerError::new("t.flaky", "boom")), error_code: None };
+    assert_eq!(db.store.fail(&failure).await.unwrap().job.state, JobState::Retryable);
+    sqlx::query("UPDATE jobs SET scheduled_at = now() - interval '10 milliseconds' WHERE id = $1").bind(id).execute(db.store.pool()).await.unwrap();
+
+    let cut = proxy.inject(Fault::once("SET state = 'active', attempt = j.attempt + 1", FaultPoint::BeforeSend));
+    assert!(through.claim(&claim_req("w1", 10, Duration::from_secs(60))).await.is_err());
+    assert_eq!(cut.count(), 1);
+    let job = db.store.job(id).await.unwrap();
+    assert_eq!((job.state, job.attempt, job.locked_by), (JobState::Retryable, 1, None), "nothing was written");
+
+    let lost = proxy.inject(Fault::once("SET state = 'active', attempt = j.attempt + 1", FaultPoint::AfterCommit));
+    assert!(through.claim(&claim_req("w1", 10, Duration::from_secs(60))).await.is_err());
+    assert_eq!(lost.count(), 1);
+    let job = db.store.job(id).await.unwrap();
+    assert_eq!((job.state, job.attempt, job.locked_by.as_deref()), (JobState::Active, 2, Some("w1")), "committed, under w1");
+    assert_eq!(through.release_orphans("w1", &[]).await.unwrap().len(), 1);
+    let job = db.store.job(id).await.unwrap();
+    assert_eq!((job.state, job.attempt, job.locked_by), (JobState::Available, 1, None), "handed back uncounted, ready to run");
+    let outcomes: Vec<(String, i32)> = db.store.attempts(id).await.unwrap().into_iter().map(|a| (a.outcome, a.attempt)).collect();
+    assert_eq!(outcomes, vec![("retried".to_owned(), 1), ("released".to_owned(), 2)]);
+
+    let again = through.claim(&claim_req("w1", 10, Duration::from_secs(60))).await.unwrap();
+    assert_eq!(again.iter().map(|j| (j.id, j.attempt)).collect::<Vec<_>>(), vec![(id, 2)]);
 }
 
 /// A claim over two queues whose second queue fails: one transaction, so the first queue's

@@ -1115,3 +1115,106 @@ async fn dead_letters_are_listed_most_recently_dead_first_and_a_search_goes_on_p
     assert_eq!(first[0].id, ids[1]);
     assert_eq!(DeathCursor::parse("nonsense"), None);
 }
+
+/// Sets a job's time to run (a retry's backoff elapsed, or not yet).
+async fn set_due(s: &Store, id: Uuid, seconds_from_now: f64) {
+    sqlx::query("UPDATE jobs SET scheduled_at = now() + $2 * interval '1 second' WHERE id = $1")
+        .bind(id)
+        .bind(seconds_from_now)
+        .execute(s.pool())
+        .await
+        .unwrap();
+}
+
+async fn failed_once(s: &Store, job: NewJob) -> Uuid {
+    let id = s.enqueue(job).await.unwrap().job.id;
+    let claimed = s.claim(&claim_req(&["default"], 10)).await.unwrap();
+    assert!(claimed.iter().any(|j| j.id == id));
+    assert_eq!(s.fail(&failure(id, "x")).await.unwrap().job.state, JobState::Retryable);
+    id
+}
+
+/// A busy worker takes a due retry as it is, without the scheduler's promotion (a write of its
+/// own), but never one not yet due, one that expired, one whose rate-limit key admits it, one
+/// less urgent than an available job of its queue, nor anything in a paused queue or in
+/// maintenance mode. The scheduler leaves a due retry to the claims for
+/// `RETRY_CLAIM_WINDOW`, then promotes it as before.
+#[tokio::test]
+async fn a_due_retry_is_claimed_as_it_is_and_promoted_only_after_its_window() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let actor = Actor::new("ops");
+    let id = failed_once(s, NewJob::new("t", json!(["r"]))).await;
+
+    set_due(s, id, 30.0).await;
+    assert!(s.claim(&claim_req(&["default"], 10)).await.unwrap().is_empty(), "not due yet");
+
+    set_due(s, id, -0.01).await;
+    assert_eq!(s.promote_due(100).await.unwrap(), 0, "within its window, left to the claims");
+    let until = s.time_until_next_due().await.unwrap().unwrap();
+    assert!(until <= rebound_queue::store::RETRY_CLAIM_WINDOW && until > Duration::ZERO, "the scheduler waits for the window's end, not a spin: {until:?}");
+
+    s.set_queue_paused("default", true, &actor).await.unwrap();
+    assert!(s.claim(&claim_req(&["default"], 10)).await.unwrap().is_empty(), "paused");
+    s.set_queue_paused("default", false, &actor).await.unwrap();
+    s.enable_maintenance(None, None, &actor).await.unwrap();
+    assert!(s.claim(&claim_req(&["default"], 10)).await.unwrap().is_empty(), "maintenance mode");
+    s.disable_maintenance(&actor).await.unwrap();
+
+    let scheduled_at = s.job(id).await.unwrap().scheduled_at;
+    let claimed = s.claim(&claim_req(&["default"], 10)).await.unwrap();
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![id]);
+    let job = &claimed[0];
+    assert_eq!((job.state, job.attempt), (JobState::Active, 2));
+    assert_eq!(job.enqueued_at, Some(scheduled_at), "ready from the moment it fell due");
+    let starts: i64 = sqlx::query_scalar("SELECT count(*) FROM job_transitions WHERE state = 'active' AND $1 = ANY(job_ids)")
+        .bind(id)
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(starts, 2, "each start is in the log events are read from");
+    s.complete(&Completion { id, attempt: Some(2), worker_id: Some("w1".into()), started_at: job.started_at, result: None }).await.unwrap();
+    assert_eq!(s.job(id).await.unwrap().state, JobState::Completed);
+
+    // Less urgent than the queue's available work: it waits for its turn as a promoted retry
+    // would.
+    let low = failed_once(s, NewJob::new("t", json!(["low"]))).await;
+    set_due(s, low, -0.01).await;
+    let mut urgent = NewJob::new("t", json!(["urgent"]));
+    urgent.priority = 5;
+    let urgent = s.enqueue(urgent).await.unwrap().job.id;
+    let first = s.claim(&claim_req(&["default"], 1)).await.unwrap();
+    assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), vec![urgent]);
+    assert_eq!(s.job(low).await.unwrap().state, JobState::Retryable);
+    // Past its window, the scheduler promotes it and it is claimed as any available job.
+    set_due(s, low, -1.0).await;
+    assert_eq!(s.promote_due(100).await.unwrap(), 1);
+    assert_eq!(s.job(low).await.unwrap().state, JobState::Available);
+
+    // As urgent as the best available job: the due retry goes first, the rest of the batch
+    // from the available jobs.
+    // (Its failing run's claim takes `low` along.)
+    let due = failed_once(s, NewJob::new("t", json!(["due"]))).await;
+    set_due(s, due, -0.01).await;
+    let plain = s.enqueue(NewJob::new("t", json!(["plain"]))).await.unwrap().job.id;
+    let later = s.enqueue(NewJob::new("t", json!(["later"]))).await.unwrap().job.id;
+    let got = s.claim(&claim_req(&["default"], 2)).await.unwrap();
+    assert_eq!(got.iter().map(|j| j.id).collect::<Vec<_>>(), vec![due, plain]);
+    assert_eq!(s.job(later).await.unwrap().state, JobState::Available, "the batch's limit holds across both");
+    s.claim(&claim_req(&["default"], 10)).await.unwrap();
+
+    // Expired while it waited: the expiry pass's, not a claim's.
+    let mut expiring = NewJob::new("t", json!(["expiring"]));
+    expiring.expires_at = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600));
+    let expiring = failed_once(s, expiring).await;
+    set_due(s, expiring, -0.01).await;
+    sqlx::query("UPDATE jobs SET expires_at = now() - interval '1 second' WHERE id = $1").bind(expiring).execute(s.pool()).await.unwrap();
+    assert!(s.claim(&claim_req(&["default"], 10)).await.unwrap().is_empty(), "expired");
+    assert_eq!(s.expire_due(10).await.unwrap(), 1);
+
+    // Under a rate-limit key, admission is the key's: promoted at once, never taken as it is.
+    let keyed = failed_once(s, NewJob::new("t", json!(["keyed"])).rate_limit("k", Some(1))).await;
+    set_due(s, keyed, -0.01).await;
+    assert_eq!(s.promote_due(100).await.unwrap(), 1, "no window for a keyed retry");
+    assert_eq!(s.job(keyed).await.unwrap().state, JobState::Available);
+}

@@ -42,8 +42,12 @@ const REGISTER: &str = "INSERT INTO workers";
 enum Workload {
     /// Jobs that complete at once: claims, completions, registration.
     Plain,
-    /// Jobs that fail once, retried after a backoff through the queue: failures, promotions.
+    /// Jobs that fail once, retried after a backoff through the queue: failures, and claims
+    /// that take the due retries as they are.
     FailOnceThroughQueue,
+    /// The same with a worker that seldom polls, so it hears of its retries from their
+    /// promotion (`RETRY_CLAIM_WINDOW` after they fall due) and its notification.
+    FailOncePromoted,
     /// Jobs that fail once, retried at once in place, the retry slow enough to be written
     /// while it runs, and to be running still when that write's storage retry comes back.
     FailOnceInPlace,
@@ -76,7 +80,8 @@ fn config(s: &Setup, workload: Workload) -> String {
         Workload::ShutdownRelease => "visibility_timeout = \"60s\"\nshutdown_grace = \"300ms\"",
         _ => "visibility_timeout = \"60s\"",
     };
-    fast_config(worker, "default = 8", &s.recorder.handler("fault.*"))
+    let cfg = fast_config(worker, "default = 8", &s.recorder.handler("fault.*"));
+    if workload == Workload::FailOncePromoted { cfg.replace("poll_interval = \"200ms\"", "poll_interval = \"30s\"") } else { cfg }
 }
 
 async fn policy(s: &Setup, job_type: &str, v: Value) {
@@ -135,7 +140,7 @@ async fn run_case_then(statement: &str, point: FaultPoint, workload: Workload, t
     // carries jobs: a fault on an empty claim would cost nothing and prove nothing.
     let (ids, done_attempt, runs): (Vec<Uuid>, i32, Vec<i32>) = match workload {
         Workload::Plain => (enqueue(&s, "fault.ok", 20, json!({})).await, 1, vec![1]),
-        Workload::FailOnceThroughQueue => (enqueue(&s, "fault.retry", 8, json!({"fail_attempts": 1})).await, 2, vec![1, 2]),
+        Workload::FailOnceThroughQueue | Workload::FailOncePromoted => (enqueue(&s, "fault.retry", 8, json!({"fail_attempts": 1})).await, 2, vec![1, 2]),
         Workload::FailOnceInPlace => (enqueue(&s, "fault.inplace", 6, json!({"fail_attempts": 1, "sleep_ms": 600})).await, 2, vec![1, 2]),
         Workload::SlowHeartbeats => (enqueue(&s, "fault.ok", 4, json!({"sleep_ms": 2500})).await, 1, vec![1]),
         // Handed back uncounted at shutdown, then run again as the same attempt.
@@ -226,8 +231,8 @@ cases! {
     registration_committed_answer_lost: REGISTER, AfterCommit, Plain;
     failure_lost_before_it_ran: FAIL, BeforeSend, FailOnceThroughQueue;
     failure_committed_answer_lost: FAIL, AfterCommit, FailOnceThroughQueue;
-    promotion_lost_before_it_ran: PROMOTE, BeforeSend, FailOnceThroughQueue;
-    promotion_committed_answer_lost: PROMOTE, AfterCommit, FailOnceThroughQueue;
+    promotion_lost_before_it_ran: PROMOTE, BeforeSend, FailOncePromoted;
+    promotion_committed_answer_lost: PROMOTE, AfterCommit, FailOncePromoted;
     retry_in_place_lost_before_it_ran: IN_PLACE, BeforeSend, FailOnceInPlace;
     retry_in_place_committed_answer_lost: IN_PLACE, AfterCommit, FailOnceInPlace;
     heartbeat_lost_before_it_ran: HEARTBEAT, BeforeSend, SlowHeartbeats;

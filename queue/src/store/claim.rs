@@ -10,6 +10,13 @@ use super::{Store, StoreError, jobs_from_rows, millis};
 use crate::bounds;
 use crate::job::Job;
 
+/// How long a due unkeyed retry waits for a claim of its queue to take it straight from
+/// `retryable` before the scheduler promotes it to `available` (see
+/// migrations/…_retries_claimed_when_due.sql). A busy worker claims many times within it, so its
+/// retries skip the promotion's write; an idle worker hears of a retry only from the
+/// promotion's notification, this much after the retry's time.
+pub const RETRY_CLAIM_WINDOW: Duration = Duration::from_millis(200);
+
 /// A worker asking for up to `limit` jobs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClaimRequest {
@@ -58,21 +65,42 @@ WITH q AS MATERIALIZED (
                COALESCE(q.concurrency_limit - rebound_active_jobs(q.name), $2::bigint)))
            END AS n
     FROM q
+), lim AS MATERIALIZED (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM maintenance) THEN 0 ELSE COALESCE((SELECT n FROM room), $2::bigint) END AS n
+), retried AS MATERIALIZED (
+    -- Due retries, claimed without a promotion (see …_retries_claimed_when_due.sql): in the
+    -- order they fell due, those at least as urgent as the queue's most urgent available job.
+    -- An idle queue's retries cost an empty probe of `jobs_retry_due`, and the priority probe
+    -- runs only if one is due.
+    SELECT id FROM jobs
+    WHERE state = 'retryable' AND rate_limit_key IS NULL AND queue = $1 AND scheduled_at <= now()
+      AND (expires_at IS NULL OR expires_at > now())
+      AND priority >= COALESCE((
+          SELECT priority FROM jobs
+          WHERE state = 'available' AND NOT rate_limited AND queue = $1
+            AND (expires_at IS NULL OR expires_at > now())
+          ORDER BY priority DESC, scheduled_at, id LIMIT 1), priority)
+    ORDER BY scheduled_at, id
+    LIMIT (SELECT n FROM lim)
+    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE jobs j
     SET state = 'active', attempt = j.attempt + 1, started_at = now(), locked_by = $3,
+        -- A retry claimed straight from `retryable` was ready when it fell due, as a promoted
+        -- one is when promoted.
+        enqueued_at = CASE WHEN j.state = 'retryable' THEN j.scheduled_at ELSE j.enqueued_at END,
         -- LEAST: a timeout stored before bounds::MAX_TIMEOUT_MS (7 days) existed must not
         -- overflow the interval and fail every claim of the queue.
         lock_expires_at = now() + LEAST(COALESCE(j.visibility_timeout_ms, $4), 604800000) * interval '1 millisecond',
         -- Remembered so heartbeats extend by the same amount.
         visibility_timeout_ms = COALESCE(j.visibility_timeout_ms, $4),
         updated_at = now()
-    WHERE j.id = ANY(ARRAY(
+    WHERE j.id = ANY(ARRAY(SELECT id FROM retried) || ARRAY(
         SELECT id FROM jobs
         WHERE state = 'available' AND NOT rate_limited AND queue = $1
           AND (expires_at IS NULL OR expires_at > now())
         ORDER BY priority DESC, scheduled_at, id
-        LIMIT CASE WHEN EXISTS (SELECT 1 FROM maintenance) THEN 0 ELSE COALESCE((SELECT n FROM room), $2::bigint) END
+        LIMIT (SELECT n FROM lim) - (SELECT count(*) FROM retried)
         FOR UPDATE SKIP LOCKED
     ))
     RETURNING j.*
@@ -94,7 +122,10 @@ static CLAIM_NAMING_TX: std::sync::LazyLock<String> =
 impl Store {
     /// Claims up to `limit` available jobs, moving them to `active` with `attempt + 1` and a
     /// lock that expires after the visibility timeout. Two claimers never get the same job.
-    /// Jobs come back in claim order: queue order, then priority (high first), then FIFO.
+    /// Due retries without a rate-limit key are taken first, as they are (no promotion), if
+    /// at least as urgent as the queue's most urgent available job (see
+    /// [`RETRY_CLAIM_WINDOW`]). Jobs come back in claim order: queue order, then priority
+    /// (high first), then FIFO.
     ///
     /// One queue is one statement. Several queues are claimed as [`Store::claim_in_one`] claims
     /// them, all or nothing: claimed one statement each, a later queue's claim whose answer was

@@ -181,12 +181,15 @@ impl Store {
     }
 
     /// Scheduler: moves due `scheduled` and `retryable` jobs to `available`, at most `limit`;
-    /// none in maintenance mode.
+    /// none in maintenance mode. A retry without a rate-limit key is left for
+    /// [`RETRY_CLAIM_WINDOW`](super::RETRY_CLAIM_WINDOW) after it falls due, for a claim to
+    /// take as it is.
     pub async fn promote_due(&self, limit: i64) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
         let queues: Vec<String> = sqlx::query_scalar(
             "WITH due AS (
                  SELECT id FROM jobs WHERE state IN ('scheduled', 'retryable') AND scheduled_at <= now()
+                   AND (state = 'scheduled' OR rate_limit_key IS NOT NULL OR scheduled_at <= now() - $2 * interval '1 millisecond')
                    -- Held in maintenance mode: nothing is handed out, so nothing is made ready.
                    AND NOT EXISTS (SELECT 1 FROM maintenance)
                  ORDER BY scheduled_at LIMIT $1 FOR UPDATE SKIP LOCKED
@@ -200,6 +203,7 @@ impl Store {
              SELECT queue FROM moved",
         )
         .bind(limit)
+        .bind(super::millis(super::RETRY_CLAIM_WINDOW))
         .fetch_all(&mut *tx)
         .await?;
         let moved = queues.len() as u64;

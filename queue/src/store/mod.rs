@@ -139,7 +139,7 @@ pub use admin::{BulkReport, DeadLetterStats};
 pub use audit::{Actor, AuditEntry, AuditFilter};
 pub use auth::{ApiToken, MAX_USERNAME_BYTES, Operator, Role, Session};
 pub use login_throttle::LoginFailures;
-pub use claim::{ClaimRequest, HeldJobs, UNANSWERED_CLAIM_REASON};
+pub use claim::{ClaimRequest, HeldJobs, RETRY_CLAIM_WINDOW, UNANSWERED_CLAIM_REASON};
 pub use complete::{Completion, ORPHAN_REASON};
 pub use cron::{CRON_EVENT_TYPES, CronEvent, CronJob, CronPass, CronSpec, CronTemplate, OverlapPolicy, TemplateRateLimit, TemplateWindow, validate_cron_name};
 pub use cancel::{BULK_LIMIT, JobSelection};

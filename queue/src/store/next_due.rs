@@ -82,9 +82,13 @@ impl Store {
         // so has no end to wait for. A key's hold or override ending may free its waiting
         // jobs as a window's end does, and a queue's its queue's (the sweep clears it and wakes
         // the workers). In maintenance mode nothing is promoted or admitted, so an overdue
-        // job must not wake the scheduler every SCHEDULER_MIN_WAIT until it ends.
+        // job must not wake the scheduler every SCHEDULER_MIN_WAIT until it ends. A pass
+        // promotes every due job but a retry within its claim window (or one a claim holds
+        // locked), so an earliest job already due is waited for until its window ends.
         let row: Option<(Option<f64>, Option<f64>)> = sqlx::query_as(
-            "SELECT EXTRACT(EPOCH FROM ((SELECT min(scheduled_at) FROM jobs WHERE state IN ('scheduled', 'retryable')) - now()))::float8 * 1000,
+            "SELECT EXTRACT(EPOCH FROM ((SELECT CASE WHEN min(scheduled_at) > now() THEN min(scheduled_at)
+                                                     ELSE min(scheduled_at) + $1 * interval '1 millisecond' END
+                                         FROM jobs WHERE state IN ('scheduled', 'retryable')) - now()))::float8 * 1000,
                     EXTRACT(EPOCH FROM (LEAST(
                         (SELECT min(LEAST(rebound_rate_limit_windows_end(r),
                                           CASE WHEN r.held_until > now() THEN r.held_until END,
@@ -94,6 +98,7 @@ impl Store {
                     ) - now()))::float8 * 1000
              WHERE NOT EXISTS (SELECT 1 FROM maintenance)",
         )
+        .bind(super::millis(super::RETRY_CLAIM_WINDOW))
         .fetch_optional(&self.pool)
         .await?;
         let wait = |ms: Option<f64>| ms.map(|ms| if ms > 0.0 { Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX) } else { Duration::ZERO });
