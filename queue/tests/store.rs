@@ -47,7 +47,7 @@ fn failure(id: Uuid, error_type: &str) -> Failure {
 
 /// Makes a retryable job due now, as if its backoff had elapsed.
 async fn make_due(s: &Store, id: Uuid) {
-    sqlx::query("UPDATE jobs SET scheduled_at = now() - interval '1 second' WHERE id = $1")
+    sqlx::query("UPDATE jobs SET scheduled_at = now() - interval '1 minute' WHERE id = $1")
         .bind(id)
         .execute(s.pool())
         .await
@@ -1149,10 +1149,26 @@ async fn a_due_retry_is_claimed_as_it_is_and_promoted_only_after_its_window() {
     set_due(s, id, 30.0).await;
     assert!(s.claim(&claim_req(&["default"], 10)).await.unwrap().is_empty(), "not due yet");
 
+    // Falling due, its queue is told (an idle worker claims it then), and it is not written.
+    let mut listener = s.listen().await.unwrap();
     set_due(s, id, -0.01).await;
     assert_eq!(s.promote_due(100).await.unwrap(), 0, "within its window, left to the claims");
+    assert_eq!(listener.next(Duration::from_secs(5)).await.unwrap(), Some(Notification::Jobs("default".into())));
+    assert_eq!(s.job(id).await.unwrap().state, JobState::Retryable);
+    // (Each check of the window sets the retry's time again: a pause of the test past the
+    // window must not fail it.)
+    set_due(s, id, -0.01).await;
     let until = s.time_until_next_due().await.unwrap().unwrap();
     assert!(until <= rebound_queue::store::RETRY_CLAIM_WINDOW && until > Duration::ZERO, "the scheduler waits for the window's end, not a spin: {until:?}");
+    // A job due sooner is waited for by its own time, not the retry's window.
+    let mut soon = NewJob::new("t", json!(["soon"])).queue("elsewhere");
+    soon.scheduled_at = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(30));
+    let soon = s.enqueue(soon).await.unwrap().job.id;
+    sqlx::query("UPDATE jobs SET scheduled_at = now() + interval '40 milliseconds' WHERE id = $1").bind(soon).execute(s.pool()).await.unwrap();
+    set_due(s, id, -0.01).await;
+    let until = s.time_until_next_due().await.unwrap().unwrap();
+    assert!(until <= Duration::from_millis(40), "{until:?}");
+    sqlx::query("DELETE FROM jobs WHERE id = $1").bind(soon).execute(s.pool()).await.unwrap();
 
     s.set_queue_paused("default", true, &actor).await.unwrap();
     assert!(s.claim(&claim_req(&["default"], 10)).await.unwrap().is_empty(), "paused");
@@ -1187,7 +1203,7 @@ async fn a_due_retry_is_claimed_as_it_is_and_promoted_only_after_its_window() {
     assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), vec![urgent]);
     assert_eq!(s.job(low).await.unwrap().state, JobState::Retryable);
     // Past its window, the scheduler promotes it and it is claimed as any available job.
-    set_due(s, low, -1.0).await;
+    set_due(s, low, -10.0).await;
     assert_eq!(s.promote_due(100).await.unwrap(), 1);
     assert_eq!(s.job(low).await.unwrap().state, JobState::Available);
 

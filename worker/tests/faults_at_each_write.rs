@@ -45,8 +45,8 @@ enum Workload {
     /// Jobs that fail once, retried after a backoff through the queue: failures, and claims
     /// that take the due retries as they are.
     FailOnceThroughQueue,
-    /// The same with a worker that seldom polls, so it hears of its retries from their
-    /// promotion (`RETRY_CLAIM_WINDOW` after they fall due) and its notification.
+    /// The same under a rate-limit key (with room for all), whose retries are always
+    /// promoted (their key admits them), never claimed as they are: promotions.
     FailOncePromoted,
     /// Jobs that fail once, retried at once in place, the retry slow enough to be written
     /// while it runs, and to be running still when that write's storage retry comes back.
@@ -80,8 +80,7 @@ fn config(s: &Setup, workload: Workload) -> String {
         Workload::ShutdownRelease => "visibility_timeout = \"60s\"\nshutdown_grace = \"300ms\"",
         _ => "visibility_timeout = \"60s\"",
     };
-    let cfg = fast_config(worker, "default = 8", &s.recorder.handler("fault.*"));
-    if workload == Workload::FailOncePromoted { cfg.replace("poll_interval = \"200ms\"", "poll_interval = \"30s\"") } else { cfg }
+    fast_config(worker, "default = 8", &s.recorder.handler("fault.*"))
 }
 
 async fn policy(s: &Setup, job_type: &str, v: Value) {
@@ -140,7 +139,11 @@ async fn run_case_then(statement: &str, point: FaultPoint, workload: Workload, t
     // carries jobs: a fault on an empty claim would cost nothing and prove nothing.
     let (ids, done_attempt, runs): (Vec<Uuid>, i32, Vec<i32>) = match workload {
         Workload::Plain => (enqueue(&s, "fault.ok", 20, json!({})).await, 1, vec![1]),
-        Workload::FailOnceThroughQueue | Workload::FailOncePromoted => (enqueue(&s, "fault.retry", 8, json!({"fail_attempts": 1})).await, 2, vec![1, 2]),
+        Workload::FailOnceThroughQueue => (enqueue(&s, "fault.retry", 8, json!({"fail_attempts": 1})).await, 2, vec![1, 2]),
+        Workload::FailOncePromoted => {
+            let jobs = (0..8).map(|_| NewJob::new("fault.retry", json!([{"fail_attempts": 1}])).rate_limit("fault", Some(100))).collect();
+            (s.db.store.enqueue_batch(jobs).await.unwrap().into_iter().map(|e| e.job.id).collect(), 2, vec![1, 2])
+        }
         Workload::FailOnceInPlace => (enqueue(&s, "fault.inplace", 6, json!({"fail_attempts": 1, "sleep_ms": 600})).await, 2, vec![1, 2]),
         Workload::SlowHeartbeats => (enqueue(&s, "fault.ok", 4, json!({"sleep_ms": 2500})).await, 1, vec![1]),
         // Handed back uncounted at shutdown, then run again as the same attempt.

@@ -12,10 +12,16 @@ use crate::job::Job;
 
 /// How long a due unkeyed retry waits for a claim of its queue to take it straight from
 /// `retryable` before the scheduler promotes it to `available` (see
-/// migrations/…_retries_claimed_when_due.sql). A busy worker claims many times within it, so its
-/// retries skip the promotion's write; an idle worker hears of a retry only from the
-/// promotion's notification, this much after the retry's time.
-pub const RETRY_CLAIM_WINDOW: Duration = Duration::from_millis(200);
+/// migrations/…_retries_claimed_when_due.sql). The scheduler notifies the retry's queue when
+/// it falls due, without writing it, so a worker claims it then whether busy or idle; one still
+/// waiting after the window (its queue paused or at its limit, its workers busy with more
+/// urgent jobs, or none listening) is promoted as before.
+// A claim running while a retry is promoted misses it (the claim's snapshot saw it
+// `retryable`; the promoted row no longer is), as one running while it fell due always could.
+// A long window keeps that moment away from when clients fetch a retry: the OJS conformance
+// suites fetch 0.2 to 2.5 s after its time. Promotion is for retries nothing claims: their
+// queue paused or at its limit, more urgent work ahead of them, no worker listening.
+pub const RETRY_CLAIM_WINDOW: Duration = Duration::from_secs(3);
 
 /// A worker asking for up to `limit` jobs.
 #[derive(Clone, Debug, PartialEq)]
@@ -68,10 +74,11 @@ WITH q AS MATERIALIZED (
 ), lim AS MATERIALIZED (
     SELECT CASE WHEN EXISTS (SELECT 1 FROM maintenance) THEN 0 ELSE COALESCE((SELECT n FROM room), $2::bigint) END AS n
 ), retried AS MATERIALIZED (
-    -- Due retries, claimed without a promotion (see …_retries_claimed_when_due.sql): in the
-    -- order they fell due, those at least as urgent as the queue's most urgent available job.
-    -- An idle queue's retries cost an empty probe of `jobs_retry_due`, and the priority probe
-    -- runs only if one is due.
+    -- Due retries, claimed without a promotion (see …_retries_claimed_when_due.sql): those at
+    -- least as urgent as the queue's most urgent available job, in claim order. The due set is
+    -- what fell due within the scheduler's window (later ones it promotes), so it is sorted
+    -- here, not walked in an index's order. An idle queue's retries cost an empty probe of
+    -- `jobs_retry_due`, and the priority probe runs only if one is due.
     SELECT id FROM jobs
     WHERE state = 'retryable' AND rate_limit_key IS NULL AND queue = $1 AND scheduled_at <= now()
       AND (expires_at IS NULL OR expires_at > now())
@@ -80,7 +87,7 @@ WITH q AS MATERIALIZED (
           WHERE state = 'available' AND NOT rate_limited AND queue = $1
             AND (expires_at IS NULL OR expires_at > now())
           ORDER BY priority DESC, scheduled_at, id LIMIT 1), priority)
-    ORDER BY scheduled_at, id
+    ORDER BY priority DESC, scheduled_at, id
     LIMIT (SELECT n FROM lim)
     FOR UPDATE SKIP LOCKED
 ), claimed AS (

@@ -183,10 +183,10 @@ impl Store {
     /// Scheduler: moves due `scheduled` and `retryable` jobs to `available`, at most `limit`;
     /// none in maintenance mode. A retry without a rate-limit key is left for
     /// [`RETRY_CLAIM_WINDOW`](super::RETRY_CLAIM_WINDOW) after it falls due, for a claim to
-    /// take as it is.
+    /// take as it is: its queue is notified meanwhile, unwritten.
     pub async fn promote_due(&self, limit: i64) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
-        let queues: Vec<String> = sqlx::query_scalar(
+        let queues: Vec<(String, bool)> = sqlx::query_as(
             "WITH due AS (
                  SELECT id FROM jobs WHERE state IN ('scheduled', 'retryable') AND scheduled_at <= now()
                    AND (state = 'scheduled' OR rate_limit_key IS NOT NULL OR scheduled_at <= now() - $2 * interval '1 millisecond')
@@ -200,14 +200,22 @@ impl Store {
                  UPDATE jobs j SET state = 'available', enqueued_at = now(), updated_at = now()
                  WHERE j.id = ANY(ARRAY(SELECT id FROM due)) RETURNING j.queue
              )
-             SELECT queue FROM moved",
+             SELECT queue, true FROM moved
+             UNION ALL
+             -- Queues with a retry inside its window: told, so that an idle worker claims it
+             -- now, not when it is promoted. (A pass runs when a job falls due, see
+             -- `next_waits`; a retry is told of at most a few times.)
+             SELECT DISTINCT queue, false FROM jobs
+             WHERE state = 'retryable' AND rate_limit_key IS NULL
+               AND scheduled_at <= now() AND scheduled_at > now() - $2 * interval '1 millisecond'
+               AND NOT EXISTS (SELECT 1 FROM maintenance)",
         )
         .bind(limit)
         .bind(super::millis(super::RETRY_CLAIM_WINDOW))
         .fetch_all(&mut *tx)
         .await?;
-        let moved = queues.len() as u64;
-        let mut distinct = queues;
+        let moved = queues.iter().filter(|(_, promoted)| *promoted).count() as u64;
+        let mut distinct: Vec<String> = queues.into_iter().map(|(queue, _)| queue).collect();
         distinct.sort();
         distinct.dedup();
         notify_queues(&mut *tx, &distinct).await?;

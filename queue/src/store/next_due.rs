@@ -82,13 +82,18 @@ impl Store {
         // so has no end to wait for. A key's hold or override ending may free its waiting
         // jobs as a window's end does, and a queue's its queue's (the sweep clears it and wakes
         // the workers). In maintenance mode nothing is promoted or admitted, so an overdue
-        // job must not wake the scheduler every SCHEDULER_MIN_WAIT until it ends. A pass
-        // promotes every due job but a retry within its claim window (or one a claim holds
-        // locked), so an earliest job already due is waited for until its window ends.
+        // job must not wake the scheduler every SCHEDULER_MIN_WAIT until it ends. A job not
+        // yet due is waited for until its time (a retry's queue is then told of it); a pass
+        // promotes every job already due but a retry within its claim window (or one a claim
+        // holds locked), so such a retry is waited for until its window ends. Jobs already due
+        // after a pass are few (a window's worth), so that minimum reads few rows.
         let row: Option<(Option<f64>, Option<f64>)> = sqlx::query_as(
-            "SELECT EXTRACT(EPOCH FROM ((SELECT CASE WHEN min(scheduled_at) > now() THEN min(scheduled_at)
-                                                     ELSE min(scheduled_at) + $1 * interval '1 millisecond' END
-                                         FROM jobs WHERE state IN ('scheduled', 'retryable')) - now()))::float8 * 1000,
+            "SELECT EXTRACT(EPOCH FROM (LEAST(
+                        (SELECT min(scheduled_at) FROM jobs WHERE state IN ('scheduled', 'retryable') AND scheduled_at > now()),
+                        (SELECT min(CASE WHEN state = 'retryable' AND rate_limit_key IS NULL
+                                         THEN scheduled_at + $1 * interval '1 millisecond' ELSE scheduled_at END)
+                         FROM jobs WHERE state IN ('scheduled', 'retryable') AND scheduled_at <= now())
+                    ) - now()))::float8 * 1000,
                     EXTRACT(EPOCH FROM (LEAST(
                         (SELECT min(LEAST(rebound_rate_limit_windows_end(r),
                                           CASE WHEN r.held_until > now() THEN r.held_until END,
