@@ -49,6 +49,20 @@ test('the CSP allows hydration and JavaScript forms, and nothing violates it', a
   }
 });
 
+/** A browser signed in and at `link`, hydrated when JavaScript runs; the caller closes it. */
+async function signedInAt(link, javaScriptEnabled) {
+  const browser = await openBrowser({ javaScriptEnabled });
+  try {
+    await signIn(browser.page);
+    await browser.page.goto(link);
+    if (javaScriptEnabled) await hydrated(browser.page);
+    return browser;
+  } catch (e) {
+    await browser.close();
+    throw e;
+  }
+}
+
 test('a forged __err link shows nothing attacker-chosen, with or without JavaScript', async () => {
   // Encoded as Leptos encodes its own (URL-safe base64 with padding), so that without the
   // server's check the page would show it.
@@ -58,11 +72,8 @@ test('a forged __err link shows nothing attacker-chosen, with or without JavaScr
     .replace(/\//g, '_');
   const link = `${BASE_URL}/queues?__path=%2Fapi%2Fset_queue_paused&__err=${encodeURIComponent(forged)}`;
   for (const javaScriptEnabled of [true, false]) {
-    const { page, close } = await openBrowser({ javaScriptEnabled });
+    const { page, close } = await signedInAt(link, javaScriptEnabled);
     try {
-      await signIn(page);
-      await page.goto(link);
-      if (javaScriptEnabled) await hydrated(page);
       assert.equal(await textOf(page, 'h1'), 'Queues');
       assert.doesNotMatch(await page.content(), /evil\.example/, `js ${javaScriptEnabled}`);
       assert.equal(new URL(page.url()).searchParams.get('__err'), null, 'the error is dropped from the URL');
@@ -78,11 +89,8 @@ test('a link carrying form values fills no form, with or without JavaScript', as
   // shown as the rule's, and saved by a careless click.
   const link = `${BASE_URL}/dead-letters/replay-rules?edit=linked-rule&typed=1&name=linked-rule&delay=PT1M&max_replays=100&enabled=true`;
   for (const javaScriptEnabled of [true, false]) {
-    const { page, close } = await openBrowser({ javaScriptEnabled });
+    const { page, close } = await signedInAt(link, javaScriptEnabled);
     try {
-      await signIn(page);
-      await page.goto(link);
-      if (javaScriptEnabled) await hydrated(page);
       assert.equal(await page.inputValue('.replay-rule-editor input[name=delay]'), 'PT1H', `js ${javaScriptEnabled}: a new rule's default`);
       assert.equal(await page.inputValue('.replay-rule-editor input[name=max_replays]'), '3', `js ${javaScriptEnabled}`);
     } finally {
