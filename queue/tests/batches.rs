@@ -329,6 +329,43 @@ async fn lean_failures_decide_each_job_by_its_own_effective_policy() {
 }
 
 #[tokio::test]
+async fn a_lean_failure_lands_only_on_the_run_it_read() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let id = s.enqueue(NewJob::new("t.lean", json!([]))).await.unwrap().job.id;
+    s.claim(&claim_req("default", "w1", 1)).await.unwrap();
+
+    // Another session holds the row, so the failure's read (which takes no lock) sees this run
+    // and its write waits. Meanwhile the job starts another run with the same attempt number
+    // and worker (what a snooze and a new claim by the same worker leave behind).
+    let mut other = s.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE").bind(id).execute(&mut *other).await.unwrap();
+    let failing = tokio::spawn({
+        let s = s.clone();
+        async move { s.fail_batch_ids(&[failure(id, 1, "app.flaky")]).await }
+    });
+    let mut waited = Duration::ZERO;
+    while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'")
+        .bind(&db.name)
+        .fetch_one(s.pool())
+        .await
+        .unwrap()
+        == 0
+    {
+        assert!(waited < Duration::from_secs(10), "the failure's write never waited for the row");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += Duration::from_millis(20);
+    }
+    sqlx::query("UPDATE jobs SET started_at = started_at + interval '1 second' WHERE id = $1").bind(id).execute(&mut *other).await.unwrap();
+    other.commit().await.unwrap();
+
+    assert_eq!(failing.await.unwrap().unwrap(), Vec::<Uuid>::new(), "the failure of the run read is not charged to the next");
+    let job = s.job(id).await.unwrap();
+    assert_eq!((job.state, job.attempt, job.last_error), (JobState::Active, 1, None));
+    assert!(s.attempts(id).await.unwrap().is_empty());
+}
+
+#[tokio::test]
 async fn a_sub_millisecond_retry_is_claimable_again_at_once() {
     let db = TestDb::new().await;
     let s = &db.store;

@@ -170,13 +170,17 @@ impl<'a> From<&'a FailedRun> for FailingRun<'a> {
             worker_id: run.worker_id.as_deref(),
             error_code: run.error_code.as_deref(),
             immediate: run.immediate,
-            // The job was read (or locked) just before: the write lands only on the run read,
-            // not on a claim of the same attempt number made in between. (A start out of range,
-            // read as the extreme it was clamped to, could never match: such a hand-edited row
-            // is written unguarded, as before, rather than never rescued.)
-            started_at: run.job.started_at.filter(|t| *t != Timestamp::MIN && *t != Timestamp::MAX),
+            started_at: start_read(run.job.started_at),
         }
     }
+}
+
+/// The start to guard a write by, for a job read just before it: the write lands only on the
+/// run read, not on a claim of the same attempt number made in between. (A start out of range,
+/// read as the extreme it was clamped to, could never match: such a hand-edited row is written
+/// unguarded rather than never rescued.)
+fn start_read(started_at: Option<Timestamp>) -> Option<Timestamp> {
+    started_at.filter(|t| *t != Timestamp::MIN && *t != Timestamp::MAX)
 }
 
 /// The decisions for a batch of failures, as the write statement's parameters.
@@ -431,7 +435,7 @@ impl Store {
         let mut conn = self.pool.acquire().await?;
         let mut policy_conn = self.pool.acquire().await?;
         let (rows, layers) = tokio::join!(
-            sqlx::query("SELECT id, type, attempt, retry, locked_by FROM jobs WHERE id = ANY($1) AND state = 'active'")
+            sqlx::query("SELECT id, type, attempt, retry, locked_by, started_at FROM jobs WHERE id = ANY($1) AND state = 'active'")
                 .bind(&ids)
                 .fetch_all(&mut *conn),
             PolicyLayers::load_for_jobs(&mut policy_conn, &ids),
@@ -445,6 +449,7 @@ impl Store {
                 attempt: row.try_get("attempt")?,
                 retry: row.try_get("retry")?,
                 locked_by: row.try_get("locked_by")?,
+                started_at: super::ts_opt(row, "started_at")?,
             };
             active.insert(row.try_get("id")?, run);
         }
@@ -457,7 +462,7 @@ impl Store {
                 if f.attempt.is_some_and(|a| a != run.attempt) || !taken.insert(f.id) {
                     return None;
                 }
-                Some(FailingRun::reported(f, &run.job_type, run.attempt, run.retry.as_ref(), run.locked_by.as_deref()))
+                Some(FailingRun { started_at: start_read(run.started_at), ..FailingRun::reported(f, &run.job_type, run.attempt, run.retry.as_ref(), run.locked_by.as_deref()) })
             })
             .collect();
         if runs.is_empty() {
@@ -517,4 +522,5 @@ struct ActiveRun {
     attempt: i32,
     retry: Option<Value>,
     locked_by: Option<String>,
+    started_at: Option<Timestamp>,
 }
