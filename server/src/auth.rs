@@ -30,6 +30,18 @@ pub fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
+/// Whether `token` has the shape [`generate_token`] gives every token. One that has not cannot
+/// be live, so it is refused without a look-up: a flood of junk costs the database nothing.
+pub fn well_formed(token: &str) -> bool {
+    token.strip_prefix(TOKEN_PREFIX).is_some_and(is_secret_hex)
+}
+
+/// Whether `s` is 32 random bytes as [`generate_token`] and the dashboard's session tokens
+/// write them: 64 lowercase hex digits.
+pub fn is_secret_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// Who is calling the API, for the audit log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
@@ -73,6 +85,9 @@ pub async fn require_token(State(state): State<AppState>, mut req: Request, next
             let Some(token) = bearer(req.headers()) else {
                 return unauthenticated("this endpoint needs an Authorization: Bearer token");
             };
+            if !well_formed(token) {
+                return unauthenticated("the bearer token is unknown or revoked");
+            }
             match state.store.verify_token(&hash_token(token)).await {
                 Ok(Some(t)) => Caller { name: t.name },
                 Ok(None) => return unauthenticated("the bearer token is unknown or revoked"),
@@ -115,6 +130,10 @@ mod tests {
     fn tokens_are_random_and_hash_stably() {
         let a = generate_token().expect("os randomness");
         assert!(a.starts_with(TOKEN_PREFIX));
+        assert!(well_formed(&a));
+        for junk in ["", "rbt_", &a[..a.len() - 1], &format!("{a}0"), &a.to_uppercase(), &a.replacen("rbt_", "rbx_", 1), &hash_token(&a)] {
+            assert!(!well_formed(junk), "{junk:?}");
+        }
         assert_eq!(a.len(), TOKEN_PREFIX.len() + 64);
         assert_ne!(a, generate_token().expect("os randomness"));
         assert_eq!(hash_token(&a), hash_token(&a));

@@ -72,16 +72,22 @@ pub fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
 }
 
 /// The session tokens the request's cookies carry: the [`SECURE_SESSION_COOKIE`] one first,
-/// then the [`SESSION_COOKIE`] one.
+/// then the [`SESSION_COOKIE`] one. A value that is not a token as [`random_secret`] writes
+/// them is no session and is never looked up: junk cookies cost the database nothing.
 fn session_tokens(headers: &HeaderMap) -> Vec<String> {
-    [SECURE_SESSION_COOKIE, SESSION_COOKIE].into_iter().filter_map(|name| cookie_value(headers, name)).collect()
+    [SECURE_SESSION_COOKIE, SESSION_COOKIE].into_iter().filter_map(|name| session_cookie_value(headers, name)).collect()
+}
+
+/// Cookie `name`'s value if it has a session token's shape.
+fn session_cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
+    cookie_value(headers, name).filter(|v| crate::auth::is_secret_hex(v))
 }
 
 /// The session token a request signs in with: over HTTPS only the [`SECURE_SESSION_COOKIE`]
 /// one (a plain-named cookie there may have been planted by a sibling subdomain or over plain
 /// HTTP, which is what the `__Host-` prefix rules out), over plain HTTP only the plain one.
 fn signing_in_token(headers: &HeaderMap, secure: bool) -> Vec<String> {
-    cookie_value(headers, if secure { SECURE_SESSION_COOKIE } else { SESSION_COOKIE }).into_iter().collect()
+    session_cookie_value(headers, if secure { SECURE_SESSION_COOKIE } else { SESSION_COOKIE }).into_iter().collect()
 }
 
 /// Ends the sessions of every one of `tokens` (a browser's session cookies).
@@ -547,26 +553,36 @@ mod tests {
 
     #[test]
     fn the_host_prefixed_cookie_is_read_first_and_the_plain_one_still_counts() {
+        let (old, new) = ("a1".repeat(32), "ef".repeat(32));
         let mut h = HeaderMap::new();
-        h.insert(COOKIE, HeaderValue::from_static("rebound_session=old; __Host-rebound_session=new"));
-        assert_eq!(session_tokens(&h), ["new", "old"]);
-        h.insert(COOKIE, HeaderValue::from_static("rebound_session=old"));
-        assert_eq!(session_tokens(&h), ["old"]);
-        h.insert(COOKIE, HeaderValue::from_static("__Host-rebound_session=new; other=x"));
-        assert_eq!(session_tokens(&h), ["new"]);
+        let cookie = |v: String| HeaderValue::from_str(&v).expect("header");
+        h.insert(COOKIE, cookie(format!("rebound_session={old}; __Host-rebound_session={new}")));
+        assert_eq!(session_tokens(&h), [new.clone(), old.clone()]);
+        h.insert(COOKIE, cookie(format!("rebound_session={old}")));
+        assert_eq!(session_tokens(&h), std::slice::from_ref(&old));
+        h.insert(COOKIE, cookie(format!("__Host-rebound_session={new}; other=x")));
+        assert_eq!(session_tokens(&h), std::slice::from_ref(&new));
         h.insert(COOKIE, HeaderValue::from_static("other=x"));
         assert!(session_tokens(&h).is_empty());
+        // What no sign-in wrote is no session, and is never looked up.
+        for junk in ["x".to_string(), old[1..].to_string(), format!("{old}0"), old.to_uppercase(), format!("rbt_{old}")] {
+            h.insert(COOKIE, cookie(format!("rebound_session={junk}; __Host-rebound_session={junk}")));
+            assert!(session_tokens(&h).is_empty(), "{junk}");
+            assert!(signing_in_token(&h, false).is_empty() && signing_in_token(&h, true).is_empty(), "{junk}");
+        }
     }
 
     #[test]
     fn over_https_only_the_host_prefixed_cookie_signs_in() {
+        let (planted, plain, host) = ("0b".repeat(32), "0c".repeat(32), "0d".repeat(32));
+        let cookie = |v: String| HeaderValue::from_str(&v).expect("header");
         let mut h = HeaderMap::new();
-        h.insert(COOKIE, HeaderValue::from_static("rebound_session=planted"));
+        h.insert(COOKIE, cookie(format!("rebound_session={planted}")));
         assert!(signing_in_token(&h, true).is_empty(), "a plain cookie could have been planted");
-        assert_eq!(signing_in_token(&h, false), ["planted"]);
-        h.insert(COOKIE, HeaderValue::from_static("rebound_session=plain; __Host-rebound_session=host"));
-        assert_eq!(signing_in_token(&h, true), ["host"]);
-        assert_eq!(signing_in_token(&h, false), ["plain"]);
+        assert_eq!(signing_in_token(&h, false), [planted]);
+        h.insert(COOKIE, cookie(format!("rebound_session={plain}; __Host-rebound_session={host}")));
+        assert_eq!(signing_in_token(&h, true), [host]);
+        assert_eq!(signing_in_token(&h, false), [plain]);
     }
 
     #[test]

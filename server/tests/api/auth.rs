@@ -266,13 +266,14 @@ async fn forwarded_proto_makes_the_cookie_secure_only_as_a_trusted_proxy_says() 
     let s = TestServer::with_config(ServerConfig { api_auth: ApiAuth::None, secure_cookies: true, ..ServerConfig::default() }).await;
     operator(&s).await;
     let olivia = s.db.store.operator("olivia").await.expect("db").expect("olivia");
-    s.db.store.create_session(olivia.id, &hash_token("plain-token"), "csrf", Duration::from_secs(3600)).await.expect("a plain session");
-    assert_eq!(page(&s, "/jobs", &format!("{SESSION_COOKIE}=plain-token")).await.status, StatusCode::SEE_OTHER, "over HTTPS a plain cookie does not sign in");
-    let r = sign_in(&s, &[("cookie", &format!("{SESSION_COOKIE}=plain-token"))]).await;
+    let plain = "0a".repeat(32);
+    s.db.store.create_session(olivia.id, &hash_token(&plain), "csrf", Duration::from_secs(3600)).await.expect("a plain session");
+    assert_eq!(page(&s, "/jobs", &format!("{SESSION_COOKIE}={plain}")).await.status, StatusCode::SEE_OTHER, "over HTTPS a plain cookie does not sign in");
+    let r = sign_in(&s, &[("cookie", &format!("{SESSION_COOKIE}={plain}"))]).await;
     let cookies: Vec<&str> = r.headers.get_all("set-cookie").iter().filter_map(|v| v.to_str().ok()).collect();
     assert!(cookies[0].starts_with(&format!("{SECURE_SESSION_COOKIE}=")) && cookies[0].contains("; Secure"), "{cookies:?}");
     assert!(cookies.iter().any(|c| c.starts_with(&format!("{SESSION_COOKIE}=;")) && c.contains("Max-Age=0")), "{cookies:?}");
-    assert_eq!(seen_secs_ago(&s, "plain-token").await, None);
+    assert_eq!(seen_secs_ago(&s, &plain).await, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -371,4 +372,46 @@ async fn each_token_has_a_bucket_of_requests_and_past_it_gets_429_with_the_heade
     let r = s.raw("GET", "/ojs/v1/queues", &[("authorization", "Bearer nope")], Vec::new()).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text);
     assert_eq!(r.header("x-ratelimit-limit"), None);
+}
+
+/// Credentials no sign-in or `token create` could have written are refused without a look-up,
+/// so a flood of junk costs the database nothing; well-formed ones are looked up as before.
+#[tokio::test]
+async fn junk_tokens_and_session_cookies_are_refused_without_a_look_up() {
+    use axum::body::Body;
+    use axum::http::Request;
+    use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, TestDb};
+    use tower::ServiceExt;
+
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::in_front_of(&db.url).await;
+    let store = rebound_queue::Store::connect(&proxy.url(&db.name), 2).await.expect("connect through the proxy");
+    let app = rebound_server::router(rebound_server::AppState::new(store, ServerConfig { api_auth: ApiAuth::Token, ..ServerConfig::default() }));
+    // Armed only to count: each statement naming the table is let through untouched.
+    let counted = |sql: &str| proxy.inject(Fault { sql: sql.into(), point: FaultPoint::Delay(Duration::ZERO), times: u32::MAX });
+    let (token_reads, session_reads) = (counted("FROM api_tokens"), counted("FROM sessions"));
+    let send = |header: (&'static str, String), path: &'static str| {
+        let app = app.clone();
+        async move {
+            let req = Request::builder().uri(path).header(header.0, header.1).body(Body::empty()).expect("request");
+            app.oneshot(req).await.expect("infallible").status()
+        }
+    };
+
+    let token = generate_token().expect("randomness");
+    let secret = &token[4..];
+    for (bearer, cookie) in [
+        ("x".to_owned(), "x".to_owned()),
+        (format!("{token}0"), format!("{secret}0")),
+        (token.to_uppercase(), secret.to_uppercase()),
+        (secret.to_owned(), token.clone()),
+    ] {
+        assert_eq!(send(("authorization", format!("Bearer {bearer}")), "/ojs/v1/queues").await, StatusCode::UNAUTHORIZED, "{bearer}");
+        assert_eq!(send(("cookie", format!("{SESSION_COOKIE}={cookie}")), "/jobs").await, StatusCode::SEE_OTHER, "{cookie}");
+    }
+    assert_eq!((token_reads.count(), session_reads.count()), (0, 0), "junk was looked up");
+
+    assert_eq!(send(("authorization", format!("Bearer {token}")), "/ojs/v1/queues").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(send(("cookie", format!("{SESSION_COOKIE}={secret}")), "/jobs").await, StatusCode::SEE_OTHER);
+    assert_eq!((token_reads.count(), session_reads.count()), (1, 1), "a well-formed unknown token is looked up");
 }
