@@ -71,6 +71,8 @@ pub struct AppState {
     pub body_budget_units: usize,
     /// Each API caller's bucket of requests (`api_rate_limit`); `None` without a limit.
     pub request_limits: Option<Arc<ojs::request_limit::RequestLimits>>,
+    /// The health probes' shared looks at the database (see [`health`]).
+    pub probes: Arc<health::Probes>,
 }
 
 /// How many argon2 password checks run at once.
@@ -96,6 +98,7 @@ impl AppState {
             body_budget_units: body_budget.available_permits(),
             body_budget,
             request_limits,
+            probes: Arc::default(),
         }
     }
 }
