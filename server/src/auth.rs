@@ -2,8 +2,11 @@
 //! only its SHA-256, so a database leak does not leak usable tokens (they are random, so a
 //! plain hash is enough, unlike passwords).
 
-use axum::extract::{FromRequestParts, Request, State};
-use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
+use axum::http::header::{AUTHORIZATION, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
@@ -13,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::AppState;
 use crate::config::ApiAuth;
+use crate::login_throttle::{address_key, client_address};
 use crate::ojs::error::ApiError;
 
 /// Every token starts with this, so leaked tokens are easy to recognise (and to scan for).
@@ -76,6 +80,22 @@ fn unauthenticated(reason: &str) -> Response {
     res
 }
 
+/// 429 for an address that sent too many unknown tokens (see [`crate::unknown_credentials`]).
+fn too_many_unknown(wait: Duration) -> Response {
+    let mut res = ApiError::rate_limited(
+        format!(
+            "too many unknown bearer tokens from this address: at most {} in {} s",
+            crate::unknown_credentials::UNKNOWN_PER_WINDOW,
+            crate::unknown_credentials::WINDOW.as_secs()
+        ),
+        "check the token (rebound-server token list), then retry after the Retry-After header's seconds",
+    )
+    .detail("retry_after_seconds", wait.as_secs_f64())
+    .into_response();
+    res.headers_mut().insert(RETRY_AFTER, HeaderValue::from((wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)));
+    res
+}
+
 /// Middleware for the protected API routes: lets the request through with its [`Caller`], or
 /// answers 401 with an OJS error body.
 pub async fn require_token(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
@@ -88,9 +108,17 @@ pub async fn require_token(State(state): State<AppState>, mut req: Request, next
             if !well_formed(token) {
                 return unauthenticated("the bearer token is unknown or revoked");
             }
+            let peer = req.extensions().get::<ConnectInfo<SocketAddr>>();
+            let address = address_key(client_address(req.headers(), peer, state.config.behind_proxy));
+            if let Some(wait) = state.unknown_credentials.wait(&address) {
+                return too_many_unknown(wait);
+            }
             match state.store.verify_token(&hash_token(token)).await {
                 Ok(Some(t)) => Caller { name: t.name },
-                Ok(None) => return unauthenticated("the bearer token is unknown or revoked"),
+                Ok(None) => {
+                    state.unknown_credentials.unknown(&address);
+                    return unauthenticated("the bearer token is unknown or revoked");
+                }
                 // Only the token was looked up: the request itself has not run.
                 Err(e) => return ApiError::from(e).retry_safe().into_response(),
             }

@@ -109,6 +109,26 @@ async fn resolve_session(state: &AppState, tokens: &[String]) -> Result<Option<S
     Ok(None)
 }
 
+/// The live session the request signs in with. The cookie of an address that sent too many
+/// unknown credentials lately is not looked up (see [`crate::unknown_credentials`]): the
+/// request is signed out, as it most likely is anyway.
+async fn signed_in_session(state: &AppState, headers: &HeaderMap, peer: Option<ConnectInfo<SocketAddr>>) -> Result<Option<Session>, StoreError> {
+    let tokens = signing_in_token(headers, secure(state, headers));
+    if tokens.is_empty() {
+        return Ok(None);
+    }
+    let address = login_throttle::address_key(login_throttle::client_address(headers, peer.as_ref(), state.config.behind_proxy));
+    if state.unknown_credentials.wait(&address).is_some() {
+        tracing::info!(address = %address, "dashboard: session cookie not looked up: too many unknown ones from this address");
+        return Ok(None);
+    }
+    let found = resolve_session(state, &tokens).await?;
+    if found.is_none() {
+        state.unknown_credentials.unknown(&address);
+    }
+    Ok(found)
+}
+
 /// Where to go after signing in: `next` if it is a path on this site, else `/`.
 ///
 /// The value is parsed as a URL relative to a placeholder origin (so it is normalised exactly
@@ -401,7 +421,8 @@ async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
         let nul = AppError::Invalid { field: "query".into(), reason: "contains a NUL character".into() };
         return guard::refusal(StatusCode::BAD_REQUEST, &nul, true);
     }
-    let session = match resolve_session(&state, &signing_in_token(req.headers(), secure(&state, req.headers()))).await {
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().cloned();
+    let session = match signed_in_session(&state, req.headers(), peer).await {
         Ok(found) => found,
         Err(e) => {
             tracing::error!(error = %e, "resolving the dashboard session failed");
@@ -442,7 +463,8 @@ async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
     if let Some(session) = session {
         req.extensions_mut().insert(SignedIn(session));
     }
-    let is_page = req.method() == Method::GET && !path.starts_with("/api/");
+    // A HEAD is a page load too: it renders the page, only the body is dropped.
+    let is_page = matches!(*req.method(), Method::GET | Method::HEAD) && !path.starts_with("/api/");
     if is_page && !signed_in && !is_public(&path) {
         let target = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
         return see_other(&format!("/login?next={}", percent_encode(&target)));

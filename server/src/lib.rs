@@ -28,6 +28,7 @@ pub mod passwords;
 pub mod request_body;
 pub mod request_task;
 pub mod security_headers;
+pub mod unknown_credentials;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -73,6 +74,8 @@ pub struct AppState {
     pub request_limits: Option<Arc<ojs::request_limit::RequestLimits>>,
     /// The health probes' shared looks at the database (see [`health`]).
     pub probes: Arc<health::Probes>,
+    /// Unknown credentials seen per client address (see [`unknown_credentials`]).
+    pub unknown_credentials: Arc<unknown_credentials::UnknownCredentials>,
 }
 
 /// How many argon2 password checks run at once.
@@ -99,6 +102,7 @@ impl AppState {
             body_budget,
             request_limits,
             probes: Arc::default(),
+            unknown_credentials: Arc::default(),
         }
     }
 }

@@ -415,3 +415,57 @@ async fn junk_tokens_and_session_cookies_are_refused_without_a_look_up() {
     assert_eq!(send(("cookie", format!("{SESSION_COOKIE}={secret}")), "/jobs").await, StatusCode::SEE_OTHER);
     assert_eq!((token_reads.count(), session_reads.count()), (1, 1), "a well-formed unknown token is looked up");
 }
+
+/// Well-formed credentials have to be looked up to be told from live ones, before any
+/// per-caller limit applies; an address that keeps sending unknown ones is stopped looking:
+/// the API answers 429, the dashboard treats it as signed out. Other addresses are not held back.
+#[tokio::test]
+async fn an_address_sending_unknown_credentials_is_stopped_looking_and_others_are_not() {
+    use axum::body::Body;
+    use axum::extract::ConnectInfo;
+    use axum::http::Request;
+    use rebound_server::unknown_credentials::UNKNOWN_PER_WINDOW;
+    use std::net::SocketAddr;
+
+    let s = token_server().await;
+    operator(&s).await;
+    let live = generate_token().expect("randomness");
+    s.db.store.create_token("ci", &hash_token(&live), &Actor::new("test")).await.expect("create token");
+    let (guesser, other) = (SocketAddr::from(([192, 0, 2, 1], 40000)), SocketAddr::from(([192, 0, 2, 2], 40000)));
+    let from = |address: SocketAddr, path: &str, header: (&str, String)| {
+        let mut req = Request::builder().uri(path).header(header.0, header.1).body(Body::empty()).expect("request");
+        req.extensions_mut().insert(ConnectInfo(address));
+        req
+    };
+    let bearer = |t: &str| ("authorization", format!("Bearer {t}"));
+
+    for _ in 0..UNKNOWN_PER_WINDOW / 2 {
+        let guess = generate_token().expect("randomness");
+        assert_eq!(s.send(from(guesser, "/ojs/v1/queues", bearer(&guess))).await.status, StatusCode::UNAUTHORIZED);
+        let cookie = ("cookie", format!("{SESSION_COOKIE}={}", &guess[4..]));
+        assert_eq!(s.send(from(guesser, "/jobs", cookie)).await.status, StatusCode::SEE_OTHER);
+    }
+    // Past the limit, not even the live token is looked up from that address.
+    let r = s.send(from(guesser, "/ojs/v1/queues", bearer(&live))).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
+    r.assert_ojs_error("unknown credentials");
+    let retry_after: u64 = r.header("retry-after").and_then(|v| v.parse().ok()).expect("Retry-After in seconds");
+    assert!((1..=10).contains(&retry_after), "{retry_after}");
+    // Nor a live session cookie: the dashboard sends that address to sign in.
+    let session = session_token(&sign_in(&s, &[]).await, SESSION_COOKIE);
+    let cookie = format!("{SESSION_COOKIE}={session}");
+    assert_eq!(s.send(from(guesser, "/jobs", ("cookie", cookie.clone()))).await.status, StatusCode::SEE_OTHER);
+
+    // Another address is not held back, and its live credentials work.
+    assert_eq!(s.send(from(other, "/ojs/v1/queues", bearer(&live))).await.status, StatusCode::OK);
+    assert_eq!(s.send(from(other, "/jobs", ("cookie", cookie))).await.status, StatusCode::OK);
+}
+
+/// A HEAD of a dashboard page is a page load: signed out, it is sent to sign in, not rendered.
+#[tokio::test]
+async fn a_signed_out_head_of_a_page_is_sent_to_sign_in() {
+    let s = TestServer::new().await;
+    let r = s.raw("HEAD", "/jobs", &[], Vec::new()).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+    assert_eq!(r.header("location"), Some("/login?next=%2Fjobs"));
+}
