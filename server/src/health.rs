@@ -48,9 +48,12 @@ impl<T: Clone> Probe<T> {
     }
 }
 
-/// The shared looks at the database of [`readyz`] and the OJS health check.
+/// The shared looks at the database of [`readyz`], the OJS health check and `/metrics`
+/// (which `--public-metrics` serves to anyone; Prometheus scrapes it every few seconds).
 #[derive(Debug, Default)]
 pub struct Probes {
+    /// The queues' counts by state for `/metrics`; `None` when the database did not answer.
+    pub depth: Probe<Option<std::sync::Arc<rebound_queue::store::Stats>>>,
     /// Migrations this server has that the database lacks; `Err` when it did not answer.
     pub readiness: Probe<Result<Vec<String>, ()>>,
     /// How long the database took to answer; `Err` when it did not.

@@ -244,14 +244,21 @@ fn escape(v: &str) -> String {
 
 /// `GET /metrics`.
 pub async fn serve_metrics(State(state): State<AppState>) -> Response {
-    let depth = match state.store.stats(None).await {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "metrics: cannot read queue depth");
-            None
-        }
-    };
-    let body = state.metrics.render(depth.as_ref());
+    // One read of the counts a second answers every scrape (see `health::Probes`).
+    let depth = state
+        .probes
+        .depth
+        .answer(|| async {
+            match state.store.stats(None).await {
+                Ok(s) => Some(std::sync::Arc::new(s)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics: cannot read queue depth");
+                    None
+                }
+            }
+        })
+        .await;
+    let body = state.metrics.render(depth.as_deref());
     (StatusCode::OK, [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 

@@ -42,4 +42,11 @@ async fn counters_follow_enqueue_ack_and_nack() {
         assert!(r.text.contains(&expected), "missing {expected:?} in:\n{}", r.text);
     }
     assert!(!r.text.contains("rebound_jobs_dead_lettered_total{"), "nothing was dead-lettered");
+
+    // One read of the counts answers every scrape for a second, so a flood of scrapes (the
+    // endpoint can be public) costs the database one statement a second.
+    s.db.store.pool().close().await;
+    assert!(s.get("/metrics").await.text.contains("rebound_database_up 1"), "the last read answers");
+    tokio::time::sleep(rebound_server::health::PROBE_FRESH).await;
+    assert!(s.get("/metrics").await.text.contains("rebound_database_up 0"), "then the database is read again");
 }
