@@ -471,7 +471,7 @@ async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
     }
     let mut shown_flash = false;
     if is_page {
-        match guard::check_flash(&path, req.uri().query(), req.headers()) {
+        match guard::check_flash(&path, req.uri().query(), req.headers(), secure_cookies) {
             FlashCheck::Absent => {}
             FlashCheck::Genuine => shown_flash = true,
             FlashCheck::Forged(clean) => {
@@ -482,7 +482,7 @@ async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
     }
     let mut res = next.run(req).await;
     if shown_flash {
-        guard::add_cookie(&mut res, guard::clear_flash_cookie());
+        guard::add_cookie(&mut res, guard::clear_flash_cookie(secure_cookies));
     }
     // A form post redirected back to a page whose error parameters were stripped leaves a
     // bare `?` behind.

@@ -7,7 +7,7 @@
 //!   checked before the form is parsed into arguments;
 //! * server-function errors get the status their error names ([`AppError::status`]);
 //! * the error a no-JavaScript form post carries back in the URL (`__err`) is shown only to the
-//!   browser it was made for ([`FLASH_COOKIE`]).
+//!   browser it was made for ([`FLASH_COOKIE`], [`SECURE_FLASH_COOKIE`] over HTTPS).
 
 use axum::body::{Body, Bytes};
 use axum::http::header::{CONTENT_TYPE, HOST, LOCATION, ORIGIN, SET_COOKIE};
@@ -50,6 +50,14 @@ const READ_ONLY_FUNCTIONS: &[&str] = &[
 /// Holds a hash of the one error a no-JavaScript form post was just answered with, so that the
 /// page it redirects to may show it; a `__err` in any other link is dropped.
 pub const FLASH_COOKIE: &str = "rebound_flash";
+
+/// The flash cookie's name when cookies are `Secure`: like the session cookie's, a `__Host-`
+/// name no sibling subdomain or plain-HTTP page can set, so none can vouch for a forged error.
+pub const SECURE_FLASH_COOKIE: &str = "__Host-rebound_flash";
+
+fn flash_cookie_name(secure: bool) -> &'static str {
+    if secure { SECURE_FLASH_COOKIE } else { FLASH_COOKIE }
+}
 
 /// Whether `method` can change something, so the request is checked as a mutation.
 pub fn is_unsafe(method: &Method) -> bool {
@@ -159,7 +167,8 @@ pub fn flash_cookie_for(location: &str, secure: bool) -> Option<HeaderValue> {
     let query = location.split_once('?').map(|(_, q)| q)?;
     let err = raw_query_value(query.split('#').next().unwrap_or(query), "__err")?;
     HeaderValue::from_str(&format!(
-        "{FLASH_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age=120{}",
+        "{}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age=120{}",
+        flash_cookie_name(secure),
         flash_digest(err),
         if secure { "; Secure" } else { "" }
     ))
@@ -176,11 +185,12 @@ pub enum FlashCheck {
     Forged(String),
 }
 
-/// Checks a page load's `__err` against the flash cookie.
-pub fn check_flash(path: &str, query: Option<&str>, headers: &HeaderMap) -> FlashCheck {
+/// Checks a page load's `__err` against the flash cookie (when cookies are `secure`, only the
+/// `__Host-` one counts).
+pub fn check_flash(path: &str, query: Option<&str>, headers: &HeaderMap, secure: bool) -> FlashCheck {
     let Some(query) = query else { return FlashCheck::Absent };
     let Some(err) = raw_query_value(query, "__err") else { return FlashCheck::Absent };
-    if cookie_value(headers, FLASH_COOKIE).is_some_and(|c| constant_time_eq(c.as_bytes(), flash_digest(err).as_bytes())) {
+    if cookie_value(headers, flash_cookie_name(secure)).is_some_and(|c| constant_time_eq(c.as_bytes(), flash_digest(err).as_bytes())) {
         return FlashCheck::Genuine;
     }
     let kept: Vec<&str> = query.split('&').filter(|p| !p.starts_with("__err=") && !p.starts_with("__path=") && !p.is_empty()).collect();
@@ -188,8 +198,12 @@ pub fn check_flash(path: &str, query: Option<&str>, headers: &HeaderMap) -> Flas
 }
 
 /// The cookie header that forgets the flash once shown.
-pub fn clear_flash_cookie() -> HeaderValue {
-    HeaderValue::from_static("rebound_flash=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+pub fn clear_flash_cookie(secure: bool) -> HeaderValue {
+    if secure {
+        HeaderValue::from_static("__Host-rebound_flash=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0; Secure")
+    } else {
+        HeaderValue::from_static("rebound_flash=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+    }
 }
 
 /// A server function's error response (status 500 from `server_fn`) with the status its
@@ -311,13 +325,24 @@ mod tests {
         let value = cookie.to_str().expect("ascii").split(';').next().expect("pair").to_string();
         let mut h = HeaderMap::new();
         h.insert("cookie", HeaderValue::from_str(&value).expect("header"));
-        assert!(matches!(check_flash("/queues", Some("__path=%2Fapi%2Fx&__err=abc%3D"), &h), FlashCheck::Genuine));
-        match check_flash("/queues", Some("state=1&__path=%2Fapi%2Fx&__err=evil"), &h) {
+        assert!(matches!(check_flash("/queues", Some("__path=%2Fapi%2Fx&__err=abc%3D"), &h, false), FlashCheck::Genuine));
+        match check_flash("/queues", Some("state=1&__path=%2Fapi%2Fx&__err=evil"), &h, false) {
             FlashCheck::Forged(to) => assert_eq!(to, "/queues?state=1"),
             _ => panic!("a different error must not show"),
         }
-        assert!(matches!(check_flash("/queues", Some("__err=abc%3D"), &HeaderMap::new()), FlashCheck::Forged(_)));
-        assert!(matches!(check_flash("/queues", Some("a=1"), &h), FlashCheck::Absent));
+        assert!(matches!(check_flash("/queues", Some("__err=abc%3D"), &HeaderMap::new(), false), FlashCheck::Forged(_)));
+        assert!(matches!(check_flash("/queues", Some("a=1"), &h, false), FlashCheck::Absent));
         assert!(flash_cookie_for("/queues?x=1", false).is_none());
+
+        // With Secure cookies, only the `__Host-` cookie vouches for an error: a plain one may
+        // have been planted by a sibling subdomain.
+        assert!(matches!(check_flash("/queues", Some("__path=%2Fapi%2Fx&__err=abc%3D"), &h, true), FlashCheck::Forged(_)));
+        let secure = flash_cookie_for("/queues?__path=%2Fapi%2Fx&__err=abc%3D", true).expect("a cookie");
+        let secure = secure.to_str().expect("ascii");
+        assert!(secure.starts_with("__Host-rebound_flash=") && secure.ends_with("; Secure") && !secure.contains("Domain"), "{secure}");
+        let mut h = HeaderMap::new();
+        h.insert("cookie", HeaderValue::from_str(secure.split(';').next().expect("pair")).expect("header"));
+        assert!(matches!(check_flash("/queues", Some("__path=%2Fapi%2Fx&__err=abc%3D"), &h, true), FlashCheck::Genuine));
+        assert!(clear_flash_cookie(true).to_str().expect("ascii").starts_with("__Host-rebound_flash=;"));
     }
 }
