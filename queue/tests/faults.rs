@@ -188,6 +188,43 @@ async fn a_claim_over_several_queues_is_all_or_nothing_when_a_later_one_fails() 
     assert_eq!(got.iter().map(|j| j.id).collect::<Vec<_>>(), ids, "queue order, then FIFO");
 }
 
+/// A claim its caller gave up on while it waited (a worker stopping lets an unanswered claim
+/// go after a grace) must not commit later, when the worker is gone and its final sweep done:
+/// its jobs would sit active under a dead worker until the rescuer charged them an attempt.
+#[tokio::test]
+async fn a_claim_given_up_while_it_waits_claims_nothing_later() {
+    let db = TestDb::new().await;
+    let id = db.store.enqueue(NewJob::new("t.claim", json!([])).queue("held")).await.unwrap().job.id;
+    sqlx::query("INSERT INTO queues (name, concurrency_limit) VALUES ('held', 10) ON CONFLICT (name) DO UPDATE SET concurrency_limit = 10")
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+    // A limited queue's claims wait for its row: hold it.
+    let mut holder = db.store.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM queues WHERE name = 'held' FOR UPDATE").execute(&mut *holder).await.unwrap();
+    let req = ClaimRequest { worker_id: "w1".into(), queues: vec!["held".into()], limit: 10, visibility_timeout: Duration::from_secs(60) };
+    assert!(tokio::time::timeout(Duration::from_millis(300), db.store.claim(&req)).await.is_err(), "the claim waits for the queue's row");
+
+    // Postgres notices the claim has no one to answer within its client check interval.
+    let waiting = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'")
+            .bind(&db.name)
+            .fetch_one(db.store.pool())
+            .await
+            .unwrap()
+    };
+    let deadline = tokio::time::Instant::now() + rebound_queue::store::CLIENT_CHECK_INTERVAL * 5;
+    while waiting().await > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the abandoned claim still waits for the queue's row");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    holder.commit().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let job = db.store.job(id).await.unwrap();
+    assert_eq!((job.state, job.attempt, job.locked_by), (JobState::Available, 0, None), "claimed by no one");
+    assert_eq!(db.store.claim(&req).await.unwrap().len(), 1, "a claim someone waits for takes it");
+}
+
 /// Registers worker `w1` and claims `n` fresh jobs for it (visibility 60 s).
 async fn w1_holding(s: &Store, n: u32) -> Vec<Uuid> {
     let registration = WorkerRegistration {

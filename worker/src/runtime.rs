@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rebound_queue::job::{JobValidationError, validate_queue};
+use rebound_queue::storage_retry::StorageRetry;
 use rebound_queue::store::WorkerRegistration;
 use rebound_queue::{Store, StoreError};
 use tokio::sync::{Notify, Semaphore};
@@ -285,14 +286,25 @@ impl Worker {
             }
         }
         drop(dispatcher);
+        let claims_ended = CancellationToken::new();
+        let claims_task = {
+            let claims_ended = claims_ended.clone();
+            tokio::spawn(async move {
+                let mut claimed = 0;
+                while let Some(c) = claimers.join_next().await {
+                    claimed += c.unwrap_or(0);
+                }
+                claims_ended.cancel();
+                claimed
+            })
+        };
+        let quiet_sweep = tokio::spawn(sweep_when_quiet(self.quiet.clone(), claims_ended, orphans.clone(), s.storage_retry.clone(), shutdown.clone()));
 
         shutdown.cancelled().await;
         stopping.store(true, Ordering::Relaxed);
         tracing::info!(running = running.len(), grace_s = s.shutdown_grace.as_secs_f64(), "shutting down: no more claims; waiting for running jobs");
-        let mut report = RunReport::default();
-        while let Some(claimed) = claimers.join_next().await {
-            report.claimed += claimed.unwrap_or(0);
-        }
+        let mut report = RunReport { claimed: claims_task.await.unwrap_or(0), ..RunReport::default() };
+        let _ = quiet_sweep.await;
         let _ = notifier_task.await;
 
         tracker.close();
@@ -383,5 +395,33 @@ impl Worker {
             tracing::warn!(error = %e, "could not deregister; the worker row will age out");
         }
         timer.abort();
+    }
+}
+
+/// Made quiet, the claim loops stop, and with them the sweep a claim runs first after one that
+/// failed (see [`crate::orphans`]). Once they have all stopped, this sweeps if one is due:
+/// otherwise a lost claim's jobs would wait for the heartbeat, which can hand them back only
+/// once their lock has lapsed, the moment the rescuer may take them and charge each an
+/// attempt that never ran. Tries until it succeeds or shutdown, which sweeps on its own.
+async fn sweep_when_quiet(quiet: CancellationToken, claims_ended: CancellationToken, orphans: Arc<Orphans>, retry: StorageRetry, shutdown: CancellationToken) {
+    tokio::select! {
+        _ = quiet.cancelled() => {}
+        _ = shutdown.cancelled() => return,
+    }
+    tokio::select! {
+        _ = claims_ended.cancelled() => {}
+        _ = shutdown.cancelled() => return,
+    }
+    let mut outage = OutageBackoff::like(&retry);
+    while orphans.suspected() {
+        match retry.run("hand back lost claims' jobs", &shutdown, || orphans.sweep()).await {
+            Ok(_) => return,
+            Err(StoreError::Cancelled) => return,
+            Err(e) => {
+                if !outage.wait_logged("handing back lost claims' jobs", &e, &shutdown).await {
+                    return;
+                }
+            }
+        }
     }
 }

@@ -315,3 +315,32 @@ async fn a_claim_whose_answer_outlasts_the_shutdown_grace_leaves_nothing_held() 
         assert_eq!((rows[0].0.as_str(), rows[0].2.as_deref()), ("released", Some(ORPHAN_REASON)), "job {id}");
     }
 }
+
+/// The same, but the worker is made quiet instead of stopped: its claim loops end, and with
+/// them the sweep a next claim would have run first. The jobs the unanswered claim took must
+/// still be handed back at once, uncounted, not left until their lock lapses, when the
+/// heartbeat and the rescuer race for them and the rescuer charges an attempt that never ran.
+#[tokio::test]
+async fn a_claim_whose_answer_outlasts_the_grace_when_quieted_leaves_nothing_held() {
+    let s = setup().await;
+    let cfg = config(&s, Plain);
+    let ids = enqueue(&s, "fault.ok", 5, json!({})).await;
+    let hits = s.proxy.inject(Fault::once(CLAIM, FaultPoint::Delay(Duration::from_secs(12))));
+    let mut worker = WorkerProcess::start(&s.proxy.url(&s.db.name), &cfg, &["--worker-id", "quieted"]);
+    eventually("the first claim to be held", Duration::from_secs(30), || async { (hits.count() == 1).then_some(()) }).await;
+    settled(&s, &ids, JobState::Active).await;
+    worker.signal("TSTP");
+    // Well within the 60 s visibility timeout: the heartbeat's path is not what hands them back.
+    settled(&s, &ids, JobState::Available).await;
+    assert!(s.recorder.executions().is_empty(), "nothing ran");
+    for id in &ids {
+        let job = s.db.store.job(*id).await.unwrap();
+        assert_eq!((job.attempt, job.locked_by.as_deref()), (0, None), "job {id}:\n{}", worker.log_text());
+        let rows = attempt_rows(&s, *id).await;
+        assert_eq!(rows.len(), 1, "job {id}: {rows:?}");
+        assert_eq!((rows[0].0.as_str(), rows[0].2.as_deref()), ("released", Some(ORPHAN_REASON)), "job {id}");
+    }
+    assert!(worker.exit_within(Duration::from_millis(100)).await.is_none(), "a quiet worker stays up");
+    worker.signal("TERM");
+    assert_eq!(worker.exit_within(Duration::from_secs(30)).await.and_then(|s| s.code()), Some(0));
+}

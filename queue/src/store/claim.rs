@@ -146,8 +146,11 @@ impl Store {
             _ => return self.claim_in_one(req).await,
         };
         let vis = millis(req.visibility_timeout).clamp(1, bounds::MAX_TIMEOUT_MS);
-        let rows = sqlx::query(CLAIM).bind(queue).bind(i64::from(req.limit)).bind(&req.worker_id).bind(vis).fetch_all(&self.pool).await?;
-        let mut jobs = jobs_from_rows(&rows)?;
+        // A caller that gives up on the claim (a worker stopping) leaves nothing to commit later.
+        let mut conn = self.for_answer().await?;
+        let rows = sqlx::query(CLAIM).bind(queue).bind(i64::from(req.limit)).bind(&req.worker_id).bind(vis).fetch_all(&mut *conn).await;
+        conn.done();
+        let mut jobs = jobs_from_rows(&rows?)?;
         in_claim_order(&mut jobs);
         Ok(jobs)
     }

@@ -80,3 +80,50 @@ impl Drop for Tx {
         }
     }
 }
+
+/// A pooled connection for one autocommit statement whose effect must not outlive a caller
+/// that gave up on it: dropped before [`Answered::done`], it is closed, not pooled. Returned
+/// to the pool, sqlx would wait for the statement to finish, so one waiting on a lock would
+/// still commit, long after its caller stopped listening (a claim would then leave jobs
+/// active under a name nobody is waiting on). Closed, Postgres notices within
+/// [`super::CLIENT_CHECK_INTERVAL`] that no one is there and ends the statement, rolled back.
+pub(crate) struct Answered {
+    conn: PoolConnection<Postgres>,
+    done: bool,
+}
+
+impl Store {
+    /// A connection for a statement whose caller may give up on it (see [`Answered`]).
+    pub(crate) async fn for_answer(&self) -> Result<Answered, StoreError> {
+        Ok(Answered { conn: self.pool.acquire().await?, done: false })
+    }
+}
+
+impl Answered {
+    /// The statement was answered (or failed and said so): the connection may be reused.
+    pub(crate) fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl Deref for Answered {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.conn
+    }
+}
+
+impl DerefMut for Answered {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        if !self.done {
+            self.conn.close_on_drop();
+        }
+    }
+}
