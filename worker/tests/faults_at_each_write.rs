@@ -288,58 +288,50 @@ async fn a_heartbeat_that_waits_for_its_connection_hands_back_nothing_that_ran()
     assert_eq!(worker.exit_within(Duration::from_secs(30)).await.and_then(|s| s.code()), Some(0));
 }
 
-/// Shutdown begins while a claim is in flight, and the claim's answer does not come back
-/// within the grace the worker gives it: the claim committed, so jobs sit `active` under the
-/// worker's name that it never received. Dropping that answer must not leave them to the
-/// rescuer, which would charge each an attempt that never ran: the final sweep hands them
-/// back, uncounted, before the worker exits.
-#[tokio::test]
-async fn a_claim_whose_answer_outlasts_the_shutdown_grace_leaves_nothing_held() {
-    let s = setup().await;
-    let cfg = config(&s, Plain);
-    let ids = enqueue(&s, "fault.ok", 5, json!({})).await;
+/// A claim in flight whose answer is held back longer than the grace the worker gives it when
+/// it receives `signal`: the claim committed, so jobs sit `active` under the worker's name that
+/// it never received. Returns the worker once they are back, uncounted, with a `released` row.
+async fn held_claim_handed_back_on(s: &Setup, signal: &str) -> WorkerProcess {
+    let cfg = config(s, Plain);
+    let ids = enqueue(s, "fault.ok", 5, json!({})).await;
     let hits = s.proxy.inject(Fault::once(CLAIM, FaultPoint::Delay(Duration::from_secs(12))));
-    let mut worker = WorkerProcess::start(&s.proxy.url(&s.db.name), &cfg, &["--worker-id", "stuck"]);
+    let worker = WorkerProcess::start(&s.proxy.url(&s.db.name), &cfg, &["--worker-id", "stuck"]);
     eventually("the first claim to be held", Duration::from_secs(30), || async { (hits.count() == 1).then_some(()) }).await;
     // The claim ran: its jobs are active under our name, its answer still on the way.
-    settled(&s, &ids, JobState::Active).await;
-    worker.signal("TERM");
-    let status = worker.exit_within(Duration::from_secs(30)).await.expect("exits after SIGTERM");
-    assert_eq!(status.code(), Some(0), "{}", worker.log_text());
-    assert!(s.recorder.executions().is_empty(), "nothing ran");
-    for id in &ids {
-        let job = s.db.store.job(*id).await.unwrap();
-        assert_eq!((job.state, job.attempt, job.locked_by.as_deref()), (JobState::Available, 0, None), "job {id}:\n{}", worker.log_text());
-        let rows = attempt_rows(&s, *id).await;
-        assert_eq!(rows.len(), 1, "job {id}: {rows:?}");
-        assert_eq!((rows[0].0.as_str(), rows[0].2.as_deref()), ("released", Some(ORPHAN_REASON)), "job {id}");
-    }
-}
-
-/// The same, but the worker is made quiet instead of stopped: its claim loops end, and with
-/// them the sweep a next claim would have run first. The jobs the unanswered claim took must
-/// still be handed back at once, uncounted, not left until their lock lapses, when the
-/// heartbeat and the rescuer race for them and the rescuer charges an attempt that never ran.
-#[tokio::test]
-async fn a_claim_whose_answer_outlasts_the_grace_when_quieted_leaves_nothing_held() {
-    let s = setup().await;
-    let cfg = config(&s, Plain);
-    let ids = enqueue(&s, "fault.ok", 5, json!({})).await;
-    let hits = s.proxy.inject(Fault::once(CLAIM, FaultPoint::Delay(Duration::from_secs(12))));
-    let mut worker = WorkerProcess::start(&s.proxy.url(&s.db.name), &cfg, &["--worker-id", "quieted"]);
-    eventually("the first claim to be held", Duration::from_secs(30), || async { (hits.count() == 1).then_some(()) }).await;
-    settled(&s, &ids, JobState::Active).await;
-    worker.signal("TSTP");
-    // Well within the 60 s visibility timeout: the heartbeat's path is not what hands them back.
-    settled(&s, &ids, JobState::Available).await;
+    settled(s, &ids, JobState::Active).await;
+    worker.signal(signal);
+    // Well within the 60 s visibility timeout: not the heartbeat's path at lock lapse.
+    settled(s, &ids, JobState::Available).await;
     assert!(s.recorder.executions().is_empty(), "nothing ran");
     for id in &ids {
         let job = s.db.store.job(*id).await.unwrap();
         assert_eq!((job.attempt, job.locked_by.as_deref()), (0, None), "job {id}:\n{}", worker.log_text());
-        let rows = attempt_rows(&s, *id).await;
+        let rows = attempt_rows(s, *id).await;
         assert_eq!(rows.len(), 1, "job {id}: {rows:?}");
         assert_eq!((rows[0].0.as_str(), rows[0].2.as_deref()), ("released", Some(ORPHAN_REASON)), "job {id}");
     }
+    worker
+}
+
+/// Shutdown begins while a claim is in flight and its answer outlasts the grace. Dropping that
+/// answer must not leave the jobs to the rescuer, which would charge each an attempt that never
+/// ran: the final sweep hands them back, uncounted, before the worker exits.
+#[tokio::test]
+async fn a_claim_whose_answer_outlasts_the_shutdown_grace_leaves_nothing_held() {
+    let s = setup().await;
+    let mut worker = held_claim_handed_back_on(&s, "TERM").await;
+    let status = worker.exit_within(Duration::from_secs(30)).await.expect("exits after SIGTERM");
+    assert_eq!(status.code(), Some(0), "{}", worker.log_text());
+}
+
+/// The same when the worker is made quiet instead: its claim loops end, and with them the sweep
+/// a next claim would have run first. The jobs must still be handed back at once, not left
+/// until their lock lapses, when the heartbeat and the rescuer race for them and the rescuer
+/// charges an attempt that never ran.
+#[tokio::test]
+async fn a_claim_whose_answer_outlasts_the_grace_when_quieted_leaves_nothing_held() {
+    let s = setup().await;
+    let mut worker = held_claim_handed_back_on(&s, "TSTP").await;
     assert!(worker.exit_within(Duration::from_millis(100)).await.is_none(), "a quiet worker stays up");
     worker.signal("TERM");
     assert_eq!(worker.exit_within(Duration::from_secs(30)).await.and_then(|s| s.code()), Some(0));
