@@ -109,12 +109,16 @@ pub async fn require_token(State(state): State<AppState>, mut req: Request, next
                 return unauthenticated("the bearer token is unknown or revoked");
             }
             let peer = req.extensions().get::<ConnectInfo<SocketAddr>>();
-            let address = address_key(client_address(req.headers(), peer, state.config.behind_proxy));
-            if let Some(wait) = state.unknown_credentials.wait(&address) {
+            let address = format!("api {}", address_key(client_address(req.headers(), peer, state.config.behind_proxy)));
+            let hash = hash_token(token);
+            if let Some(wait) = state.unknown_credentials.wait(&address, &hash) {
                 return too_many_unknown(wait);
             }
-            match state.store.verify_token(&hash_token(token)).await {
-                Ok(Some(t)) => Caller { name: t.name },
+            match state.store.verify_token(&hash).await {
+                Ok(Some(t)) => {
+                    state.unknown_credentials.live(&hash);
+                    Caller { name: t.name }
+                }
                 Ok(None) => {
                     state.unknown_credentials.unknown(&address);
                     return unauthenticated("the bearer token is unknown or revoked");

@@ -109,24 +109,27 @@ async fn resolve_session(state: &AppState, tokens: &[String]) -> Result<Option<S
     Ok(None)
 }
 
-/// The live session the request signs in with. The cookie of an address that sent too many
-/// unknown credentials lately is not looked up (see [`crate::unknown_credentials`]): the
-/// request is signed out, as it most likely is anyway.
-async fn signed_in_session(state: &AppState, headers: &HeaderMap, peer: Option<ConnectInfo<SocketAddr>>) -> Result<Option<Session>, StoreError> {
+/// The live session the request signs in with, and whether the cookie it sent named none
+/// (looked up and not found: a session ended or expired, or a guess). The cookie of an
+/// address that sent too many unknown ones lately is not looked up unless it was found live
+/// lately (see [`crate::unknown_credentials`]): the request is signed out, as it most likely
+/// is anyway.
+async fn signed_in_session(state: &AppState, headers: &HeaderMap, peer: Option<ConnectInfo<SocketAddr>>) -> Result<(Option<Session>, bool), StoreError> {
     let tokens = signing_in_token(headers, secure(state, headers));
-    if tokens.is_empty() {
-        return Ok(None);
+    let Some(token) = tokens.first() else { return Ok((None, false)) };
+    let hash = hash_token(token);
+    let address = format!("dashboard {}", login_throttle::address_key(login_throttle::client_address(headers, peer.as_ref(), state.config.behind_proxy)));
+    if state.unknown_credentials.wait(&address, &hash).is_some() {
+        tracing::debug!(address = %address, "dashboard: session cookie not looked up: too many unknown ones from this address");
+        return Ok((None, false));
     }
-    let address = login_throttle::address_key(login_throttle::client_address(headers, peer.as_ref(), state.config.behind_proxy));
-    if state.unknown_credentials.wait(&address).is_some() {
-        tracing::info!(address = %address, "dashboard: session cookie not looked up: too many unknown ones from this address");
-        return Ok(None);
+    let found = state.store.live_session(&hash, state.config.session_idle_timeout).await?;
+    match &found {
+        Some(_) => state.unknown_credentials.live(&hash),
+        None => state.unknown_credentials.unknown(&address),
     }
-    let found = resolve_session(state, &tokens).await?;
-    if found.is_none() {
-        state.unknown_credentials.unknown(&address);
-    }
-    Ok(found)
+    let stale = found.is_none();
+    Ok((found, stale))
 }
 
 /// Where to go after signing in: `next` if it is a path on this site, else `/`.
@@ -203,6 +206,14 @@ fn session_cookie(secure: bool, value: &str, max_age: Duration) -> String {
 fn set_cookie(res: &mut Response, cookie: &str) {
     if let Ok(v) = HeaderValue::from_str(cookie) {
         res.headers_mut().insert(SET_COOKIE, v);
+    }
+}
+
+/// Clears a session cookie that names no session, so that a tab left open on an ended session
+/// stops sending it (and having it looked up) with every refresh.
+fn clear_stale_session_cookie(res: &mut Response, secure: bool) {
+    if let Ok(clear) = HeaderValue::from_str(&session_cookie(secure, "", Duration::ZERO)) {
+        guard::add_cookie(res, clear);
     }
 }
 
@@ -422,7 +433,7 @@ async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
         return guard::refusal(StatusCode::BAD_REQUEST, &nul, true);
     }
     let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().cloned();
-    let session = match signed_in_session(&state, req.headers(), peer).await {
+    let (session, stale_cookie) = match signed_in_session(&state, req.headers(), peer).await {
         Ok(found) => found,
         Err(e) => {
             tracing::error!(error = %e, "resolving the dashboard session failed");
@@ -467,7 +478,11 @@ async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
     let is_page = matches!(*req.method(), Method::GET | Method::HEAD) && !path.starts_with("/api/");
     if is_page && !signed_in && !is_public(&path) {
         let target = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
-        return see_other(&format!("/login?next={}", percent_encode(&target)));
+        let mut res = see_other(&format!("/login?next={}", percent_encode(&target)));
+        if stale_cookie {
+            clear_stale_session_cookie(&mut res, secure_cookies);
+        }
+        return res;
     }
     let mut shown_flash = false;
     if is_page {
@@ -481,6 +496,10 @@ async fn guarded(state: AppState, mut req: Request, next: Next) -> Response {
         }
     }
     let mut res = next.run(req).await;
+    // Not on the sign-in paths, whose answers set the session cookie themselves.
+    if stale_cookie && !is_public(&path) {
+        clear_stale_session_cookie(&mut res, secure_cookies);
+    }
     if shown_flash {
         guard::add_cookie(&mut res, guard::clear_flash_cookie(secure_cookies));
     }

@@ -2,9 +2,11 @@
 //! and the shared look at the database behind them and the OJS health check.
 //!
 //! The probes need no credentials, so anyone who can reach the server can call them as often
-//! as they like. Each look at the database is shared: one runs at a time, and its answer
-//! serves every probe for [`PROBE_FRESH`]. A flood of probes then costs at most one statement
-//! a second and one pooled connection, never the pool that real requests wait for.
+//! as they like. Each kind of look at the database is shared: one runs at a time, and its
+//! answer serves every probe of that kind for [`PROBE_FRESH`]. A flood of probes then costs at
+//! most one statement a second per kind (three kinds) and as many pooled connections, never
+//! the pool that real requests wait for. A look that takes longer than [`LOOK_TIMEOUT`]
+//! answers "unreachable", so the probes waiting for it are not held with it.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -20,6 +22,9 @@ use crate::AppState;
 /// How long one look at the database answers the probes.
 pub const PROBE_FRESH: Duration = Duration::from_secs(1);
 
+/// How long a look may take before it counts as the database not answering.
+pub const LOOK_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The last answer of one kind of look, and the turn at taking the next.
 #[derive(Debug)]
 pub struct Probe<T> {
@@ -33,16 +38,17 @@ impl<T> Default for Probe<T> {
 }
 
 impl<T: Clone> Probe<T> {
-    /// The last answer if it is fresh, else `look`'s (while it runs, other callers wait for
-    /// it rather than look themselves). A caller dropped while looking leaves no answer.
-    pub async fn answer<F: Future<Output = T>>(&self, look: impl FnOnce() -> F) -> T {
+    /// The last answer if it is fresh, else `look`'s, or `timed_out` if it takes longer than
+    /// [`LOOK_TIMEOUT`] (while it runs, other callers wait for it rather than look
+    /// themselves). A caller dropped while looking leaves no answer.
+    pub async fn answer<F: Future<Output = T>>(&self, look: impl FnOnce() -> F, timed_out: T) -> T {
         let mut last = self.last.lock().await;
         if let Some((at, answer)) = last.as_ref()
             && at.elapsed() < PROBE_FRESH
         {
             return answer.clone();
         }
-        let answer = look().await;
+        let answer = tokio::time::timeout(LOOK_TIMEOUT, look()).await.unwrap_or(timed_out);
         *last = Some((Instant::now(), answer.clone()));
         answer
     }
@@ -73,7 +79,7 @@ impl Probes {
                         Err(())
                     }
                 }
-            })
+            }, Err(()))
             .await
     }
 }
@@ -93,7 +99,7 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
             state.store.pending_migrations().await.map_err(|e| {
                 tracing::warn!(error = %e, "readiness: database unreachable");
             })
-        })
+        }, Err(()))
         .await;
     match looked {
         Ok(pending) if pending.is_empty() => (StatusCode::OK, "ready\n".into()),

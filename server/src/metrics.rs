@@ -256,7 +256,7 @@ pub async fn serve_metrics(State(state): State<AppState>) -> Response {
                     None
                 }
             }
-        })
+        }, None)
         .await;
     let body = state.metrics.render(depth.as_deref());
     (StatusCode::OK, [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()

@@ -215,9 +215,10 @@ impl Claimer {
                         Ok(Ok((jobs, _permit))) => self.hand_back(&jobs).await,
                         // The claim failed and said so (it suspected orphans itself).
                         Ok(Err(_)) => {}
-                        // Dropped unanswered: it may still commit under our name. The final
-                        // sweep, after the results are written, hands back whatever it took.
-                        Err(_) => self.orphans.suspect(),
+                        // Dropped unanswered: it may still commit under our name until
+                        // Postgres notices its connection closed. The sweep after the claim
+                        // loops stop waits that out, then hands back whatever it took.
+                        Err(_) => self.orphans.abandoned(),
                     }
                     return Err(StoreError::Cancelled);
                 }

@@ -18,11 +18,13 @@
 //! snapshot taken earlier goes stale while the statement waits out an outage: the jobs claimed
 //! meanwhile, run, and not yet written would look unknown and be handed back to run again.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
+use rebound_queue::store::CLIENT_CHECK_INTERVAL;
 use rebound_queue::{Store, StoreError};
 use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use tokio::time::Instant;
 
 use crate::running::RunningJobs;
 
@@ -34,6 +36,8 @@ pub struct Orphans {
     running: Arc<RunningJobs>,
     gate: RwLock<()>,
     suspected: AtomicBool,
+    /// When a claim was last given up on unanswered (see [`Orphans::abandoned`]).
+    abandoned_at: Mutex<Option<Instant>>,
 }
 
 /// Held by a claim from before its statement until its jobs are held.
@@ -41,7 +45,7 @@ pub type ClaimPermit<'a> = RwLockReadGuard<'a, ()>;
 
 impl Orphans {
     pub fn new(store: Store, worker_id: String, running: Arc<RunningJobs>) -> Self {
-        Orphans { store, worker_id, running, gate: RwLock::new(()), suspected: AtomicBool::new(false) }
+        Orphans { store, worker_id, running, gate: RwLock::new(()), suspected: AtomicBool::new(false), abandoned_at: Mutex::new(None) }
     }
 
     /// Waits until no sweep runs, and keeps sweeps out until the permit is dropped.
@@ -52,6 +56,24 @@ impl Orphans {
     /// A claim failed: it may have committed with its answer lost.
     pub fn suspect(&self) {
         self.suspected.store(true, Ordering::SeqCst);
+    }
+
+    /// A claim was given up on before its answer came (the worker stopping or going quiet).
+    /// Its connection is closed, so Postgres ends the statement within its client check
+    /// interval if it is still running, but it may commit until then: a sweep meant to find
+    /// what it took waits that out first ([`Orphans::settled`]).
+    pub fn abandoned(&self) {
+        *self.abandoned_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.suspect();
+    }
+
+    /// Waits until no claim given up on can still commit: twice the client check interval
+    /// after the last one (once to be noticed, once for margin).
+    pub async fn settled(&self) {
+        let at = *self.abandoned_at.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = at {
+            tokio::time::sleep_until(at + CLIENT_CHECK_INTERVAL * 2).await;
+        }
     }
 
     /// Whether a sweep is due.
@@ -72,10 +94,14 @@ impl Orphans {
     pub async fn sweep(&self) -> Result<usize, StoreError> {
         let _exclusive = self.exclusive().await;
         // Cleared before the read: a claim failing from here on cannot be in flight (we hold
-        // the gate), so nothing is missed.
+        // the gate), so nothing is missed. A sweep dropped before its answer (shutdown) leaves
+        // it due again, so the final sweep still runs.
         self.suspected.store(false, Ordering::SeqCst);
+        let mut unanswered = DueAgainUnlessAnswered { orphans: self, answered: false };
         let known = self.running.known();
-        match self.store.release_orphans(&self.worker_id, &known).await {
+        let result = self.store.release_orphans(&self.worker_id, &known).await;
+        unanswered.answered = true;
+        match result {
             Ok(released) => {
                 if !released.is_empty() {
                     let ids: Vec<String> = released.iter().map(|j| j.id.to_string()).collect();
@@ -88,6 +114,20 @@ impl Orphans {
                 self.suspect();
                 Err(e)
             }
+        }
+    }
+}
+
+/// Marks a sweep due again if dropped before its statement was answered.
+struct DueAgainUnlessAnswered<'a> {
+    orphans: &'a Orphans,
+    answered: bool,
+}
+
+impl Drop for DueAgainUnlessAnswered<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.orphans.suspect();
         }
     }
 }

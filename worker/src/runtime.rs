@@ -287,16 +287,17 @@ impl Worker {
         }
         drop(dispatcher);
         let claims_ended = CancellationToken::new();
+        // Aborted with this future if it is dropped, and the claim loops with it.
         let claims_task = {
             let claims_ended = claims_ended.clone();
-            tokio::spawn(async move {
+            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
                 let mut claimed = 0;
                 while let Some(c) = claimers.join_next().await {
                     claimed += c.unwrap_or(0);
                 }
                 claims_ended.cancel();
                 claimed
-            })
+            }))
         };
         let quiet_sweep = tokio::spawn(sweep_when_quiet(self.quiet.clone(), claims_ended, orphans.clone(), s.storage_retry.clone(), shutdown.clone()));
 
@@ -356,6 +357,7 @@ impl Worker {
     /// Bounded like deregistering: what cannot be handed back now is handed back by nobody but
     /// the rescuer, which counts the attempt.
     async fn final_sweep(&self, orphans: &Orphans) {
+        orphans.settled().await;
         match tokio::time::timeout(Duration::from_secs(5), orphans.sweep()).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "could not hand back jobs claimed while the connection was lost; the rescuer will"),
@@ -399,7 +401,8 @@ impl Worker {
 }
 
 /// Made quiet, the claim loops stop, and with them the sweep a claim runs first after one that
-/// failed (see [`crate::orphans`]). Once they have all stopped, this sweeps if one is due:
+/// failed (see [`crate::orphans`]). Once they have all stopped, and a claim given up on can
+/// no longer commit ([`Orphans::settled`]), this sweeps if one is due:
 /// otherwise a lost claim's jobs would wait for the heartbeat, which can hand them back only
 /// once their lock has lapsed, the moment the rescuer may take them and charge each an
 /// attempt that never ran. Tries until it succeeds or shutdown, which sweeps on its own.
@@ -410,6 +413,10 @@ async fn sweep_when_quiet(quiet: CancellationToken, claims_ended: CancellationTo
     }
     tokio::select! {
         _ = claims_ended.cancelled() => {}
+        _ = shutdown.cancelled() => return,
+    }
+    tokio::select! {
+        _ = orphans.settled() => {}
         _ = shutdown.cancelled() => return,
     }
     let mut outage = OutageBackoff::like(&retry);

@@ -135,8 +135,9 @@ struct FailingRun<'a> {
     worker_id: Option<&'a str>,
     error_code: Option<&'a str>,
     immediate: bool,
-    /// The run's start as the worker that ran it knows it, to guard the write by (see
-    /// [`KnownRun::started_at`]); `None` for callers that read the job just before writing.
+    /// The run's start, to guard the write by (see [`KnownRun::started_at`]): as the worker
+    /// that ran it knows it, or as read just before writing ([`start_read`]); `None` only for
+    /// a row whose start could not be read as stored.
     started_at: Option<Timestamp>,
 }
 
