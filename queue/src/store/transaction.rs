@@ -25,34 +25,35 @@ use super::{Store, StoreError};
 /// An open transaction on a connection of its own. Commit with [`Tx::commit`] or end it with
 /// [`Tx::rollback`]; dropped while open, its connection is closed, never reused.
 pub(crate) struct Tx {
-    conn: PoolConnection<Postgres>,
-    /// True from before `BEGIN` is sent until `COMMIT`/`ROLLBACK` is answered, so a future
-    /// dropped at any point in between closes the connection.
-    open: bool,
+    /// Settled only once `COMMIT`/`ROLLBACK` is answered, so a future dropped at any point from
+    /// `BEGIN` on closes the connection: closing ends the session, and with it the
+    /// transaction, whatever state the protocol was left in.
+    conn: Answered,
 }
 
 impl Store {
     /// Begins a transaction (see the module docs for why this, not `pool.begin()`).
     pub(crate) async fn begin(&self) -> Result<Tx, StoreError> {
-        let conn = self.pool.acquire().await?;
-        let mut tx = Tx { conn, open: true };
-        tx.conn.execute(sqlx::raw_sql("BEGIN")).await?;
-        Ok(tx)
+        let mut conn = self.for_answer().await?;
+        conn.execute(sqlx::raw_sql("BEGIN")).await?;
+        Ok(Tx { conn })
     }
 }
 
 impl Tx {
     /// Commits. On error the transaction's fate is unknown to us; the connection is closed.
-    pub(crate) async fn commit(mut self) -> Result<(), StoreError> {
-        self.conn.execute(sqlx::raw_sql("COMMIT")).await?;
-        self.open = false;
+    pub(crate) async fn commit(self) -> Result<(), StoreError> {
+        let Tx { mut conn } = self;
+        conn.execute(sqlx::raw_sql("COMMIT")).await?;
+        conn.done();
         Ok(())
     }
 
     /// Rolls back, for callers that decide not to write after all; the connection is reused.
-    pub(crate) async fn rollback(mut self) -> Result<(), StoreError> {
-        self.conn.execute(sqlx::raw_sql("ROLLBACK")).await?;
-        self.open = false;
+    pub(crate) async fn rollback(self) -> Result<(), StoreError> {
+        let Tx { mut conn } = self;
+        conn.execute(sqlx::raw_sql("ROLLBACK")).await?;
+        conn.done();
         Ok(())
     }
 }
@@ -71,21 +72,12 @@ impl DerefMut for Tx {
     }
 }
 
-impl Drop for Tx {
-    fn drop(&mut self) {
-        if self.open {
-            // Closing ends the session, and with it the transaction, whatever state the
-            // protocol was left in. Returning it to the pool is what must never happen.
-            self.conn.close_on_drop();
-        }
-    }
-}
-
-/// A pooled connection for one autocommit statement whose effect must not outlive a caller
-/// that gave up on it: dropped before [`Answered::done`], it is closed, not pooled. Returned
-/// to the pool, sqlx would wait for the statement to finish, so one waiting on a lock would
-/// still commit, long after its caller stopped listening (a claim would then leave jobs
-/// active under a name nobody is waiting on). Closed, Postgres notices within
+/// A pooled connection for statements whose effect must not outlive a caller that gave up on
+/// them (a [`Tx`], or one autocommit statement): dropped before [`Answered::done`], it is
+/// closed, not pooled. Returning it to the pool is what must never happen: for a [`Tx`], the
+/// next borrower would run inside the stale transaction; for a single statement, sqlx would
+/// wait for it to finish, so one waiting on a lock would still commit, long after its caller
+/// stopped listening (a claim would then leave jobs active under a name nobody waits on). Closed, Postgres notices within
 /// [`super::CLIENT_CHECK_INTERVAL`] that no one is there and ends the statement, rolled back.
 pub(crate) struct Answered {
     conn: PoolConnection<Postgres>,
