@@ -1051,6 +1051,51 @@ async fn a_look_at_login_failures_counts_nothing_and_waits_for_no_lock() {
 }
 
 #[tokio::test]
+async fn sign_in_devices_name_their_enabled_operator_and_only_the_newest_are_kept() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let system = Actor::system("test");
+    let olivia = s.upsert_operator("olivia", "$argon2id$not-checked-here", rebound_queue::store::Role::Operator, &system).await.unwrap();
+    let month = Duration::from_secs(30 * 24 * 3600);
+    let last_used = |hash: &'static str, secs_ago: i64| async move {
+        sqlx::query("UPDATE sign_in_devices SET last_used_at = now() - $2 * interval '1 second' WHERE token_hash = $1")
+            .bind(hash)
+            .bind(secs_ago)
+            .execute(s.pool())
+            .await
+            .unwrap();
+    };
+
+    s.remember_sign_in_device(olivia.id, "d1", month, 2).await.unwrap();
+    assert_eq!(s.sign_in_device_operator("d1").await.unwrap().as_deref(), Some("olivia"));
+    assert_eq!(s.sign_in_device_operator("unknown").await.unwrap(), None);
+
+    // Three devices, two kept: the least recently used goes, and renewing one makes it newest.
+    last_used("d1", 300).await;
+    s.remember_sign_in_device(olivia.id, "d2", month, 2).await.unwrap();
+    last_used("d2", 200).await;
+    s.remember_sign_in_device(olivia.id, "d1", month, 2).await.unwrap();
+    s.remember_sign_in_device(olivia.id, "d3", month, 2).await.unwrap();
+    let kept: Vec<String> = sqlx::query_scalar("SELECT token_hash FROM sign_in_devices ORDER BY token_hash").fetch_all(s.pool()).await.unwrap();
+    assert_eq!(kept, ["d1", "d3"], "the renewed device is kept, the one unused longest goes");
+
+    // An expired device names no one and is deleted by the next sign-in's remembering.
+    sqlx::query("UPDATE sign_in_devices SET expires_at = now() - interval '1 second' WHERE token_hash = 'd3'").execute(s.pool()).await.unwrap();
+    assert_eq!(s.sign_in_device_operator("d3").await.unwrap(), None);
+    let bob = s.upsert_operator("bob", "$argon2id$not-checked-here", rebound_queue::store::Role::Viewer, &system).await.unwrap();
+    s.remember_sign_in_device(bob.id, "b1", month, 2).await.unwrap();
+    let kept: Vec<String> = sqlx::query_scalar("SELECT token_hash FROM sign_in_devices ORDER BY token_hash").fetch_all(s.pool()).await.unwrap();
+    assert_eq!(kept, ["b1", "d1"]);
+    // Another operator's token cannot be taken over by remembering it for someone else.
+    s.remember_sign_in_device(bob.id, "d1", month, 2).await.unwrap();
+    assert_eq!(s.sign_in_device_operator("d1").await.unwrap().as_deref(), Some("olivia"));
+
+    // A disabled operator's devices name no one.
+    assert!(s.disable_operator("olivia", &system).await.unwrap());
+    assert_eq!(s.sign_in_device_operator("d1").await.unwrap(), None);
+}
+
+#[tokio::test]
 async fn dead_letters_are_listed_most_recently_dead_first_and_a_search_goes_on_past_its_window() {
     use rebound_queue::store::{DeathCursor, SEARCH_WINDOW};
     let db = TestDb::new().await;

@@ -44,6 +44,19 @@ pub const SESSION_COOKIE: &str = "rebound_session";
 /// browser may still hold a cookie from before the server said it was behind HTTPS.
 pub const SECURE_SESSION_COOKIE: &str = "__Host-rebound_session";
 
+/// The device cookie's names, plain and `Secure` (see [`SECURE_SESSION_COOKIE`] for the
+/// prefix): a random token marking a browser its operator signed in from, which lets that
+/// operator's later sign-ins from it skip the throttles and the queue strangers share (see
+/// [`login_throttle::DEVICE`]). It is not a credential: the password is still checked.
+pub const DEVICE_COOKIE: &str = "rebound_device";
+pub const SECURE_DEVICE_COOKIE: &str = "__Host-rebound_device";
+
+/// How long a device is remembered after its last sign-in.
+pub const DEVICE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// How many devices an operator keeps (the most recently used).
+const DEVICES_KEPT: i64 = 20;
+
 /// How long a session lasts without logging in again.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 
@@ -202,6 +215,22 @@ fn session_cookie(secure: bool, value: &str, max_age: Duration) -> String {
     )
 }
 
+/// The device cookie (`SameSite=Strict`: only the login form, a same-site post, needs it).
+fn device_cookie(secure: bool, value: &str, max_age: Duration) -> String {
+    format!(
+        "{}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        if secure { SECURE_DEVICE_COOKIE } else { DEVICE_COOKIE },
+        max_age.as_secs(),
+        if secure { "; Secure" } else { "" }
+    )
+}
+
+/// The device token a sign-in presents, if it presents one of the right shape: over HTTPS
+/// only the `__Host-` cookie counts (as for [`signing_in_token`]).
+fn device_token(headers: &HeaderMap, secure: bool) -> Option<String> {
+    cookie_value(headers, if secure { SECURE_DEVICE_COOKIE } else { DEVICE_COOKIE }).filter(|v| crate::auth::is_secret_hex(v))
+}
+
 /// Sets `cookie`, the response's first `Set-Cookie`.
 fn set_cookie(res: &mut Response, cookie: &str) {
     if let Ok(v) = HeaderValue::from_str(cookie) {
@@ -273,7 +302,23 @@ pub async fn login(
     }
     let address = login_throttle::client_address(&headers, peer.as_ref().map(|p| &p.0), state.config.behind_proxy);
     let (account, address_key) = (login_throttle::account_key(&username), login_throttle::address_key(address));
-    let keys = [account.clone(), address_key.clone()];
+    let secure_cookie = secure(&state, &headers);
+    // A browser this operator signed in from before is throttled by its own failures only,
+    // and waits for turns strangers cannot take.
+    let known_device = match device_token(&headers, secure_cookie) {
+        None => None,
+        Some(token) => match state.store.sign_in_device_operator(&hash_token(&token)).await {
+            Ok(owner) => owner.filter(|owner| *owner == username).map(|_| token),
+            Err(e) => {
+                tracing::error!(error = %e, "login: looking up the device failed");
+                return unavailable("the database is unavailable; try again shortly", 5);
+            }
+        },
+    };
+    let (keys, checks) = match &known_device {
+        Some(token) => (vec![login_throttle::device_key(&hash_token(token))], state.device_password_checks.clone()),
+        None => (vec![account.clone(), address_key.clone()], state.password_checks.clone()),
+    };
     // An attempt already throttled is refused before it waits for a turn at a password check,
     // so that a flood of them cannot hold the turns real sign-ins wait for. This look locks
     // and counts nothing; the locked one below decides for the attempts that pass it.
@@ -288,7 +333,7 @@ pub async fn login(
     // argon2 takes ~19 MiB and tens of milliseconds per check: a bounded number run at once,
     // off the async workers; the rest wait their turn for a while, then are told to retry.
     // Taken before the attempt is counted: one told to retry was never checked.
-    let Ok(Ok(permit)) = tokio::time::timeout(PASSWORD_CHECK_QUEUE_WAIT, state.password_checks.clone().acquire_owned()).await else {
+    let Ok(Ok(permit)) = tokio::time::timeout(PASSWORD_CHECK_QUEUE_WAIT, checks.acquire_owned()).await else {
         tracing::warn!(username = ?username, "login: too many password checks waiting");
         return unavailable("Too many sign-ins at once: try again in a few seconds.", 5);
     };
@@ -322,7 +367,11 @@ pub async fn login(
         tracing::info!(username = ?username, address = ?address, "dashboard login refused");
         return see_other(&format!("/login?error=1&next={}", percent_encode(&next)));
     };
-    if let Err(e) = state.store.login_succeeded(&account, &address_key).await {
+    let succeeded = match &known_device {
+        Some(token) => state.store.login_succeeded(&[account.clone(), login_throttle::device_key(&hash_token(token))], None).await,
+        None => state.store.login_succeeded(std::slice::from_ref(&account), Some(&address_key)).await,
+    };
+    if let Err(e) = succeeded {
         tracing::warn!(error = %e, "login: forgetting the account's failures failed");
     }
     // The browser's previous session ends: one sign-in, one session per browser, and a
@@ -343,13 +392,33 @@ pub async fn login(
     if let Err(e) = state.store.audit(&actor, "operator.login", Some(&operator.username), json!({})).await {
         tracing::warn!(error = %e, "login: writing the audit entry failed");
     }
-    let secure_cookie = secure(&state, &headers);
     let mut res = see_other(&next);
     set_cookie(&mut res, &session_cookie(secure_cookie, &token, SESSION_TTL));
     if secure_cookie && cookie_value(&headers, SESSION_COOKIE).is_some() {
         clear_plain_session_cookie(&mut res);
     }
+    remember_device(&state, &mut res, operator.id, known_device, secure_cookie).await;
     res
+}
+
+/// Marks the browser as one `operator_id` signed in from: renews the device token it
+/// presented, or gives it a new one, and (re)sets its cookie. Failing to only costs the
+/// browser the device lane next time.
+async fn remember_device(state: &AppState, res: &mut Response, operator_id: i64, known: Option<String>, secure_cookie: bool) {
+    let token = match known.map_or_else(random_secret, Ok) {
+        Ok(token) => token,
+        Err(e) => {
+            tracing::warn!(error = %e, "login: the OS gave no randomness for a device token");
+            return;
+        }
+    };
+    if let Err(e) = state.store.remember_sign_in_device(operator_id, &hash_token(&token), DEVICE_TTL, DEVICES_KEPT).await {
+        tracing::warn!(error = %e, "login: remembering the browser failed");
+        return;
+    }
+    if let Ok(v) = HeaderValue::from_str(&device_cookie(secure_cookie, &token, DEVICE_TTL)) {
+        guard::add_cookie(res, v);
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -59,6 +59,9 @@ pub struct AppState {
     /// Turns at checking a dashboard password: argon2 takes ~19 MiB per check, so only
     /// [`CONCURRENT_PASSWORD_CHECKS`] run at once however many sign-ins arrive.
     pub password_checks: Arc<Semaphore>,
+    /// Turns kept for sign-ins from a browser the operator signed in from before
+    /// ([`DEVICE_PASSWORD_CHECKS`]), which strangers' sign-ins cannot take.
+    pub device_password_checks: Arc<Semaphore>,
     /// Cancelled when the server shuts down: long-lived responses (event streams) end then.
     pub shutdown: CancellationToken,
     /// Places for open event streams (`max_event_streams`): each polls the store for as long
@@ -81,6 +84,10 @@ pub struct AppState {
 /// How many argon2 password checks run at once.
 pub const CONCURRENT_PASSWORD_CHECKS: usize = 2;
 
+/// How many more run at once for sign-ins from known browsers (see
+/// [`login_throttle::DEVICE`]).
+pub const DEVICE_PASSWORD_CHECKS: usize = 1;
+
 impl AppState {
     /// State for a server on `store` with `config`, and fresh metrics.
     pub fn new(store: Store, config: ServerConfig) -> Self {
@@ -95,6 +102,7 @@ impl AppState {
             started_at: Instant::now(),
             offset_pages: Arc::default(),
             password_checks: Arc::new(Semaphore::new(CONCURRENT_PASSWORD_CHECKS)),
+            device_password_checks: Arc::new(Semaphore::new(DEVICE_PASSWORD_CHECKS)),
             shutdown: CancellationToken::new(),
             event_streams,
             request_tasks: request_task::RequestTasks::default(),

@@ -5,7 +5,10 @@
 //! wait before the next attempt is even checked, up to a cap. The account's cap is short
 //! ([`ACCOUNT`]: 30 s), so someone guessing a real operator's password from many addresses can
 //! only make that operator wait half a minute, never lock them out; an address's cap is longer
-//! ([`ADDRESS`]: 5 min), since it only slows that one client. Failures are forgotten after
+//! ([`ADDRESS`]: 5 min), since it only slows that one client. A browser the operator signed in
+//! from before is counted by its device token instead ([`DEVICE`], see
+//! [`sign_in_devices`](rebound_queue::store::Store::sign_in_device_operator)): guesses from
+//! elsewhere, at the account or from a shared address, do not make it wait. Failures are forgotten after
 //! [`FORGET_AFTER`] without one, and an account's after it signs in. The counts live in
 //! Postgres (`login_failures`) so that every server process enforces the same waits.
 
@@ -27,6 +30,8 @@ pub struct Rule {
 pub const ACCOUNT: Rule = Rule { free_failures: 3, max_wait: Duration::from_secs(30) };
 /// Per client address.
 pub const ADDRESS: Rule = Rule { free_failures: 10, max_wait: Duration::from_secs(300) };
+/// Per device token, for a browser its operator signed in from before.
+pub const DEVICE: Rule = Rule { free_failures: 5, max_wait: Duration::from_secs(60) };
 /// Failures older than this (counted from the latest) are forgotten.
 pub const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
 
@@ -43,6 +48,11 @@ impl Rule {
 /// The throttle keys of a sign-in attempt.
 pub fn account_key(username: &str) -> String {
     format!("account:{}", username.trim().to_lowercase())
+}
+
+/// The throttle key of a sign-in from a known device, by the SHA-256 of its token.
+pub fn device_key(token_hash: &str) -> String {
+    format!("device:{token_hash}")
 }
 
 /// An IPv4 address counts alone; an IPv6 address counts with its whole /64, since one client
@@ -74,7 +84,13 @@ pub fn remaining_wait(failures: &[LoginFailures]) -> Duration {
     failures
         .iter()
         .map(|f| {
-            let rule = if f.key.starts_with("account:") { ACCOUNT } else { ADDRESS };
+            let rule = if f.key.starts_with("account:") {
+                ACCOUNT
+            } else if f.key.starts_with("device:") {
+                DEVICE
+            } else {
+                ADDRESS
+            };
             rule.wait_after(f.failures).saturating_sub(f.since_last)
         })
         .max()
@@ -100,6 +116,8 @@ mod tests {
         assert_eq!(remaining_wait(&[]), Duration::ZERO);
         assert_eq!(remaining_wait(&[f("account:olivia", 6, 1)]), Duration::from_secs(3));
         assert_eq!(remaining_wait(&[f("account:olivia", 6, 10), f("address:10.0.0.1", 14, 2)]), Duration::from_secs(6));
+        assert_eq!(remaining_wait(&[f(&device_key("ab12"), 5, 0)]), Duration::ZERO, "a device has five free failures");
+        assert_eq!(remaining_wait(&[f(&device_key("ab12"), 99, 0)]), Duration::from_secs(60));
     }
 
     #[test]

@@ -94,12 +94,15 @@ impl Store {
         Ok(remaining_wait(&failures_from_rows(&rows)?))
     }
 
-    /// The attempt started for `account_key` and `address_key` succeeded: the account's
-    /// failures are forgotten, and the address's count no longer includes this attempt.
-    pub async fn login_succeeded(&self, account_key: &str, address_key: &str) -> Result<(), StoreError> {
+    /// The attempt started for its keys succeeded: the failures of `forget` (the account's,
+    /// a device's) are forgotten, and `address_key`'s count, if the attempt was counted
+    /// against an address, no longer includes this attempt.
+    pub async fn login_succeeded(&self, forget: &[String], address_key: Option<&str>) -> Result<(), StoreError> {
         let mut tx = self.begin().await?;
-        sqlx::query("DELETE FROM login_failures WHERE key = $1").bind(account_key).execute(&mut *tx).await?;
-        sqlx::query("UPDATE login_failures SET failures = greatest(failures - 1, 0) WHERE key = $1").bind(address_key).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM login_failures WHERE key = ANY($1)").bind(forget).execute(&mut *tx).await?;
+        if let Some(address_key) = address_key {
+            sqlx::query("UPDATE login_failures SET failures = greatest(failures - 1, 0) WHERE key = $1").bind(address_key).execute(&mut *tx).await?;
+        }
         tx.commit().await?;
         Ok(())
     }

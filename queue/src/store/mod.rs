@@ -117,6 +117,7 @@ mod progress;
 mod queues;
 mod rate_limits;
 mod replay_rules;
+mod sign_in_devices;
 mod sorted;
 pub use sorted::{SORT_WINDOW, SortKey};
 mod transaction;

@@ -4,16 +4,17 @@
 //! Dashboard sessions: an idle session ends, a session in use is not written on every request,
 //! signing in ends the browser's previous session, the cookie is `Secure` (and `__Host-`) as
 //! `X-Forwarded-Proto` says only behind a trusted proxy, dashboard answers are not cached, and
-//! a throttled sign-in does not wait for a password check.
+//! a throttled sign-in does not wait for a password check, and a browser its operator signed
+//! in from before signs in while strangers' guesses hold every throttle and turn.
 
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use rebound_queue::store::{Actor, Role};
-use rebound_server::CONCURRENT_PASSWORD_CHECKS;
+use rebound_server::{CONCURRENT_PASSWORD_CHECKS, DEVICE_PASSWORD_CHECKS};
 use rebound_server::auth::{generate_token, hash_token};
 use rebound_server::config::{ApiAuth, ServerConfig};
-use rebound_server::dashboard_auth::{SECURE_SESSION_COOKIE, SESSION_COOKIE};
+use rebound_server::dashboard_auth::{DEVICE_COOKIE, SECURE_SESSION_COOKIE, SESSION_COOKIE};
 use rebound_server::passwords::hash_password;
 use serde_json::json;
 
@@ -325,6 +326,92 @@ async fn a_throttled_sign_in_is_refused_without_waiting_for_a_password_check() {
         .expect("failures");
     assert_eq!(failures, 9, "a refused attempt is not counted");
     drop(held);
+}
+
+/// The value of cookie `name` among the `Set-Cookie` headers of `r`.
+fn set_cookie_value(r: &Reply, name: &str) -> Option<String> {
+    let prefix = format!("{name}=");
+    r.headers.get_all("set-cookie").iter().filter_map(|v| v.to_str().ok()).find_map(|c| c.split(';').next()?.strip_prefix(prefix.as_str()).map(str::to_owned))
+}
+
+/// How many failures `key` has on record.
+async fn failures_of(s: &TestServer, key: &str) -> Option<i32> {
+    sqlx::query_scalar("SELECT failures FROM login_failures WHERE key = $1").bind(key).fetch_optional(s.db.store.pool()).await.expect("failures")
+}
+
+/// A browser Olivia signed in from keeps a device cookie. While guesses have her account
+/// throttled and hold every turn at a password check that strangers share, a sign-in from
+/// that browser still goes through (throttled only by the device's own failures, with its own
+/// turn); without the cookie, with a cookie no sign-in issued, or with hers under another
+/// name, the same sign-in is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_its_operator_signed_in_from_signs_in_while_guessers_hold_every_throttle_and_turn() {
+    let s = TestServer::new().await;
+    operator(&s).await;
+    s.db.store.upsert_operator("bob", &hash_password("bob's own").expect("hash"), Role::Viewer, &Actor::system("test")).await.expect("bob");
+    let first = sign_in(&s, &[]).await;
+    assert_eq!(first.status, StatusCode::SEE_OTHER, "{}", first.text);
+    let device = set_cookie_value(&first, DEVICE_COOKIE).expect("a device cookie");
+    let set = first.headers.get_all("set-cookie").iter().filter_map(|v| v.to_str().ok()).find(|c| c.starts_with(DEVICE_COOKIE)).expect("the header");
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=2592000"] {
+        assert!(set.contains(attribute), "{attribute} in {set}");
+    }
+
+    // Guessers have the account waiting half a minute and hold every shared turn.
+    sqlx::query("INSERT INTO login_failures (key, failures, last_failed_at) VALUES ('account:olivia', 9, now()), ('account:bob', 9, now())")
+        .execute(s.db.store.pool())
+        .await
+        .expect("failures");
+    let turns = u32::try_from(CONCURRENT_PASSWORD_CHECKS).expect("a few");
+    let held = s.state.password_checks.clone().acquire_many_owned(turns).await.expect("the turns");
+
+    let s = &s;
+    let with = |cookie: String| async move { sign_in(s, &[("cookie", cookie.as_str())]).await };
+    let started = Instant::now();
+    let r = with(format!("{DEVICE_COOKIE}={device}")).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    assert_eq!(r.header("location"), Some("/jobs"));
+    assert!(set_cookie_value(&r, SESSION_COOKIE).is_some_and(|v| !v.is_empty()), "a session: {:?}", r.headers);
+    assert_eq!(set_cookie_value(&r, DEVICE_COOKIE).as_deref(), Some(device.as_str()), "the same device, renewed");
+    assert!(started.elapsed() < Duration::from_secs(5), "the known browser waited {:?}", started.elapsed());
+    assert_eq!(failures_of(s, "account:olivia").await, None, "a success forgets the account's failures");
+
+    // Without it, with a token no sign-in issued, or with Olivia's under Bob's name: refused.
+    sqlx::query("INSERT INTO login_failures (key, failures, last_failed_at) VALUES ('account:olivia', 9, now())").execute(s.db.store.pool()).await.expect("failures");
+    let stranger = generate_token().expect("randomness");
+    let stranger = stranger.rsplit('_').next().expect("hex");
+    for cookie in [String::new(), format!("{DEVICE_COOKIE}={stranger}")] {
+        let r = with(cookie.clone()).await;
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{cookie:?}: {}", r.text);
+    }
+    let r = s
+        .raw(
+            "POST",
+            "/auth/login",
+            &[("content-type", "application/x-www-form-urlencoded"), ("accept", "text/html"), ("cookie", &format!("{DEVICE_COOKIE}={device}"))],
+            b"username=bob&password=bob%27s+own&next=%2Fjobs".to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "Olivia's browser is not Bob's: {}", r.text);
+    drop(held);
+
+    // A wrong password from the known browser counts against the device, not the account;
+    // the device's own turn is what it waits for.
+    let device_turn = s.state.device_password_checks.clone().acquire_many_owned(u32::try_from(DEVICE_PASSWORD_CHECKS).expect("one")).await.expect("turn");
+    let cookie = format!("{DEVICE_COOKIE}={device}");
+    let started = Instant::now();
+    let headers = [("content-type", "application/x-www-form-urlencoded"), ("accept", "text/html"), ("cookie", cookie.as_str())];
+    let attempt = s.raw("POST", "/auth/login", &headers, b"username=olivia&password=wrong&next=%2Fjobs".to_vec());
+    let release = async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        drop(device_turn);
+    };
+    let (r, ()) = tokio::join!(attempt, release);
+    assert!(started.elapsed() >= Duration::from_millis(500), "the known browser's attempt waited for the device turn");
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    assert!(r.header("location").is_some_and(|l| l.starts_with("/login?error=1")), "{:?}", r.header("location"));
+    assert_eq!(failures_of(s, &format!("device:{}", hash_token(&device))).await, Some(1));
+    assert_eq!(failures_of(s, "account:olivia").await, Some(9), "the account's count is untouched");
 }
 
 /// ojs-rate-limiting §10.4: each API token has its own bucket of requests. Every answer says

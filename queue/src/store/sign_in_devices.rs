@@ -1,0 +1,58 @@
+//! Browsers an operator has signed in from (`sign_in_devices`): a browser that presents its
+//! device token along with its operator's username is let past the sign-in throttles and the
+//! queue for password checks that strangers share (the OWASP "device cookie" defence), so a
+//! flood of guesses can delay a new browser but never lock an operator out of one they have
+//! used. The token proves only that the browser signed in as that operator before; the
+//! password is still checked.
+
+use std::time::Duration;
+
+use sqlx::Row;
+
+use super::{Store, StoreError, millis};
+
+impl Store {
+    /// The username of the operator whose live device token hashes to `token_hash`, if that
+    /// operator is still enabled.
+    pub async fn sign_in_device_operator(&self, token_hash: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query(
+            "SELECT o.username FROM sign_in_devices d JOIN operators o ON o.id = d.operator_id
+             WHERE d.token_hash = $1 AND d.expires_at > now() AND NOT o.disabled",
+        )
+        .bind(token_hash)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| r.try_get("username")).transpose()?)
+    }
+
+    /// Remembers (or, for a token it already has, renews) the device `token_hash` of
+    /// `operator_id` for `ttl` from now. Only the operator's `keep` most recently used devices
+    /// are kept, so a script signing in without keeping cookies cannot grow the table; expired
+    /// devices of every operator are deleted.
+    pub async fn remember_sign_in_device(&self, operator_id: i64, token_hash: &str, ttl: Duration, keep: i64) -> Result<(), StoreError> {
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "INSERT INTO sign_in_devices (token_hash, operator_id, expires_at)
+             VALUES ($1, $2, now() + $3 * interval '1 millisecond')
+             ON CONFLICT (token_hash) DO UPDATE SET last_used_at = now(), expires_at = excluded.expires_at
+             WHERE sign_in_devices.operator_id = excluded.operator_id",
+        )
+        .bind(token_hash)
+        .bind(operator_id)
+        .bind(millis(ttl))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "DELETE FROM sign_in_devices WHERE token_hash = ANY(ARRAY(
+                 SELECT token_hash FROM sign_in_devices WHERE operator_id = $1
+                 ORDER BY last_used_at DESC OFFSET $2))",
+        )
+        .bind(operator_id)
+        .bind(keep)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM sign_in_devices WHERE expires_at < now()").execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
