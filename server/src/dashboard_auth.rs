@@ -301,7 +301,7 @@ pub async fn login(
         return guard::refusal_page(StatusCode::BAD_REQUEST, "The username is too long: usernames have at most 64 bytes (64 letters of the Latin alphabet, fewer of others).");
     }
     let address = login_throttle::client_address(&headers, peer.as_ref().map(|p| &p.0), state.config.behind_proxy);
-    let (account, address_key) = (login_throttle::account_key(&username), login_throttle::address_key(address));
+    let account = login_throttle::account_key(&username);
     let secure_cookie = secure(&state, &headers);
     // A browser this operator signed in from before is throttled by its own failures only,
     // and waits for turns strangers cannot take.
@@ -317,7 +317,12 @@ pub async fn login(
     };
     let (keys, checks) = match &known_device {
         Some(token) => (vec![login_throttle::device_key(&hash_token(token))], state.device_password_checks.clone()),
-        None => (vec![account.clone(), address_key.clone()], state.password_checks.clone()),
+        None => {
+            // The account first: a success forgets its failures and takes back the others'.
+            let mut keys = vec![account.clone(), login_throttle::address_key(address)];
+            keys.extend(login_throttle::network_key(address));
+            (keys, state.password_checks.clone())
+        }
     };
     // An attempt already throttled is refused before it waits for a turn at a password check,
     // so that a flood of them cannot hold the turns real sign-ins wait for. This look locks
@@ -368,8 +373,8 @@ pub async fn login(
         return see_other(&format!("/login?error=1&next={}", percent_encode(&next)));
     };
     let succeeded = match &known_device {
-        Some(token) => state.store.login_succeeded(&[account.clone(), login_throttle::device_key(&hash_token(token))], None).await,
-        None => state.store.login_succeeded(std::slice::from_ref(&account), Some(&address_key)).await,
+        Some(token) => state.store.login_succeeded(&[account.clone(), login_throttle::device_key(&hash_token(token))], &[]).await,
+        None => state.store.login_succeeded(std::slice::from_ref(&account), &keys[1..]).await,
     };
     if let Err(e) = succeeded {
         tracing::warn!(error = %e, "login: forgetting the account's failures failed");

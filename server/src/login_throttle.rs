@@ -1,5 +1,5 @@
-//! How long a sign-in must wait after failures, per account and per client address (an IPv6
-//! address by its /64, see [`address_key`]).
+//! How long a sign-in must wait after failures, per account, per client address (an IPv6
+//! address by its /64, see [`address_key`]) and per network (see [`network_key`]).
 //!
 //! The first few failures cost nothing (people mistype); after that each failure doubles the
 //! wait before the next attempt is even checked, up to a cap. The account's cap is short
@@ -12,7 +12,7 @@
 //! [`FORGET_AFTER`] without one, and an account's after it signs in. The counts live in
 //! Postgres (`login_failures`) so that every server process enforces the same waits.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
@@ -30,6 +30,10 @@ pub struct Rule {
 pub const ACCOUNT: Rule = Rule { free_failures: 3, max_wait: Duration::from_secs(30) };
 /// Per client address.
 pub const ADDRESS: Rule = Rule { free_failures: 10, max_wait: Duration::from_secs(300) };
+/// Per network: an IPv4 /24 or an IPv6 /48, what one party is commonly given or rents. It
+/// bounds how many guesses someone holding many addresses (every /64 of a /48) gets before
+/// each waits, where the per-address rule alone would give each address its own allowance.
+pub const NETWORK: Rule = Rule { free_failures: 30, max_wait: Duration::from_secs(300) };
 /// Per device token, for a browser its operator signed in from before.
 pub const DEVICE: Rule = Rule { free_failures: 5, max_wait: Duration::from_secs(60) };
 /// Failures older than this (counted from the latest) are forgotten.
@@ -66,6 +70,15 @@ pub fn address_key(address: Option<IpAddr>) -> String {
     }
 }
 
+/// The network an address belongs to, counted beside the address: an IPv4 address's /24, an
+/// IPv6 address's /48 (an IPv4 address written as IPv6 is IPv4). An unknown address has none.
+pub fn network_key(address: Option<IpAddr>) -> Option<String> {
+    match address?.to_canonical() {
+        IpAddr::V4(v4) => Some(format!("network:{}/24", Ipv4Addr::from(u32::from(v4) & 0xffff_ff00))),
+        IpAddr::V6(v6) => Some(format!("network:{}/48", Ipv6Addr::from(u128::from(v6) & (u128::MAX << 80)))),
+    }
+}
+
 /// The client's address: the connection's peer, or behind a proxy the address the proxy
 /// appended to `X-Forwarded-For` (the last one; earlier ones are whatever the client wrote).
 pub fn client_address(headers: &HeaderMap, peer: Option<&ConnectInfo<SocketAddr>>, behind_proxy: bool) -> Option<IpAddr> {
@@ -88,6 +101,8 @@ pub fn remaining_wait(failures: &[LoginFailures]) -> Duration {
                 ACCOUNT
             } else if f.key.starts_with("device:") {
                 DEVICE
+            } else if f.key.starts_with("network:") {
+                NETWORK
             } else {
                 ADDRESS
             };
@@ -131,6 +146,20 @@ mod tests {
         assert_ne!(key("10.1.2.3"), key("10.1.2.4"));
         assert_eq!(key("::1"), "address:::/64");
         assert_eq!(address_key(None), "address:unknown");
+    }
+
+    #[test]
+    fn networks_are_an_ipv4_24_and_an_ipv6_48() {
+        let key = |a: &str| network_key(Some(a.parse().expect("an address")));
+        assert_eq!(key("10.1.2.3").as_deref(), Some("network:10.1.2.0/24"));
+        assert_eq!(key("::ffff:10.1.2.200").as_deref(), Some("network:10.1.2.0/24"));
+        assert_eq!(key("2001:db8:1:2:aaaa::1").as_deref(), Some("network:2001:db8:1::/48"));
+        assert_eq!(key("2001:db8:1:ffff::1"), key("2001:db8:1:2::1"), "every /64 of a /48");
+        assert_ne!(key("2001:db8:2::1"), key("2001:db8:1::1"));
+        assert_eq!(network_key(None), None);
+        let f = |key: &str, failures| LoginFailures { key: key.into(), failures, since_last: Duration::ZERO };
+        assert_eq!(remaining_wait(&[f("network:10.1.2.0/24", 30)]), Duration::ZERO);
+        assert_eq!(remaining_wait(&[f("network:10.1.2.0/24", 31)]), Duration::from_secs(1));
     }
 
     #[test]

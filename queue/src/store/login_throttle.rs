@@ -95,14 +95,12 @@ impl Store {
     }
 
     /// The attempt started for its keys succeeded: the failures of `forget` (the account's,
-    /// a device's) are forgotten, and `address_key`'s count, if the attempt was counted
-    /// against an address, no longer includes this attempt.
-    pub async fn login_succeeded(&self, forget: &[String], address_key: Option<&str>) -> Result<(), StoreError> {
+    /// a device's) are forgotten, and the counts of `taken_back` (the client's address and
+    /// network) no longer include this attempt.
+    pub async fn login_succeeded(&self, forget: &[String], taken_back: &[String]) -> Result<(), StoreError> {
         let mut tx = self.begin().await?;
         sqlx::query("DELETE FROM login_failures WHERE key = ANY($1)").bind(forget).execute(&mut *tx).await?;
-        if let Some(address_key) = address_key {
-            sqlx::query("UPDATE login_failures SET failures = greatest(failures - 1, 0) WHERE key = $1").bind(address_key).execute(&mut *tx).await?;
-        }
+        sqlx::query("UPDATE login_failures SET failures = greatest(failures - 1, 0) WHERE key = ANY($1)").bind(taken_back).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -414,6 +414,25 @@ async fn a_browser_its_operator_signed_in_from_signs_in_while_guessers_hold_ever
     assert_eq!(failures_of(s, "account:olivia").await, Some(9), "the account's count is untouched");
 }
 
+/// Behind a proxy, every /64 of one IPv6 /48 counts toward the /48's failures: once it has
+/// had its 30 free ones, a sign-in from a /64 that never failed waits too, while another
+/// network signs in. A success takes its attempt back from the address and the network.
+#[tokio::test]
+async fn many_addresses_of_one_network_share_its_failures() {
+    let s = TestServer::with_config(ServerConfig { behind_proxy: true, ..ServerConfig::default() }).await;
+    operator(&s).await;
+    sqlx::query("INSERT INTO login_failures (key, failures, last_failed_at) VALUES ('network:2001:db8:1::/48', 31, now())")
+        .execute(s.db.store.pool())
+        .await
+        .expect("failures");
+    let r = sign_in(&s, &[("x-forwarded-for", "2001:db8:1:99::5")]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
+    let r = sign_in(&s, &[("x-forwarded-for", "2001:db8:2:99::5")]).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    assert_eq!(failures_of(&s, "network:2001:db8:2::/48").await, Some(0), "taken back");
+    assert_eq!(failures_of(&s, "address:2001:db8:2:99::/64").await, Some(0), "taken back");
+}
+
 /// ojs-rate-limiting §10.4: each API token has its own bucket of requests. Every answer says
 /// where the caller stands (`X-RateLimit-Limit`, `-Remaining`, `-Reset`); past the burst a
 /// request is a 429 `rate_limited` with a decimal `Retry-After`, and runs nothing; another
