@@ -1066,7 +1066,7 @@ async fn sign_in_devices_name_their_enabled_operator_and_only_the_newest_are_kep
             .unwrap();
     };
 
-    s.remember_sign_in_device(olivia.id, "d1", month, 2).await.unwrap();
+    assert!(s.remember_sign_in_device(olivia.id, "d1", month, 2).await.unwrap());
     assert_eq!(s.sign_in_device_operator("d1").await.unwrap().as_deref(), Some("olivia"));
     assert_eq!(s.sign_in_device_operator("unknown").await.unwrap(), None);
 
@@ -1087,12 +1087,30 @@ async fn sign_in_devices_name_their_enabled_operator_and_only_the_newest_are_kep
     let kept: Vec<String> = sqlx::query_scalar("SELECT token_hash FROM sign_in_devices ORDER BY token_hash").fetch_all(s.pool()).await.unwrap();
     assert_eq!(kept, ["b1", "d1"]);
     // Another operator's token cannot be taken over by remembering it for someone else.
-    s.remember_sign_in_device(bob.id, "d1", month, 2).await.unwrap();
+    assert!(!s.remember_sign_in_device(bob.id, "d1", month, 2).await.unwrap());
     assert_eq!(s.sign_in_device_operator("d1").await.unwrap().as_deref(), Some("olivia"));
 
-    // A disabled operator's devices name no one.
+    // A password reset forgets the operator's devices; so does disabling (and re-enabling,
+    // which is an upsert, brings none back).
+    s.remember_sign_in_device(bob.id, "b2", month, 2).await.unwrap();
+    s.upsert_operator("bob", "$argon2id$a-new-one", rebound_queue::store::Role::Viewer, &system).await.unwrap();
+    assert_eq!(s.sign_in_device_operator("b1").await.unwrap(), None);
+    assert_eq!(s.sign_in_device_operator("b2").await.unwrap(), None);
     assert!(s.disable_operator("olivia", &system).await.unwrap());
     assert_eq!(s.sign_in_device_operator("d1").await.unwrap(), None);
+    s.upsert_operator("olivia", "$argon2id$not-checked-here", rebound_queue::store::Role::Operator, &system).await.unwrap();
+    assert_eq!(s.sign_in_device_operator("d1").await.unwrap(), None);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM sign_in_devices").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(left, 0);
+
+    // A device is forgotten once its throttle key has the limit's failures, not before.
+    s.remember_sign_in_device(olivia.id, "d4", month, 2).await.unwrap();
+    sqlx::query("INSERT INTO login_failures (key, failures, last_failed_at) VALUES ('device:d4', 4, now())").execute(s.pool()).await.unwrap();
+    assert!(!s.forget_failing_sign_in_device("d4", "device:d4", 5).await.unwrap());
+    assert!(!s.forget_failing_sign_in_device("d4", "device:none", 5).await.unwrap(), "no failures, not forgotten");
+    sqlx::query("UPDATE login_failures SET failures = 5 WHERE key = 'device:d4'").execute(s.pool()).await.unwrap();
+    assert!(s.forget_failing_sign_in_device("d4", "device:d4", 5).await.unwrap());
+    assert_eq!(s.sign_in_device_operator("d4").await.unwrap(), None);
 }
 
 #[tokio::test]

@@ -267,7 +267,7 @@ fn throttled(username: &str, address: Option<IpAddr>, wait: Duration) -> Respons
     tracing::warn!(username = ?username, address = ?address, wait_secs = secs, "dashboard login throttled after repeated failures");
     let mut res = guard::refusal_page(
         StatusCode::TOO_MANY_REQUESTS,
-        &format!("Too many failed sign-ins for this account or from this address: wait {secs} s and try again."),
+        &format!("Too many failed sign-ins for this account, from this address or network, or from this browser: wait {secs} s and try again."),
     );
     res.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
     res
@@ -369,11 +369,22 @@ pub async fn login(
     .unwrap_or(false);
     let Some(operator) = operator.filter(|_| matches) else {
         // Already counted as a failure when the attempt started.
-        tracing::info!(username = ?username, address = ?address, "dashboard login refused");
+        tracing::info!(username = ?username, address = ?address, known_device = known_device.is_some(), "dashboard login refused");
+        if let Some(token) = &known_device {
+            // A browser that keeps failing (a stolen cookie, say) stops being known: its
+            // next attempts are a stranger's, throttled by the account and the address.
+            let hash = hash_token(token);
+            let limit = i32::try_from(login_throttle::DEVICE_FAILURES).unwrap_or(i32::MAX);
+            if let Err(e) = state.store.forget_failing_sign_in_device(&hash, &login_throttle::device_key(&hash), limit).await {
+                tracing::warn!(error = %e, "login: forgetting a failing device failed");
+            }
+        }
         return see_other(&format!("/login?error=1&next={}", percent_encode(&next)));
     };
+    // A known browser's success forgets only its own failures: the account's count is the
+    // guessers', and resetting it would give them a fresh allowance.
     let succeeded = match &known_device {
-        Some(token) => state.store.login_succeeded(&[account.clone(), login_throttle::device_key(&hash_token(token))], &[]).await,
+        Some(token) => state.store.login_succeeded(&[login_throttle::device_key(&hash_token(token))], &[]).await,
         None => state.store.login_succeeded(std::slice::from_ref(&account), &keys[1..]).await,
     };
     if let Err(e) = succeeded {
@@ -417,9 +428,16 @@ async fn remember_device(state: &AppState, res: &mut Response, operator_id: i64,
             return;
         }
     };
-    if let Err(e) = state.store.remember_sign_in_device(operator_id, &hash_token(&token), DEVICE_TTL, DEVICES_KEPT).await {
-        tracing::warn!(error = %e, "login: remembering the browser failed");
-        return;
+    match state.store.remember_sign_in_device(operator_id, &hash_token(&token), DEVICE_TTL, DEVICES_KEPT).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!("login: a new device token was already another operator's");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "login: remembering the browser failed");
+            return;
+        }
     }
     if let Ok(v) = HeaderValue::from_str(&device_cookie(secure_cookie, &token, DEVICE_TTL)) {
         guard::add_cookie(res, v);

@@ -57,7 +57,8 @@ pub struct AppState {
     /// Where offset-paged listings continue (see [`ojs::offset_pages`]).
     pub offset_pages: Arc<ojs::offset_pages::OffsetPages>,
     /// Turns at checking a dashboard password: argon2 takes ~19 MiB per check, so only
-    /// [`CONCURRENT_PASSWORD_CHECKS`] run at once however many sign-ins arrive.
+    /// [`CONCURRENT_PASSWORD_CHECKS`] run at once for strangers' sign-ins however many arrive
+    /// (and [`DEVICE_PASSWORD_CHECKS`] more for known browsers').
     pub password_checks: Arc<Semaphore>,
     /// Turns kept for sign-ins from a browser the operator signed in from before
     /// ([`DEVICE_PASSWORD_CHECKS`]), which strangers' sign-ins cannot take.

@@ -34,8 +34,11 @@ pub const ADDRESS: Rule = Rule { free_failures: 10, max_wait: Duration::from_sec
 /// bounds how many guesses someone holding many addresses (every /64 of a /48) gets before
 /// each waits, where the per-address rule alone would give each address its own allowance.
 pub const NETWORK: Rule = Rule { free_failures: 30, max_wait: Duration::from_secs(300) };
-/// Per device token, for a browser its operator signed in from before.
-pub const DEVICE: Rule = Rule { free_failures: 5, max_wait: Duration::from_secs(60) };
+/// Per device token, for a browser its operator signed in from before. Its first failures are
+/// free; at [`DEVICE_FAILURES`] the browser stops being known.
+pub const DEVICE: Rule = Rule { free_failures: 3, max_wait: Duration::from_secs(60) };
+/// Failures (without a success between them) after which a device is forgotten.
+pub const DEVICE_FAILURES: u32 = 5;
 /// Failures older than this (counted from the latest) are forgotten.
 pub const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
 
@@ -131,7 +134,8 @@ mod tests {
         assert_eq!(remaining_wait(&[]), Duration::ZERO);
         assert_eq!(remaining_wait(&[f("account:olivia", 6, 1)]), Duration::from_secs(3));
         assert_eq!(remaining_wait(&[f("account:olivia", 6, 10), f("address:10.0.0.1", 14, 2)]), Duration::from_secs(6));
-        assert_eq!(remaining_wait(&[f(&device_key("ab12"), 5, 0)]), Duration::ZERO, "a device has five free failures");
+        assert_eq!(remaining_wait(&[f(&device_key("ab12"), 3, 0)]), Duration::ZERO, "a device has three free failures");
+        assert_eq!(remaining_wait(&[f(&device_key("ab12"), 4, 0)]), Duration::from_secs(1));
         assert_eq!(remaining_wait(&[f(&device_key("ab12"), 99, 0)]), Duration::from_secs(60));
     }
 

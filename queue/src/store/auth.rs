@@ -110,8 +110,8 @@ fn token_from_row(r: &PgRow) -> Result<ApiToken, StoreError> {
 
 impl Store {
     /// Creates an operator, or updates the password and role of an existing one. An existing
-    /// operator's sessions end: whoever signed in with the old password (or role) must sign in
-    /// again.
+    /// operator's sessions end and their known browsers are forgotten: whoever signed in with
+    /// the old password (or role) must sign in again, as a stranger.
     pub async fn upsert_operator(&self, username: &str, password_hash: &str, role: Role, actor: &Actor) -> Result<Operator, StoreError> {
         if username.trim().is_empty() || username.len() > MAX_USERNAME_BYTES {
             return Err(StoreError::invalid("username", "must be 1 to 64 characters"));
@@ -129,6 +129,8 @@ impl Store {
         .await?;
         let id: i64 = row.try_get("id")?;
         let ended = sqlx::query("DELETE FROM sessions WHERE operator_id = $1").bind(id).execute(&mut *tx).await?.rows_affected();
+        // Browsers that signed in with the old password are no longer known either.
+        sqlx::query("DELETE FROM sign_in_devices WHERE operator_id = $1").bind(id).execute(&mut *tx).await?;
         record(&mut tx, actor, "operator.upsert", Some(username), json!({"role": role.as_str(), "sessions_ended": ended})).await?;
         tx.commit().await?;
         operator_from_row(&row)
@@ -146,7 +148,8 @@ impl Store {
         rows.iter().map(operator_from_row).collect()
     }
 
-    /// Disables an operator and ends their sessions. Returns whether they existed.
+    /// Disables an operator, ends their sessions and forgets their known browsers. Returns
+    /// whether they existed.
     pub async fn disable_operator(&self, username: &str, actor: &Actor) -> Result<bool, StoreError> {
         let mut tx = self.begin().await?;
         let id: Option<i64> = sqlx::query_scalar("UPDATE operators SET disabled = true WHERE username = $1 RETURNING id")
@@ -155,6 +158,7 @@ impl Store {
             .await?;
         if let Some(id) = id {
             sqlx::query("DELETE FROM sessions WHERE operator_id = $1").bind(id).execute(&mut *tx).await?;
+            sqlx::query("DELETE FROM sign_in_devices WHERE operator_id = $1").bind(id).execute(&mut *tx).await?;
             record(&mut tx, actor, "operator.disable", Some(username), json!({})).await?;
         }
         tx.commit().await?;

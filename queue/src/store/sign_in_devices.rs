@@ -28,10 +28,11 @@ impl Store {
     /// Remembers (or, for a token it already has, renews) the device `token_hash` of
     /// `operator_id` for `ttl` from now. Only the operator's `keep` most recently used devices
     /// are kept, so a script signing in without keeping cookies cannot grow the table; expired
-    /// devices of every operator are deleted.
-    pub async fn remember_sign_in_device(&self, operator_id: i64, token_hash: &str, ttl: Duration, keep: i64) -> Result<(), StoreError> {
+    /// devices of every operator are deleted. Returns false, changing nothing, if the token is
+    /// another operator's.
+    pub async fn remember_sign_in_device(&self, operator_id: i64, token_hash: &str, ttl: Duration, keep: i64) -> Result<bool, StoreError> {
         let mut tx = self.begin().await?;
-        sqlx::query(
+        let written = sqlx::query(
             "INSERT INTO sign_in_devices (token_hash, operator_id, expires_at)
              VALUES ($1, $2, now() + $3 * interval '1 millisecond')
              ON CONFLICT (token_hash) DO UPDATE SET last_used_at = now(), expires_at = excluded.expires_at
@@ -41,7 +42,12 @@ impl Store {
         .bind(operator_id)
         .bind(millis(ttl))
         .execute(&mut *tx)
-        .await?;
+        .await?
+        .rows_affected();
+        if written == 0 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
         sqlx::query(
             "DELETE FROM sign_in_devices WHERE token_hash = ANY(ARRAY(
                  SELECT token_hash FROM sign_in_devices WHERE operator_id = $1
@@ -53,6 +59,23 @@ impl Store {
         .await?;
         sqlx::query("DELETE FROM sign_in_devices WHERE expires_at < now()").execute(&mut *tx).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(true)
+    }
+
+    /// Forgets the device `token_hash` if its throttle key `failure_key` has `limit` recent
+    /// failures or more (counted by [`Store::start_login_attempt`]): a browser that keeps
+    /// failing is no longer trusted past the throttles. Returns whether it was forgotten.
+    pub async fn forget_failing_sign_in_device(&self, token_hash: &str, failure_key: &str, limit: i32) -> Result<bool, StoreError> {
+        let forgotten = sqlx::query(
+            "DELETE FROM sign_in_devices WHERE token_hash = $1
+               AND (SELECT failures FROM login_failures WHERE key = $2) >= $3",
+        )
+        .bind(token_hash)
+        .bind(failure_key)
+        .bind(limit)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(forgotten > 0)
     }
 }

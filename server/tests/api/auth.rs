@@ -14,7 +14,7 @@ use rebound_queue::store::{Actor, Role};
 use rebound_server::{CONCURRENT_PASSWORD_CHECKS, DEVICE_PASSWORD_CHECKS};
 use rebound_server::auth::{generate_token, hash_token};
 use rebound_server::config::{ApiAuth, ServerConfig};
-use rebound_server::dashboard_auth::{DEVICE_COOKIE, SECURE_SESSION_COOKIE, SESSION_COOKIE};
+use rebound_server::dashboard_auth::{DEVICE_COOKIE, SECURE_DEVICE_COOKIE, SECURE_SESSION_COOKIE, SESSION_COOKIE};
 use rebound_server::passwords::hash_password;
 use serde_json::json;
 
@@ -275,6 +275,15 @@ async fn forwarded_proto_makes_the_cookie_secure_only_as_a_trusted_proxy_says() 
     assert!(cookies[0].starts_with(&format!("{SECURE_SESSION_COOKIE}=")) && cookies[0].contains("; Secure"), "{cookies:?}");
     assert!(cookies.iter().any(|c| c.starts_with(&format!("{SESSION_COOKIE}=;")) && c.contains("Max-Age=0")), "{cookies:?}");
     assert_eq!(seen_secs_ago(&s, &plain).await, None);
+    // The device cookie is `__Host-` too, and over HTTPS only that name marks a known browser.
+    let device = set_cookie_value(&r, SECURE_DEVICE_COOKIE).expect("a __Host- device cookie");
+    assert!(cookies.iter().any(|c| c.starts_with(SECURE_DEVICE_COOKIE) && c.contains("; Secure") && c.contains("Path=/")), "{cookies:?}");
+    assert_eq!(set_cookie_value(&r, DEVICE_COOKIE), None, "{cookies:?}");
+    sqlx::query("INSERT INTO login_failures (key, failures, last_failed_at) VALUES ('account:olivia', 9, now())").execute(s.db.store.pool()).await.expect("failures");
+    let r = sign_in(&s, &[("cookie", &format!("{DEVICE_COOKIE}={device}"))]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "a plain-named device cookie is a stranger's over HTTPS: {}", r.text);
+    let r = sign_in(&s, &[("cookie", &format!("{SECURE_DEVICE_COOKIE}={device}"))]).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -374,10 +383,9 @@ async fn a_browser_its_operator_signed_in_from_signs_in_while_guessers_hold_ever
     assert!(set_cookie_value(&r, SESSION_COOKIE).is_some_and(|v| !v.is_empty()), "a session: {:?}", r.headers);
     assert_eq!(set_cookie_value(&r, DEVICE_COOKIE).as_deref(), Some(device.as_str()), "the same device, renewed");
     assert!(started.elapsed() < Duration::from_secs(5), "the known browser waited {:?}", started.elapsed());
-    assert_eq!(failures_of(s, "account:olivia").await, None, "a success forgets the account's failures");
+    assert_eq!(failures_of(s, "account:olivia").await, Some(9), "the guessers' count is not reset by the known browser");
 
     // Without it, with a token no sign-in issued, or with Olivia's under Bob's name: refused.
-    sqlx::query("INSERT INTO login_failures (key, failures, last_failed_at) VALUES ('account:olivia', 9, now())").execute(s.db.store.pool()).await.expect("failures");
     let stranger = generate_token().expect("randomness");
     let stranger = stranger.rsplit('_').next().expect("hex");
     for cookie in [String::new(), format!("{DEVICE_COOKIE}={stranger}")] {
@@ -410,8 +418,23 @@ async fn a_browser_its_operator_signed_in_from_signs_in_while_guessers_hold_ever
     assert!(started.elapsed() >= Duration::from_millis(500), "the known browser's attempt waited for the device turn");
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
     assert!(r.header("location").is_some_and(|l| l.starts_with("/login?error=1")), "{:?}", r.header("location"));
-    assert_eq!(failures_of(s, &format!("device:{}", hash_token(&device))).await, Some(1));
+    let device_key = format!("device:{}", hash_token(&device));
+    assert_eq!(failures_of(s, &device_key).await, Some(1));
     assert_eq!(failures_of(s, "account:olivia").await, Some(9), "the account's count is untouched");
+
+    // The fifth failure in a row forgets the browser: with the right password it is now a
+    // stranger, held by the account's wait.
+    sqlx::query("UPDATE login_failures SET failures = 4, last_failed_at = now() - interval '10 seconds' WHERE key = $1")
+        .bind(&device_key)
+        .execute(s.db.store.pool())
+        .await
+        .expect("failures");
+    let r = s.raw("POST", "/auth/login", &headers, b"username=olivia&password=wrong&next=%2Fjobs".to_vec()).await;
+    assert!(r.header("location").is_some_and(|l| l.starts_with("/login?error=1")), "{}: {:?}", r.status, r.header("location"));
+    let known: i64 = sqlx::query_scalar("SELECT count(*) FROM sign_in_devices WHERE token_hash = $1").bind(hash_token(&device)).fetch_one(s.db.store.pool()).await.expect("count");
+    assert_eq!(known, 0, "forgotten after five failures");
+    let r = with(format!("{DEVICE_COOKIE}={device}")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
 }
 
 /// Behind a proxy, every /64 of one IPv6 /48 counts toward the /48's failures: once it has
