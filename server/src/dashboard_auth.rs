@@ -204,25 +204,26 @@ fn forwarded_https(headers: &HeaderMap, behind_proxy: bool) -> bool {
     }
 }
 
-/// The session cookie: [`SECURE_SESSION_COOKIE`] (`Secure`, `Path=/`, no `Domain`) when
-/// `secure`, else [`SESSION_COOKIE`].
-fn session_cookie(secure: bool, value: &str, max_age: Duration) -> String {
+/// An `HttpOnly`, `Path=/` cookie without `Domain`: `secure_name` with `Secure` when
+/// `secure` (what a `__Host-` name requires), else `plain_name`.
+fn host_cookie(names: (&str, &str), secure: bool, same_site: &str, value: &str, max_age: Duration) -> String {
+    let (plain_name, secure_name) = names;
     format!(
-        "{}={value}; Path=/; HttpOnly; SameSite=Lax; Max-Age={}{}",
-        if secure { SECURE_SESSION_COOKIE } else { SESSION_COOKIE },
+        "{}={value}; Path=/; HttpOnly; SameSite={same_site}; Max-Age={}{}",
+        if secure { secure_name } else { plain_name },
         max_age.as_secs(),
         if secure { "; Secure" } else { "" }
     )
 }
 
+/// The session cookie: [`SECURE_SESSION_COOKIE`] when `secure`, else [`SESSION_COOKIE`].
+fn session_cookie(secure: bool, value: &str, max_age: Duration) -> String {
+    host_cookie((SESSION_COOKIE, SECURE_SESSION_COOKIE), secure, "Lax", value, max_age)
+}
+
 /// The device cookie (`SameSite=Strict`: only the login form, a same-site post, needs it).
 fn device_cookie(secure: bool, value: &str, max_age: Duration) -> String {
-    format!(
-        "{}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
-        if secure { SECURE_DEVICE_COOKIE } else { DEVICE_COOKIE },
-        max_age.as_secs(),
-        if secure { "; Secure" } else { "" }
-    )
+    host_cookie((DEVICE_COOKIE, SECURE_DEVICE_COOKIE), secure, "Strict", value, max_age)
 }
 
 /// The device token a sign-in presents, if it presents one of the right shape: over HTTPS
@@ -315,13 +316,13 @@ pub async fn login(
             }
         },
     };
-    let (keys, checks) = match &known_device {
-        Some(token) => (vec![login_throttle::device_key(&hash_token(token))], state.device_password_checks.clone()),
+    let keys = match &known_device {
+        Some(token) => vec![login_throttle::device_key(&hash_token(token))],
         None => {
             // The account first: a success forgets its failures and takes back the others'.
             let mut keys = vec![account.clone(), login_throttle::address_key(address)];
             keys.extend(login_throttle::network_key(address));
-            (keys, state.password_checks.clone())
+            keys
         }
     };
     // An attempt already throttled is refused before it waits for a turn at a password check,
@@ -338,7 +339,13 @@ pub async fn login(
     // argon2 takes ~19 MiB and tens of milliseconds per check: a bounded number run at once,
     // off the async workers; the rest wait their turn for a while, then are told to retry.
     // Taken before the attempt is counted: one told to retry was never checked.
-    let Ok(Ok(permit)) = tokio::time::timeout(PASSWORD_CHECK_QUEUE_WAIT, checks.acquire_owned()).await else {
+    let turn = async {
+        match &known_device {
+            Some(_) => state.known_browser_turns.take(&username).await,
+            None => Ok(vec![state.password_checks.clone().acquire_owned().await?]),
+        }
+    };
+    let Ok(Ok(permit)) = tokio::time::timeout(PASSWORD_CHECK_QUEUE_WAIT, turn).await else {
         tracing::warn!(username = ?username, "login: too many password checks waiting");
         return unavailable("Too many sign-ins at once: try again in a few seconds.", 5);
     };

@@ -20,6 +20,7 @@ pub mod dashboard;
 pub mod dashboard_auth;
 pub mod dashboard_guard;
 pub mod health;
+pub mod known_browser_turns;
 pub mod login_throttle;
 pub mod maintenance;
 pub mod metrics;
@@ -58,11 +59,10 @@ pub struct AppState {
     pub offset_pages: Arc<ojs::offset_pages::OffsetPages>,
     /// Turns at checking a dashboard password: argon2 takes ~19 MiB per check, so only
     /// [`CONCURRENT_PASSWORD_CHECKS`] run at once for strangers' sign-ins however many arrive
-    /// (and [`DEVICE_PASSWORD_CHECKS`] more for known browsers').
+    /// (known browsers have [`known_browser_turns`] of their own).
     pub password_checks: Arc<Semaphore>,
-    /// Turns kept for sign-ins from a browser the operator signed in from before
-    /// ([`DEVICE_PASSWORD_CHECKS`]), which strangers' sign-ins cannot take.
-    pub device_password_checks: Arc<Semaphore>,
+    /// Turns kept for sign-ins from browsers their operators signed in from before.
+    pub known_browser_turns: Arc<known_browser_turns::KnownBrowserTurns>,
     /// Cancelled when the server shuts down: long-lived responses (event streams) end then.
     pub shutdown: CancellationToken,
     /// Places for open event streams (`max_event_streams`): each polls the store for as long
@@ -85,9 +85,6 @@ pub struct AppState {
 /// How many argon2 password checks run at once.
 pub const CONCURRENT_PASSWORD_CHECKS: usize = 2;
 
-/// How many more run at once for sign-ins from known browsers (see
-/// [`login_throttle::DEVICE`]).
-pub const DEVICE_PASSWORD_CHECKS: usize = 1;
 
 impl AppState {
     /// State for a server on `store` with `config`, and fresh metrics.
@@ -103,7 +100,7 @@ impl AppState {
             started_at: Instant::now(),
             offset_pages: Arc::default(),
             password_checks: Arc::new(Semaphore::new(CONCURRENT_PASSWORD_CHECKS)),
-            device_password_checks: Arc::new(Semaphore::new(DEVICE_PASSWORD_CHECKS)),
+            known_browser_turns: Arc::default(),
             shutdown: CancellationToken::new(),
             event_streams,
             request_tasks: request_task::RequestTasks::default(),

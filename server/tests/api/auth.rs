@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use rebound_queue::store::{Actor, Role};
-use rebound_server::{CONCURRENT_PASSWORD_CHECKS, DEVICE_PASSWORD_CHECKS};
+use rebound_server::CONCURRENT_PASSWORD_CHECKS;
 use rebound_server::auth::{generate_token, hash_token};
 use rebound_server::config::{ApiAuth, ServerConfig};
 use rebound_server::dashboard_auth::{DEVICE_COOKIE, SECURE_DEVICE_COOKIE, SECURE_SESSION_COOKIE, SESSION_COOKIE};
@@ -404,8 +404,21 @@ async fn a_browser_its_operator_signed_in_from_signs_in_while_guessers_hold_ever
     drop(held);
 
     // A wrong password from the known browser counts against the device, not the account;
-    // the device's own turn is what it waits for.
-    let device_turn = s.state.device_password_checks.clone().acquire_many_owned(u32::try_from(DEVICE_PASSWORD_CHECKS).expect("one")).await.expect("turn");
+    // it waits for Olivia's own turn (held here as by another sign-in of hers), while Bob's
+    // known browser is not held up by it.
+    let bob_device = {
+        let headers = [("content-type", "application/x-www-form-urlencoded"), ("accept", "text/html")];
+        sqlx::query("DELETE FROM login_failures WHERE key = 'account:bob'").execute(s.db.store.pool()).await.expect("failures");
+        let r = s.raw("POST", "/auth/login", &headers, b"username=bob&password=bob%27s+own&next=%2Fjobs".to_vec()).await;
+        set_cookie_value(&r, DEVICE_COOKIE).expect("Bob's device")
+    };
+    let device_turn = s.state.known_browser_turns.take("olivia").await.expect("Olivia's turn");
+    let bob_cookie = format!("{DEVICE_COOKIE}={bob_device}");
+    let headers = [("content-type", "application/x-www-form-urlencoded"), ("accept", "text/html"), ("cookie", bob_cookie.as_str())];
+    let r = tokio::time::timeout(Duration::from_secs(5), s.raw("POST", "/auth/login", &headers, b"username=bob&password=bob%27s+own&next=%2Fjobs".to_vec()))
+        .await
+        .expect("Bob's known browser waited for Olivia's turn");
+    assert_eq!(r.header("location"), Some("/jobs"), "{}", r.text);
     let cookie = format!("{DEVICE_COOKIE}={device}");
     let started = Instant::now();
     let headers = [("content-type", "application/x-www-form-urlencoded"), ("accept", "text/html"), ("cookie", cookie.as_str())];
@@ -415,7 +428,7 @@ async fn a_browser_its_operator_signed_in_from_signs_in_while_guessers_hold_ever
         drop(device_turn);
     };
     let (r, ()) = tokio::join!(attempt, release);
-    assert!(started.elapsed() >= Duration::from_millis(500), "the known browser's attempt waited for the device turn");
+    assert!(started.elapsed() >= Duration::from_millis(500), "the known browser's attempt waited for Olivia's turn");
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
     assert!(r.header("location").is_some_and(|l| l.starts_with("/login?error=1")), "{:?}", r.header("location"));
     let device_key = format!("device:{}", hash_token(&device));
