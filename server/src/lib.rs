@@ -85,7 +85,6 @@ pub struct AppState {
 /// How many argon2 password checks run at once.
 pub const CONCURRENT_PASSWORD_CHECKS: usize = 2;
 
-
 impl AppState {
     /// State for a server on `store` with `config`, and fresh metrics.
     pub fn new(store: Store, config: ServerConfig) -> Self {

@@ -382,7 +382,9 @@ async fn a_browser_its_operator_signed_in_from_signs_in_while_guessers_hold_ever
     assert_eq!(r.header("location"), Some("/jobs"));
     assert!(set_cookie_value(&r, SESSION_COOKIE).is_some_and(|v| !v.is_empty()), "a session: {:?}", r.headers);
     assert_eq!(set_cookie_value(&r, DEVICE_COOKIE).as_deref(), Some(device.as_str()), "the same device, renewed");
-    assert!(started.elapsed() < Duration::from_secs(5), "the known browser waited {:?}", started.elapsed());
+    // Far below the 10 s a sign-in waits for a turn before a 503, with room for a slow
+    // password check in a debug build on a busy machine.
+    assert!(started.elapsed() < Duration::from_secs(9), "the known browser waited {:?}", started.elapsed());
     assert_eq!(failures_of(s, "account:olivia").await, Some(9), "the guessers' count is not reset by the known browser");
 
     // Without it, with a token no sign-in issued, or with Olivia's under Bob's name: refused.
@@ -415,7 +417,7 @@ async fn a_browser_its_operator_signed_in_from_signs_in_while_guessers_hold_ever
     let device_turn = s.state.known_browser_turns.take("olivia").await.expect("Olivia's turn");
     let bob_cookie = format!("{DEVICE_COOKIE}={bob_device}");
     let headers = [("content-type", "application/x-www-form-urlencoded"), ("accept", "text/html"), ("cookie", bob_cookie.as_str())];
-    let r = tokio::time::timeout(Duration::from_secs(5), s.raw("POST", "/auth/login", &headers, b"username=bob&password=bob%27s+own&next=%2Fjobs".to_vec()))
+    let r = tokio::time::timeout(Duration::from_secs(30), s.raw("POST", "/auth/login", &headers, b"username=bob&password=bob%27s+own&next=%2Fjobs".to_vec()))
         .await
         .expect("Bob's known browser waited for Olivia's turn");
     assert_eq!(r.header("location"), Some("/jobs"), "{}", r.text);
