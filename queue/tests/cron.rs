@@ -79,7 +79,7 @@ async fn concurrent_firers_take_each_tick_once() {
     db.store.register_cron(&spec("race", "* * * * *", OverlapPolicy::Allow), &actor).await.unwrap();
     let mut total = 0;
     for round in 0..5 {
-        let tick = make_due(&db.store, "race", 10 - round as i32).await;
+        let tick = make_due(&db.store, "race", 10 - round).await;
         // Eight firers, each with its own pool, as eight processes would be: no leadership.
         let mut tasks = Vec::new();
         for _ in 0..8 {

@@ -42,9 +42,12 @@ const SHUTDOWN_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     // Lazy: the server starts (and answers /healthz) while the database is still coming up.
-    let store = Store::connect_lazy(url, args.db_pool).context("parsing the database URL")?;
+    let store = Store::connect_lazy_bounded(url, args.db_pool, args.statement_timeout).context("parsing the database URL")?;
     if args.migrate {
-        store.migrate().await.context("applying migrations (--migrate)")?;
+        // Unbounded: a migration over a large table may rightly take longer than a request.
+        let migrating = Store::connect_lazy(url, 1).context("parsing the database URL")?;
+        migrating.migrate().await.context("applying migrations (--migrate)")?;
+        migrating.pool().close().await;
         tracing::info!("migrations applied");
     } else {
         // Said once the database answers (it may still be starting): a schema behind this

@@ -214,6 +214,14 @@ impl StoreError {
         }
     }
 
+    /// Whether Postgres cancelled the statement: it ran past the connection's
+    /// `statement_timeout` (see [`Store::connect_lazy_bounded`]), or somebody cancelled it.
+    /// Nothing it wrote was kept. Transient too: the same request may pass once what held it
+    /// up is gone.
+    pub fn is_statement_timeout(&self) -> bool {
+        matches!(self, StoreError::Database(sqlx::Error::Database(db)) if db.code().as_deref() == Some("57014"))
+    }
+
     /// Whether the statement may have run, and a transaction committed, although this error is
     /// all its caller heard: the connection was lost while the request was out (as opposed to
     /// a pool that found no connection, so nothing was sent, or an error the server answered,
@@ -319,6 +327,17 @@ impl Store {
     /// while the database is still down and ride it out with storage retry.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Store, StoreError> {
         Ok(Store { pool: pool_options(max_connections).connect_lazy_with(connect_options(url)?), background: TaskTracker::new() })
+    }
+
+    /// Like [`Store::connect_lazy`], and Postgres cancels any statement on these connections
+    /// that runs for longer than `statement_timeout`, waiting for a lock included (SQLSTATE
+    /// 57014, see [`StoreError::is_statement_timeout`]). For a process that answers requests:
+    /// a statement stuck behind a lock somebody holds (an operator's open `psql` transaction,
+    /// say) would otherwise keep its connection, and requests repeated against it would take
+    /// every one the pool has. A transaction the statement was in is rolled back.
+    pub fn connect_lazy_bounded(url: &str, max_connections: u32, statement_timeout: Duration) -> Result<Store, StoreError> {
+        let options = connect_options(url)?.options([("statement_timeout", format!("{}", statement_timeout.as_millis().max(1)))]);
+        Ok(Store { pool: pool_options(max_connections).connect_lazy_with(options), background: TaskTracker::new() })
     }
 
     /// Wraps an existing pool.
