@@ -291,6 +291,46 @@ async fn an_operator_quiets_and_stops_a_worker_from_its_page() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_held_up_by_a_lock_runs_out_at_the_statement_timeout_and_says_so() {
+    let d = Dashboard::with_statement_timeout(Duration::from_secs(1)).await;
+    d.user("olivia", "operator password", Role::Operator).await;
+    let job = d.dead_letter("payment.charge").await;
+    let b = d.sign_in("olivia", "operator password").await;
+    let id = job.id.to_string();
+    // Somebody's open transaction holds the job's row.
+    let mut holder = d.db.store.pool().begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE").bind(job.id).execute(&mut *holder).await.expect("lock the row");
+    // The server function answers the error itself, which the page words ("… within the
+    // server's statement timeout …, so nothing was done"); without JavaScript, the form post
+    // is sent back to its page with the error to show.
+    let r = d.post_form("/api/act_on_job", Some(&b), &[("csrf", &b.csrf), ("id", &id), ("action", "redrive")], false).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text);
+    assert!(r.text.contains("\"TimedOut\""), "{}", r.text);
+    let r = d
+        .send(
+            Request::post("/api/act_on_job")
+                .header("content-type", "application/x-www-form-urlencoded")
+                .header("cookie", format!("{SESSION_COOKIE}={}", b.cookie))
+                .header("accept", "text/html")
+                .header("referer", format!("http://localhost/jobs/{id}"))
+                .body(Body::from(dashboard_support::form(&[("csrf", &b.csrf), ("id", &id), ("action", "redrive")])))
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FOUND, "{}", r.text);
+    let location = r.header("location").expect("back to the page").trim_start_matches("http://localhost").to_string();
+    let flash = r.header("set-cookie").and_then(|c| c.split(';').next()).expect("the flash cookie").to_string();
+    let shown = d.send(Request::get(&location).header("cookie", format!("{SESSION_COOKIE}={}; {flash}", b.cookie)).body(Body::empty()).expect("request")).await;
+    assert_eq!(shown.status, StatusCode::SERVICE_UNAVAILABLE, "{}", shown.text);
+    assert!(shown.text.contains("statement timeout") && shown.text.contains("nothing was done"), "{}", shown.text);
+    holder.rollback().await.expect("release the row");
+    assert!(d.db.store.job(job.id).await.expect("job").dead_letter, "the re-drive that ran out was undone");
+    let r = d.post_form("/api/act_on_job", Some(&b), &[("csrf", &b.csrf), ("id", &id), ("action", "redrive")], false).await;
+    assert!(r.status.is_success(), "{}: {}", r.status, r.text);
+    assert_eq!(d.db.store.job(job.id).await.expect("job").state, JobState::Available);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_viewer_cannot_act_and_nothing_changes() {
     let d = Dashboard::new().await;
     d.user("victor", "viewer password", Role::Viewer).await;

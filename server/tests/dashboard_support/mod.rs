@@ -54,6 +54,15 @@ impl Dashboard {
         Dashboard { app: router(state), db }
     }
 
+    /// A dashboard whose statements Postgres cancels after `statement_timeout` (the server's
+    /// `--statement-timeout`).
+    pub async fn with_statement_timeout(statement_timeout: Duration) -> Dashboard {
+        let db = TestDb::new().await;
+        let store = rebound_queue::Store::connect_lazy_bounded(&db.url, 4, statement_timeout).expect("store");
+        let state = AppState::new(store, ServerConfig { api_auth: ApiAuth::None, ..ServerConfig::default() });
+        Dashboard { app: router(state), db }
+    }
+
     pub async fn user(&self, name: &str, password: &str, role: Role) {
         let hash = hash_password(password).expect("hash");
         self.db.store.upsert_operator(name, &hash, role, &rebound_queue::store::Actor::system("test")).await.expect("operator");
