@@ -45,7 +45,7 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     let store = Store::connect_lazy_bounded(url, args.db_pool, args.statement_timeout).context("parsing the database URL")?;
     if args.migrate {
         // Unbounded: a migration over a large table may rightly take longer than a request.
-        let migrating = Store::connect_lazy(url, 1).context("parsing the database URL")?;
+        let migrating = Store::connect_lazy(url, 2).context("parsing the database URL")?;
         migrating.migrate().await.context("applying migrations (--migrate)")?;
         migrating.pool().close().await;
         tracing::info!("migrations applied");
