@@ -35,9 +35,10 @@ pub enum AppError {
     /// The database could not be reached, and nothing was done: try again shortly.
     #[error("the database cannot be reached right now, so nothing was done; try again shortly (request id {0})")]
     Unavailable(String),
-    /// A statement ran past the server's statement timeout and was undone: try again shortly.
-    #[error("the database did not finish this within the server's statement timeout (most often something else holds a lock it needs), so nothing was done; try again shortly (request id {0})")]
-    TimedOut(String),
+    /// A statement gave up waiting for a lock another transaction holds, and changed nothing:
+    /// try again shortly.
+    #[error("the database gave up waiting for a lock that another transaction holds, so nothing was done; try again shortly (request id {0})")]
+    LockTimeout(String),
     /// The connection to the database was lost while an action was being carried out: it may
     /// have taken effect, so doing it again blindly could do it twice.
     #[error("the connection to the database was lost while this was being done: if it was an action, it may or may not have taken effect; reload the page to see before doing it again (request id {0})")]
@@ -64,7 +65,7 @@ impl AppError {
             AppError::Invalid { .. } => 422,
             AppError::Conflict(_) => 409,
             AppError::Internal(_) => 500,
-            AppError::Unavailable(_) | AppError::TimedOut(_) | AppError::OutcomeUnknown(_) => 503,
+            AppError::Unavailable(_) | AppError::LockTimeout(_) | AppError::OutcomeUnknown(_) => 503,
             AppError::ServerFn(e) => match e {
                 // The request did not carry what the function takes: the caller's mistake.
                 ServerFnErrorErr::Args(_) | ServerFnErrorErr::MissingArg(_) | ServerFnErrorErr::Deserialization(_) => 400,
@@ -146,10 +147,10 @@ impl From<rebound_queue::StoreError> for AppError {
             StoreError::InvalidJob(v) => AppError::Invalid { field: v.field, reason: v.reason },
             StoreError::InvalidPolicy(p) => AppError::Invalid { field: p.field, reason: p.reason },
             StoreError::Invalid { field, reason } => AppError::Invalid { field, reason },
-            other if other.is_statement_timeout() => {
+            other if other.is_lock_timeout() => {
                 let id = request_id();
-                tracing::warn!(request_id = %id, error = %other, "dashboard request failed: a statement ran past the statement timeout");
-                AppError::TimedOut(id)
+                tracing::warn!(request_id = %id, error = %other, "dashboard request failed: a statement gave up waiting for a lock");
+                AppError::LockTimeout(id)
             }
             other if other.is_transient() => {
                 let id = request_id();

@@ -195,7 +195,11 @@ async fn time_ranges_select_by_creation_time() {
     let before = s.enqueue(NewJob::new("range.job", json!([]))).await.unwrap().job;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let start = s.now().await.unwrap();
+    // Ranges match ids to the millisecond, a bound's own included: the job inside must not
+    // share a millisecond with either bound.
+    tokio::time::sleep(Duration::from_millis(3)).await;
     let inside = s.enqueue(NewJob::new("range.job", json!([]))).await.unwrap().job;
+    tokio::time::sleep(Duration::from_millis(3)).await;
     let end = s.now().await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     let after = s.enqueue(NewJob::new("range.job", json!([]))).await.unwrap().job;

@@ -77,8 +77,9 @@ async fn concurrent_firers_take_each_tick_once() {
     let db = TestDb::new().await;
     let actor = Actor::new("t");
     db.store.register_cron(&spec("race", "* * * * *", OverlapPolicy::Allow), &actor).await.unwrap();
-    let mut total = 0;
+    let (mut total, mut round_started) = (0, Timestamp::now());
     for round in 0..5 {
+        round_started = Timestamp::now();
         let tick = make_due(&db.store, "race", 10 - round).await;
         // Eight firers, each with its own pool, as eight processes would be: no leadership.
         let mut tasks = Vec::new();
@@ -102,7 +103,7 @@ async fn concurrent_firers_take_each_tick_once() {
     }
     let cron = db.store.cron_job("race").await.unwrap().unwrap();
     assert_eq!(cron.run_count as u64, total);
-    assert!(cron.next_run_at.unwrap() > Timestamp::now(), "next run moved to the future");
+    assert!(cron.next_run_at.unwrap() > round_started, "next run moved to the future");
 }
 
 #[tokio::test]
@@ -193,12 +194,21 @@ async fn pause_resume_trigger_delete() {
     assert!(created && cron.next_run_at.is_some());
     let (_, created) = db.store.register_cron(&spec("ops", "@daily", OverlapPolicy::Skip), &actor).await.unwrap();
     assert!(!created, "registration is an upsert");
+    let until = db.store.time_until_next_cron_tick().await.unwrap().expect("a tick to wait for");
+    assert!(until <= std::time::Duration::from_secs(86_400), "{until:?}");
     let paused = db.store.set_cron_enabled("ops", false, &actor).await.unwrap();
     assert_eq!((paused.enabled, paused.next_run_at), (false, None));
+    assert_eq!(db.store.time_until_next_cron_tick().await.unwrap(), None, "a paused cron job is not waited for");
     sqlx::query("UPDATE cron_jobs SET next_run_at = now() - interval '1 hour' WHERE name = 'ops'").execute(db.store.pool()).await.unwrap();
     assert_eq!(db.store.fire_due_crons(10).await.unwrap().fired, 0, "a paused cron job never fires");
+    sqlx::query("UPDATE cron_jobs SET enabled = true WHERE name = 'ops'").execute(db.store.pool()).await.unwrap();
+    assert_eq!(db.store.time_until_next_cron_tick().await.unwrap(), None, "a tick already due (one a pass left) is not waited for");
+    sqlx::query("UPDATE cron_jobs SET enabled = false WHERE name = 'ops'").execute(db.store.pool()).await.unwrap();
     let resumed = db.store.set_cron_enabled("ops", true, &actor).await.unwrap();
     assert!(resumed.enabled && resumed.next_run_at.unwrap() > Timestamp::now());
+    let until = db.store.time_until_next_cron_tick().await.unwrap().expect("a tick to wait for");
+    let expected = resumed.next_run_at.unwrap().duration_since(Timestamp::now()).as_secs_f64();
+    assert!((expected - 5.0..=expected + 1.0).contains(&until.as_secs_f64()), "{until:?} until the next tick, {expected}s expected");
     let (after, job) = db.store.trigger_cron("ops", &actor).await.unwrap();
     assert_eq!((after.last_outcome.as_deref(), after.last_job_id, after.run_count), (Some("triggered"), Some(job.id), 1));
     assert_eq!(job.state, JobState::Available);
@@ -356,6 +366,7 @@ async fn a_time_swallowed_by_daylight_saving_is_a_skip_event_not_a_run() {
 async fn a_tick_lost_before_it_is_sent_or_committed_unanswered_fires_once() {
     use rebound_queue::testing::{Fault, FaultPoint, FaultProxy};
     let db = TestDb::new().await;
+    away_from_a_minute_turn().await;
     let proxy = FaultProxy::in_front_of(&db.url).await;
     let through = Store::connect(&proxy.url(&db.name), 2).await.expect("connect through the proxy");
     // The tick's decision is written inside the transaction that takes it.

@@ -42,7 +42,14 @@ const SHUTDOWN_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     // Lazy: the server starts (and answers /healthz) while the database is still coming up.
-    let store = Store::connect_lazy_bounded(url, args.db_pool, args.statement_timeout).context("parsing the database URL")?;
+    if args.lock_timeout >= args.request_timeout {
+        anyhow::bail!(
+            "--lock-timeout ({:?}) must be shorter than --request-timeout ({:?}): a request waiting for a lock would be answered 408 first",
+            args.lock_timeout,
+            args.request_timeout
+        );
+    }
+    let store = Store::connect_lazy_bounded(url, args.db_pool, args.lock_timeout).context("parsing the database URL")?;
     if args.migrate {
         // Unbounded: a migration over a large table may rightly take longer than a request.
         let migrating = Store::connect_lazy(url, 2).context("parsing the database URL")?;

@@ -98,13 +98,14 @@ pub struct ServeArgs {
     #[arg(long, default_value = "30s", value_parser = parse_header_timeout)]
     pub header_timeout: Duration,
 
-    /// Postgres cancels any statement of the server's that runs longer (waiting for a lock
-    /// included), and the request is answered 503: a statement stuck behind a lock that
-    /// somebody holds then gives its pooled connection back instead of keeping it, and
-    /// requests repeated against the same lock cannot take the whole pool. Between 1s and 1h;
+    /// A statement of the server's that waits longer than this for a lock (a job's row that
+    /// somebody else's open transaction holds, say) gives up, and its request is answered
+    /// 503: it then holds its pooled connection this long at most, not until the lock goes.
+    /// Between 1s and 1h, and shorter than the request timeout (or the 408 is all a client
+    /// hears). Set on each connection, over any `lock_timeout` of the database or role;
     /// migrations (`--migrate`) are not bounded.
-    #[arg(long, env = "REBOUND_STATEMENT_TIMEOUT", default_value = "30s", value_parser = parse_header_timeout)]
-    pub statement_timeout: Duration,
+    #[arg(long, env = "REBOUND_LOCK_TIMEOUT", default_value = "5s", value_parser = parse_header_timeout)]
+    pub lock_timeout: Duration,
 
     /// Size of the database connection pool.
     #[arg(long, env = "REBOUND_DB_POOL", default_value_t = 20)]
@@ -210,8 +211,8 @@ fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
     if d.is_zero() { Err(format!("{s:?} must be longer than zero")) } else { Ok(d) }
 }
 
-/// A header or statement timeout: between 1 s (a client on a slow link must get its head
-/// through; a bulk action of 50 000 jobs must fit) and an hour (past that it bounds nothing).
+/// A header or lock timeout: between 1 s (a client on a slow link must get its head through)
+/// and an hour (past that it bounds nothing).
 fn parse_header_timeout(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if (Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) { Ok(d) } else { Err(format!("{s:?} must be between 1s and 1h")) }
@@ -328,9 +329,10 @@ mod tests {
         assert_eq!(args.session_idle_timeout, Duration::from_secs(300));
         assert!(Cli::try_parse_from(["rebound-server", "serve", "--session-idle-timeout", "0s"]).is_err(), "a zero idle timeout is refused");
         let Command::Serve(args) = Cli::try_parse_from(["rebound-server", "serve"]).expect("parses").command else { panic!("not serve") };
-        assert_eq!(args.statement_timeout, Duration::from_secs(30));
+        assert_eq!(args.lock_timeout, Duration::from_secs(5));
+        assert!(args.lock_timeout < ServerConfig::default().request_timeout, "a lock wait is answered before the request times out");
         for refused in ["0s", "500ms", "2h"] {
-            assert!(Cli::try_parse_from(["rebound-server", "serve", "--statement-timeout", refused]).is_err(), "statement timeout {refused}");
+            assert!(Cli::try_parse_from(["rebound-server", "serve", "--lock-timeout", refused]).is_err(), "lock timeout {refused}");
         }
     }
 }

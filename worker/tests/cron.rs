@@ -67,7 +67,7 @@ async fn three_workers_fire_each_tick_once_and_a_killed_leader_changes_nothing()
         async move { found }
     })
     .await;
-    let before_kill = ticks(&db.store).await;
+    let before_kill: BTreeMap<_, _> = ticks(&db.store).await.into_iter().skip(1).collect();
     assert_once_each_on_time(&before_kill);
 
     workers[leader].kill9();
@@ -77,16 +77,26 @@ async fn three_workers_fire_each_tick_once_and_a_killed_leader_changes_nothing()
         (after.keys().filter(|t| **t > killed_at + jiff::SignedDuration::from_secs(1)).count() >= 3).then_some(())
     })
     .await;
-    let all = ticks(&db.store).await;
+    // The first tick fired may be late, and leave one out, by as long as the workers took to
+    // start and elect a leader; from then on every tick fires on time.
+    let all: BTreeMap<_, _> = ticks(&db.store).await.into_iter().skip(1).collect();
     assert_once_each_on_time(&all);
     // A new leader took over: the survivors' logs say so.
     assert!(
         workers.iter().enumerate().any(|(i, w)| i != leader && w.log_text().contains("became the maintenance leader")),
         "a surviving worker became leader"
     );
-    // The take-over gap is caught up with at most one fire: consecutive ticks, or one gap.
+    // The take-over gap is caught up with at most one fire: consecutive ticks, or one gap. (A
+    // leader that paused a fixed second after each pass drifted across a whole second every
+    // minute or two, and left a tick out each time.)
     let gaps = all.keys().zip(all.keys().skip(1)).filter(|(a, b)| b.duration_since(**a) > jiff::SignedDuration::from_secs(1)).count();
     assert!(gaps <= 1, "ticks missed more than once: {:?}", all.keys().collect::<Vec<_>>());
-    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM cron_runs WHERE cron_name = 'every-second'").fetch_one(db.store.pool()).await.expect("runs");
-    assert_eq!(runs, all.len() as i64, "one decided run per job");
+    // Up to the last tick read: the workers fire on meanwhile.
+    let last = all.keys().next_back().expect("ticks").to_string();
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM cron_runs WHERE cron_name = 'every-second' AND scheduled_for <= $1::timestamptz")
+        .bind(last)
+        .fetch_one(db.store.pool())
+        .await
+        .expect("runs");
+    assert_eq!(runs, all.len() as i64 + 1, "one decided run per job");
 }

@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -574,6 +575,15 @@ impl Store {
             .await?;
         }
         Ok(pass)
+    }
+
+    /// Time until the earliest enabled cron job's next tick, by the database's clock. `None`
+    /// when no tick is scheduled, or when one is already due: a pass has just run and left it
+    /// (maintenance mode holds it, or firing it failed), so waking early would not fire it.
+    pub async fn time_until_next_cron_tick(&self) -> Result<Option<Duration>, StoreError> {
+        let seconds: Option<f64> =
+            sqlx::query_scalar("SELECT EXTRACT(EPOCH FROM min(next_run_at) - now())::float8 FROM cron_jobs WHERE enabled").fetch_one(&self.pool).await?;
+        Ok(seconds.filter(|s| *s > 0.0).and_then(|s| Duration::try_from_secs_f64(s).ok()))
     }
 
     /// Takes and decides one tick of `cron`, read as due at `now`. `None` when another firer

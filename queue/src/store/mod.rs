@@ -214,12 +214,12 @@ impl StoreError {
         }
     }
 
-    /// Whether Postgres cancelled the statement: it ran past the connection's
-    /// `statement_timeout` (see [`Store::connect_lazy_bounded`]), or somebody cancelled it.
-    /// Nothing it wrote was kept. Transient too: the same request may pass once what held it
-    /// up is gone.
-    pub fn is_statement_timeout(&self) -> bool {
-        matches!(self, StoreError::Database(sqlx::Error::Database(db)) if db.code().as_deref() == Some("57014"))
+    /// Whether the statement gave up waiting for a lock: it waited past the connection's
+    /// `lock_timeout` (see [`Store::connect_lazy_bounded`]), or asked for one with `NOWAIT`.
+    /// Postgres rolled back the transaction it was in. Transient too: the same request may
+    /// pass once whoever holds the lock lets go.
+    pub fn is_lock_timeout(&self) -> bool {
+        matches!(self, StoreError::Database(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03"))
     }
 
     /// Whether the statement may have run, and a transaction committed, although this error is
@@ -329,14 +329,15 @@ impl Store {
         Ok(Store { pool: pool_options(max_connections).connect_lazy_with(connect_options(url)?), background: TaskTracker::new() })
     }
 
-    /// Like [`Store::connect_lazy`], and Postgres cancels any statement on these connections
-    /// that runs for longer than `statement_timeout`, waiting for a lock included (SQLSTATE
-    /// 57014, see [`StoreError::is_statement_timeout`]). For a process that answers requests:
-    /// a statement stuck behind a lock somebody holds (an operator's open `psql` transaction,
-    /// say) would otherwise keep its connection, and requests repeated against it would take
-    /// every one the pool has. A transaction the statement was in is rolled back.
-    pub fn connect_lazy_bounded(url: &str, max_connections: u32, statement_timeout: Duration) -> Result<Store, StoreError> {
-        let options = connect_options(url)?.options([("statement_timeout", format!("{}", statement_timeout.as_millis().max(1)))]);
+    /// Like [`Store::connect_lazy`], and a statement on these connections that waits longer
+    /// than `lock_timeout` for a lock (a row, a table) gives up (SQLSTATE 55P03, see
+    /// [`StoreError::is_lock_timeout`]). For a process that answers requests: a statement
+    /// stuck behind a lock somebody holds (an operator's open `psql` transaction, say) would
+    /// otherwise keep its connection until the lock went, and requests repeated against it
+    /// would take every connection the pool has. It overrides a `lock_timeout` set for the
+    /// database or role.
+    pub fn connect_lazy_bounded(url: &str, max_connections: u32, lock_timeout: Duration) -> Result<Store, StoreError> {
+        let options = connect_options(url)?.options([("lock_timeout", format!("{}", lock_timeout.as_millis().max(1)))]);
         Ok(Store { pool: pool_options(max_connections).connect_lazy_with(options), background: TaskTracker::new() })
     }
 

@@ -304,11 +304,11 @@ impl From<StoreError> for ApiError {
             StoreError::InvalidPolicy(p) => ApiError::invalid_policy(&p.field, &p.reason),
             StoreError::Invalid { field, reason } => ApiError::invalid_field(&field, reason),
             StoreError::Cancelled => ApiError::backend(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"),
-            e if e.is_statement_timeout() => {
-                tracing::warn!(error = %e, "a statement of the request ran past the statement timeout (--statement-timeout)");
+            e if e.is_lock_timeout() => {
+                tracing::warn!(error = %e, "a statement of the request gave up waiting for a lock (--lock-timeout)");
                 ApiError::backend(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "the database did not finish the request's work within the server's statement timeout (most often something else holds a lock it needs); the statement that ran out was undone",
+                    "the database gave up waiting for a lock this request needs, held by another transaction; the statement that waited changed nothing",
                 )
             }
             e if e.is_transient() => {

@@ -15,5 +15,5 @@ mod maintenance;
 mod metrics;
 mod policies;
 mod sdk_compat;
-mod statement_timeout;
+mod lock_timeout;
 mod workflows;

@@ -54,11 +54,11 @@ impl Dashboard {
         Dashboard { app: router(state), db }
     }
 
-    /// A dashboard whose statements Postgres cancels after `statement_timeout` (the server's
-    /// `--statement-timeout`).
-    pub async fn with_statement_timeout(statement_timeout: Duration) -> Dashboard {
+    /// A dashboard whose statements give up waiting for a lock after `lock_timeout` (the
+    /// server's `--lock-timeout`).
+    pub async fn with_lock_timeout(lock_timeout: Duration) -> Dashboard {
         let db = TestDb::new().await;
-        let store = rebound_queue::Store::connect_lazy_bounded(&db.url, 4, statement_timeout).expect("store");
+        let store = rebound_queue::Store::connect_lazy_bounded(&db.url, 4, lock_timeout).expect("store");
         let state = AppState::new(store, ServerConfig { api_auth: ApiAuth::None, ..ServerConfig::default() });
         Dashboard { app: router(state), db }
     }

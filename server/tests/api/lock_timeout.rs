@@ -1,6 +1,5 @@
-//! A statement stuck behind a lock somebody else holds runs out at the server's statement
-//! timeout: its request is answered 503, its pooled connection comes back, and what it was
-//! doing is undone.
+//! A statement stuck behind a lock somebody else holds gives up at the server's lock timeout:
+//! its request is answered 503, its pooled connection is free again, and it changed nothing.
 
 use std::time::{Duration, Instant};
 
@@ -23,13 +22,14 @@ async fn answer(app: &axum::Router, method: &str, path: &str) -> (StatusCode, Va
 }
 
 #[tokio::test]
-async fn requests_held_up_by_a_lock_run_out_at_the_statement_timeout_and_give_their_connections_back() {
+async fn requests_held_up_by_a_lock_give_up_at_the_lock_timeout_and_free_their_connections() {
     let db = TestDb::new().await;
-    // Two pooled connections, and four requests held up at once: without the timeout the
+    // Two pooled connections, and four requests held up at once: without the lock timeout the
     // first two would keep both until the lock went, and everything else would wait for them.
+    // The request timeout is the server's default: the 503 comes before it.
     let store = Store::connect_lazy_bounded(&db.url, 2, Duration::from_secs(1)).expect("store");
     store.now().await.expect("warm the pool");
-    let app = router(AppState::new(store, ServerConfig { api_auth: ApiAuth::None, request_timeout: Duration::from_secs(60), ..ServerConfig::default() }));
+    let app = router(AppState::new(store, ServerConfig { api_auth: ApiAuth::None, ..ServerConfig::default() }));
     let job = db.store.enqueue(NewJob::new("t.locked", json!([1]))).await.expect("enqueue").job;
 
     // Somebody's open transaction (an operator's psql session, say) holds the job's row.
@@ -49,7 +49,7 @@ async fn requests_held_up_by_a_lock_run_out_at_the_statement_timeout_and_give_th
         let (status, body) = tokio::time::timeout(Duration::from_secs(20), cancel).await.expect("answered while the lock is still held").expect("task");
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
         let message = body.pointer("/error/message").and_then(Value::as_str).unwrap_or_default();
-        assert!(message.contains("statement timeout"), "{body}");
+        assert!(message.contains("waiting for a lock"), "{body}");
         assert_eq!(body.pointer("/error/retryable"), Some(&json!(true)), "{body}");
     }
     // Two rounds of one second on two connections, and a margin for a slow build.
@@ -58,7 +58,7 @@ async fn requests_held_up_by_a_lock_run_out_at_the_statement_timeout_and_give_th
     // The pool is free again while the lock is still held: a read is answered at once.
     let (status, body) = tokio::time::timeout(Duration::from_secs(5), answer(&app, "GET", &path)).await.expect("a read answered");
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body.pointer("/job/state"), Some(&json!("available")), "the cancels that ran out changed nothing");
+    assert_eq!(body.pointer("/job/state"), Some(&json!("available")), "the cancels that gave up changed nothing");
 
     sqlx::query("ROLLBACK").execute(&mut holder).await.expect("release the row");
     let (status, body) = answer(&app, "DELETE", &path).await;
