@@ -95,7 +95,7 @@ pub struct ServeArgs {
     /// How long a client has to send a request's head once its connection is ready for one
     /// (just opened, or kept alive after an answer); then the connection is closed. Clients
     /// that pool connections should keep idle ones for less than this.
-    #[arg(long, default_value = "30s", value_parser = parse_header_timeout)]
+    #[arg(long, default_value = "30s", value_parser = parse_second_to_hour)]
     pub header_timeout: Duration,
 
     /// A statement of the server's that waits longer than this for a lock (a job's row that
@@ -104,7 +104,7 @@ pub struct ServeArgs {
     /// Between 1s and 1h, and shorter than the request timeout (or the 408 is all a client
     /// hears). Set on each connection, over any `lock_timeout` of the database or role;
     /// migrations (`--migrate`) are not bounded.
-    #[arg(long, env = "REBOUND_LOCK_TIMEOUT", default_value = "5s", value_parser = parse_header_timeout)]
+    #[arg(long, env = "REBOUND_LOCK_TIMEOUT", default_value = "5s", value_parser = parse_second_to_hour)]
     pub lock_timeout: Duration,
 
     /// Size of the database connection pool.
@@ -213,7 +213,7 @@ fn parse_idle_timeout(s: &str) -> Result<Duration, String> {
 
 /// A header or lock timeout: between 1 s (a client on a slow link must get its head through)
 /// and an hour (past that it bounds nothing).
-fn parse_header_timeout(s: &str) -> Result<Duration, String> {
+fn parse_second_to_hour(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if (Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) { Ok(d) } else { Err(format!("{s:?} must be between 1s and 1h")) }
 }

@@ -326,7 +326,7 @@ impl Store {
     /// Like [`Store::connect`] but does not connect until first use, so a process can start
     /// while the database is still down and ride it out with storage retry.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Store, StoreError> {
-        Ok(Store { pool: pool_options(max_connections).connect_lazy_with(connect_options(url)?), background: TaskTracker::new() })
+        Ok(Store::lazy_with(connect_options(url)?, max_connections))
     }
 
     /// Like [`Store::connect_lazy`], and a statement on these connections that waits longer
@@ -338,7 +338,11 @@ impl Store {
     /// database or role.
     pub fn connect_lazy_bounded(url: &str, max_connections: u32, lock_timeout: Duration) -> Result<Store, StoreError> {
         let options = connect_options(url)?.options([("lock_timeout", format!("{}", lock_timeout.as_millis().max(1)))]);
-        Ok(Store { pool: pool_options(max_connections).connect_lazy_with(options), background: TaskTracker::new() })
+        Ok(Store::lazy_with(options, max_connections))
+    }
+
+    fn lazy_with(options: PgConnectOptions, max_connections: u32) -> Store {
+        Store { pool: pool_options(max_connections).connect_lazy_with(options), background: TaskTracker::new() }
     }
 
     /// Wraps an existing pool.
