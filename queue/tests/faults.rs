@@ -57,9 +57,25 @@ async fn a_transaction_cancelled_during_begin_leaves_no_session_in_a_transaction
 
     // `cancel` opens a transaction; its BEGIN reaches the server, the answer is held back, and
     // the caller gives up meanwhile, as an HTTP handler does when its client disconnects.
+    // It gives up once the proxy has the BEGIN, however long the call took to send it.
     let held = proxy.inject(Fault::once("BEGIN", FaultPoint::Delay(Duration::from_millis(600))));
-    let gave_up = tokio::time::timeout(Duration::from_millis(150), through.cancel(job.id, None)).await;
-    assert!(gave_up.is_err(), "the call was still waiting for BEGIN");
+    // Boxed, so that dropping it drops the call (a stack pin would keep it alive to the end).
+    let mut call = Box::pin(through.cancel(job.id, None));
+    let sent = async {
+        while held.count() == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    let finished = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::select! {
+            r = &mut call => Some(r),
+            () = sent => None,
+        }
+    })
+    .await
+    .expect("BEGIN reached the proxy");
+    assert!(finished.is_none(), "the call was still waiting for BEGIN: {finished:?}");
+    drop(call);
     assert_eq!(held.count(), 1);
 
     // The next borrower writes through the pool: that write must be committed on its own,

@@ -20,13 +20,18 @@ fn request(queue: &str, worker: usize, limit: u32) -> ClaimRequest {
 /// `claimers` tasks, each with its own pool, claim from `queue` in a loop for `run`; returns
 /// the start times (by the database's clock) of every job claimed.
 async fn race(url: &str, queue: &str, claimers: usize, batch: u32, run: Duration) -> Vec<jiff::Timestamp> {
+    // Every pool is connected before any claim, and all stop together: the race lasts `run`
+    // however long the connecting took (staggered starts made the throttle's count vary).
+    let mut stores = Vec::new();
+    for _ in 0..claimers {
+        stores.push(Store::connect(url, 2).await.expect("connect"));
+    }
+    let until = Instant::now() + run;
     let mut tasks = Vec::new();
-    for w in 0..claimers {
-        let store = Store::connect(url, 2).await.expect("connect");
+    for (w, store) in stores.into_iter().enumerate() {
         let queue = queue.to_owned();
         tasks.push(tokio::spawn(async move {
             let mut started = Vec::new();
-            let until = Instant::now() + run;
             while Instant::now() < until {
                 for job in store.claim(&request(&queue, w, batch)).await.expect("claim") {
                     started.push(job.started_at.expect("started"));

@@ -370,12 +370,13 @@ async fn per_attempt_timeouts_are_failed_attempts_with_backoff() {
     let db = TestDb::new().await;
     let s = &db.store;
     let mut job = NewJob::new("t", json!([]));
-    job.timeout_ms = Some(1_000);
-    job.visibility_timeout_ms = Some(60_000);
+    // A timeout no loaded machine could pass between the claim and the first sweep.
+    job.timeout_ms = Some(30_000);
+    job.visibility_timeout_ms = Some(120_000);
     let id = s.enqueue(job).await.unwrap().job.id;
     claim_one(s, "default").await;
     assert_eq!(s.rescue_expired(100).await.unwrap().timed_out, 0, "inside its timeout");
-    sqlx::query("UPDATE jobs SET started_at = now() - interval '2 seconds' WHERE id = $1").bind(id).execute(s.pool()).await.unwrap();
+    sqlx::query("UPDATE jobs SET started_at = now() - interval '31 seconds' WHERE id = $1").bind(id).execute(s.pool()).await.unwrap();
     assert_eq!(s.rescue_expired(100).await.unwrap().timed_out, 1, "past it, its lock still held");
     let job = s.job(id).await.unwrap();
     assert_eq!(job.state, JobState::Retryable);
@@ -1165,9 +1166,12 @@ async fn dead_letters_are_listed_most_recently_dead_first_and_a_search_goes_on_p
     let (page, next) = s.dead_letters_by_death(&common, None, 2).await.unwrap();
     assert_eq!((page.iter().map(|j| j.id).collect::<Vec<_>>(), next), (vec![ids[1], ids[2]], DeathCursor::parse(&DeathCursor { at: page[1].dead_lettered_at.unwrap(), id: ids[2] }.encode())));
     // Bounded by when they died, the walk ends with the bound: no pages of nothing after it.
-    let lately = JobFilter { dead_after: Some(jiff::Timestamp::now() - jiff::SignedDuration::from_secs(10)), ..dead.clone() };
+    // Bounded by the database's time of the deaths, not this clock: the ten that died within
+    // 9.5 s of the last.
+    let last_death = first[0].dead_lettered_at.unwrap();
+    let lately = JobFilter { dead_after: Some(last_death - jiff::SignedDuration::from_millis(9_500)), ..dead.clone() };
     let (recent, next) = s.dead_letters_by_death(&lately, None, 50).await.unwrap();
-    assert!((9..=12).contains(&recent.len()) && recent[0].id == ids[0], "{}", recent.len());
+    assert!(recent.len() == 10 && recent[0].id == ids[0], "{}", recent.len());
     assert_eq!(next, None);
     let (recent_common, next) = s.dead_letters_by_death(&JobFilter { job_type: Some("common.kind".into()), ..lately }, None, 50).await.unwrap();
     assert_eq!((recent_common.len() + 1, next), (recent.len(), None), "a search within the bound ends with it too");

@@ -125,11 +125,17 @@ async fn unique_jobs_by_args_fields_meta_fields_and_the_sdk_aliases() {
     let by_tenant = |trace: i64| json!({"type": "uniq.meta", "args": [], "meta": {"tenant": "acme", "trace": trace}, "options": {"unique": {"keys": ["meta"], "meta_keys": ["tenant"]}}});
     s.enqueue(by_tenant(1)).await;
     assert_eq!(s.post("/ojs/v1/jobs", by_tenant(2)).await.status, StatusCode::CONFLICT);
-    // Go's `period_ms`: the key stops counting after the period.
-    let go = json!({"type": "uniq.go", "args": [], "options": {"unique": {"keys": ["type"], "period_ms": 300}}});
+    // Go's `period_ms`: the key stops counting after the period (a minute, read in
+    // milliseconds; its end is then brought forward rather than waited for).
+    let go = json!({"type": "uniq.go", "args": [], "options": {"unique": {"keys": ["type"], "period_ms": 60_000}}});
     s.enqueue(go.clone()).await;
     assert_eq!(s.post("/ojs/v1/jobs", go.clone()).await.status, StatusCode::CONFLICT);
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let left: f64 = sqlx::query_scalar("SELECT extract(epoch FROM unique_until - now())::float8 FROM jobs WHERE type = 'uniq.go'")
+        .fetch_one(s.db.store.pool())
+        .await
+        .expect("unique_until");
+    assert!(left > 50.0 && left <= 60.0, "{left} s of the period left");
+    sqlx::query("UPDATE jobs SET unique_until = now() - interval '1 millisecond' WHERE type = 'uniq.go'").execute(s.db.store.pool()).await.expect("end the period");
     assert_eq!(s.post("/ojs/v1/jobs", go).await.status, StatusCode::CREATED, "period_ms expired the key");
     let r = s.post("/ojs/v1/jobs", json!({"type": "uniq.go", "args": [], "options": {"unique": {"period_ms": 0}}})).await;
     assert_eq!(r.error_field(), Some("options.unique.period_ms"));
