@@ -206,9 +206,12 @@ async fn pause_resume_trigger_delete() {
     sqlx::query("UPDATE cron_jobs SET enabled = false WHERE name = 'ops'").execute(db.store.pool()).await.unwrap();
     let resumed = db.store.set_cron_enabled("ops", true, &actor).await.unwrap();
     assert!(resumed.enabled && resumed.next_run_at.unwrap() > Timestamp::now());
+    // Bounded by this clock on either side of the read, so a stall between them cannot fail it.
+    let before = Timestamp::now();
     let until = db.store.time_until_next_cron_tick().await.unwrap().expect("a tick to wait for");
-    let expected = resumed.next_run_at.unwrap().duration_since(Timestamp::now()).as_secs_f64();
-    assert!((expected - 5.0..=expected + 1.0).contains(&until.as_secs_f64()), "{until:?} until the next tick, {expected}s expected");
+    let next = resumed.next_run_at.unwrap();
+    let (least, most) = (next.duration_since(Timestamp::now()).as_secs_f64() - 5.0, next.duration_since(before).as_secs_f64() + 1.0);
+    assert!((least..=most).contains(&until.as_secs_f64()), "{until:?} until the next tick, {least}..={most}s expected");
     let (after, job) = db.store.trigger_cron("ops", &actor).await.unwrap();
     assert_eq!((after.last_outcome.as_deref(), after.last_job_id, after.run_count), (Some("triggered"), Some(job.id), 1));
     assert_eq!(job.state, JobState::Available);
@@ -225,11 +228,13 @@ async fn pause_resume_trigger_delete() {
 async fn every_keeps_its_cadence_from_the_anchor() {
     let db = TestDb::new().await;
     away_from_a_minute_turn().await;
+    let before = Timestamp::now();
     let (cron, created) = db.store.register_cron(&spec("beat", "@every 7m", OverlapPolicy::Allow), &Actor::new("t")).await.unwrap();
     assert!(created);
     let first = cron.next_run_at.expect("scheduled");
-    let from_now = first.duration_since(Timestamp::now()).as_secs_f64();
-    assert!((418.0..=421.0).contains(&from_now), "first tick one interval after registration, got {from_now}s");
+    // Registered between `before` and now: 420 s after either, give or take a second of clocks.
+    let (from_before, from_now) = (first.duration_since(before).as_secs_f64(), first.duration_since(Timestamp::now()).as_secs_f64());
+    assert!(from_before >= 419.0 && from_now <= 421.0, "first tick one interval after registration, got {from_before}s / {from_now}s");
     // Twenty minutes behind: the tick fires once, and the next is on the same 7-minute
     // cadence from the missed tick (not seven minutes from whenever it happened to fire).
     let tick = make_due(&db.store, "beat", 20).await;

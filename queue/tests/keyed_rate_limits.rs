@@ -240,19 +240,20 @@ async fn an_override_holds_a_key_back_and_its_end_lets_it_go() {
     assert_eq!((lifted.in_force, lifted.admitted, lifted.waiting, lifted.override_limit), (Some(2), 2, 2, None));
 
     // A stop that expires: the sweep ends it and admits into the room it leaves.
-    let soon = || jiff::Timestamp::now() + jiff::SignedDuration::from_millis(1500);
-    let stopped = s.override_rate_limit("partner-api", Some(&RateLimitOverride { concurrency: 0, expires_at: Some(soon()) }), &ops).await.unwrap();
+    // It lasts an hour, and is then brought to its end by hand: no stall can end it early.
+    let later = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    let stopped = s.override_rate_limit("partner-api", Some(&RateLimitOverride { concurrency: 0, expires_at: Some(later) }), &ops).await.unwrap();
     assert_eq!((stopped.in_force, stopped.admitted), (Some(0), 0));
     assert_eq!(s.settle_rate_limits(100).await.unwrap(), 0, "no room while the override lasts");
-    tokio::time::sleep(Duration::from_millis(1700)).await;
+    sqlx::query("UPDATE rate_limit_keys SET override_expires_at = now() - interval '1 millisecond' WHERE key = 'partner-api'").execute(s.pool()).await.unwrap();
     assert!(s.settle_rate_limits(100).await.unwrap() >= 1);
     assert_eq!(slots(s, "partner-api").await, (0, 2, 2));
 
     // A raise that expires: what it admitted and no worker claimed is held back again.
-    let raised = s.override_rate_limit("partner-api", Some(&RateLimitOverride { concurrency: 4, expires_at: Some(soon()) }), &ops).await.unwrap();
+    let raised = s.override_rate_limit("partner-api", Some(&RateLimitOverride { concurrency: 4, expires_at: Some(later) }), &ops).await.unwrap();
     assert_eq!((raised.in_force, raised.admitted, raised.waiting), (Some(4), 4, 0));
     assert_eq!(s.claim(&request("w", &["q"], 1)).await.unwrap().len(), 1);
-    tokio::time::sleep(Duration::from_millis(1700)).await;
+    sqlx::query("UPDATE rate_limit_keys SET override_expires_at = now() - interval '1 millisecond' WHERE key = 'partner-api'").execute(s.pool()).await.unwrap();
     assert_eq!(s.settle_rate_limits(100).await.unwrap(), 1, "one override ended");
     assert_eq!(slots(s, "partner-api").await, (1, 1, 2), "back to two: one running, one admitted");
     assert_eq!(s.rate_limit_key("partner-api").await.unwrap().unwrap().override_limit, None);
@@ -400,7 +401,8 @@ async fn a_failure_with_rate_limit_until_holds_its_key_until_then() {
         outcome: Outcome::Retry(HandlerError::new("http.429", "slow down").with_details(details)),
         error_code: None,
     };
-    let until = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(1500);
+    // An hour, ended by hand below: no stall can let the key go early.
+    let until = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
     s.fail(&fail_with(&running, json!({"rate_limit_until": until.to_string()}))).await.unwrap();
     let held = s.rate_limit_key("upstream").await.unwrap().unwrap();
     assert_eq!((held.in_force, held.held_until.is_some(), held.active, held.admitted, held.waiting), (Some(0), true, 0, 0, 3), "{held:?}");
@@ -408,7 +410,7 @@ async fn a_failure_with_rate_limit_until_holds_its_key_until_then() {
     let adjusted = rate_limit_events(s, "rate_limit.dynamic_adjusted").await;
     assert_eq!((adjusted.len(), adjusted[0]["reason"].as_str()), (1, Some("http.429")), "{adjusted:?}");
 
-    tokio::time::sleep(Duration::from_millis(1700)).await;
+    sqlx::query("UPDATE rate_limit_keys SET held_until = now() - interval '1 millisecond' WHERE key = 'upstream'").execute(s.pool()).await.unwrap();
     assert!(s.settle_rate_limits(100).await.unwrap() >= 1);
     assert_eq!(slots(s, "upstream").await, (0, 2, 1), "let go: the limit of two again");
     assert_eq!(s.rate_limit_key("upstream").await.unwrap().unwrap().held_until, None);

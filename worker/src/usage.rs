@@ -90,7 +90,8 @@ mod tests {
         let memory = usage.memory_mb.expect("Linux has /proc/self/statm");
         assert!(memory > 1.0 && memory < 100_000.0, "resident memory {memory} MiB");
         let cpu = usage.cpu_percent.expect("getrusage works");
-        assert!(cpu > 10.0, "a busy loop used {cpu}% of a core");
+        // Above zero only: a starved machine can give a 50 ms busy loop little of a core.
+        assert!(cpu > 0.0, "a busy loop used {cpu}% of a core");
         // The next reading covers only the time since this one.
         std::thread::sleep(Duration::from_millis(100));
         let idle = meter.sample().cpu_percent.expect("getrusage works");

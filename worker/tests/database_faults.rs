@@ -22,7 +22,7 @@ use rebound_queue::store::{Actor, ORPHAN_REASON, WorkerStatus};
 use rebound_queue::testing::PrivateCluster;
 use rebound_queue::{JobState, NewJob, Store};
 use serde_json::{Value, json};
-use support::{admin, Recorder, TransactionWatch, WorkerProcess, eventually, fast_config};
+use support::{admin, Recorder, IDLE_IN_TRANSACTION_LIMIT, TransactionWatch, WorkerProcess, eventually, fast_config};
 use uuid::Uuid;
 
 /// What each kind of job should come to.
@@ -183,7 +183,7 @@ async fn workers_ride_out_restarts_crashes_and_killed_connections() {
     );
     eprintln!("jobs handed back after a claim's answer was lost: {}", others.len());
 
-    assert!(watch.worst() < Duration::from_secs(1), "a session sat idle in a transaction for {:?}", watch.worst());
+    assert!(watch.worst() < IDLE_IN_TRANSACTION_LIMIT, "a session sat idle in a transaction for {:?}", watch.worst());
     eventually("every worker to report itself ready", Duration::from_secs(30), || async {
         let ws = store.workers().await.ok()?;
         (ws.len() == 3 && ws.iter().all(|w| w.status == WorkerStatus::Ready)).then_some(())

@@ -20,7 +20,7 @@ use rebound_queue::store::{Actor, ClaimRequest, ORPHAN_REASON};
 use rebound_queue::testing::{Fault, FaultPoint, FaultProxy, TestDb};
 use rebound_queue::{JobState, NewJob};
 use serde_json::{Value, json};
-use support::{Recorder, TransactionWatch, WorkerProcess, eventually, fast_config};
+use support::{Recorder, IDLE_IN_TRANSACTION_LIMIT, TransactionWatch, WorkerProcess, eventually, fast_config};
 use uuid::Uuid;
 
 const CLAIM: &str = "SET state = 'active', attempt = j.attempt + 1";
@@ -205,7 +205,7 @@ async fn run_case_then(statement: &str, point: FaultPoint, workload: Workload, t
     let lost_claim = statement == CLAIM && point == FaultPoint::AfterCommit;
     assert_eq!(orphans_handed_back > 0, lost_claim, "orphans handed back: {orphans_handed_back}\n{}", worker.log_text());
 
-    assert!(s.watch.worst() < Duration::from_secs(1), "a session sat idle in a transaction for {:?}", s.watch.worst());
+    assert!(s.watch.worst() < IDLE_IN_TRANSACTION_LIMIT, "a session sat idle in a transaction for {:?}", s.watch.worst());
     worker.signal("TERM");
     let status = worker.exit_within(Duration::from_secs(30)).await.expect("exits after SIGTERM");
     assert_eq!(status.code(), Some(0), "{}", worker.log_text());

@@ -25,7 +25,7 @@ use rebound_worker::maintenance::STOP_GRACE;
 use rebound_worker::{JobContext, MaintenanceSettings, Worker, WorkerBuilder, handler_fn};
 use serde_json::json;
 use sqlx::Connection;
-use support::{admin, TransactionWatch, eventually};
+use support::{admin, IDLE_IN_TRANSACTION_LIMIT, TransactionWatch, eventually};
 use tokio::sync::{Barrier, Semaphore};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -194,7 +194,7 @@ async fn a_result_refused_for_good_is_given_up_alone_and_its_attempt_is_counted_
         (10, 9, 0, 0),
         "{report:?}"
     );
-    assert!(watch.worst() < Duration::from_secs(1), "a session sat idle in a transaction for {:?}", watch.worst());
+    assert!(watch.worst() < IDLE_IN_TRANSACTION_LIMIT, "a session sat idle in a transaction for {:?}", watch.worst());
 }
 
 // ---------------------------------------------------------------------------------------------

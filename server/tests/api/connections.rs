@@ -107,7 +107,8 @@ async fn past_the_connection_cap_a_client_is_served_only_once_a_connection_close
     let mut fourth = TcpStream::connect(addr).await.expect("connect");
     let asked = Instant::now();
     ask_peer(&mut fourth).await;
-    assert!(asked.elapsed() < Duration::from_millis(750), "{:?}", asked.elapsed());
+    // Generous for a loaded machine; a slot never freed would hold it for good.
+    assert!(asked.elapsed() < Duration::from_secs(5), "{:?}", asked.elapsed());
 }
 
 #[tokio::test]

@@ -22,6 +22,7 @@ async fn counters_follow_enqueue_ack_and_nack() {
     let r = s.post("/ojs/v1/workers/nack", json!({"job_id": third["id"], "error": {"code": "boom", "message": "m"}})).await;
     assert_eq!(r.body["state"], "retryable");
 
+    let scraped = std::time::Instant::now();
     let r = s.get("/metrics").await;
     assert_eq!(r.status, StatusCode::OK);
     assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/plain")));
@@ -46,7 +47,10 @@ async fn counters_follow_enqueue_ack_and_nack() {
     // One read of the counts answers every scrape for a second, so a flood of scrapes (the
     // endpoint can be public) costs the database one statement a second.
     s.db.store.pool().close().await;
-    assert!(s.get("/metrics").await.text.contains("rebound_database_up 1"), "the last read answers");
+    // Judged only well inside that second: a loaded machine can take most of it to get here.
+    if scraped.elapsed() < rebound_server::health::PROBE_FRESH / 2 {
+        assert!(s.get("/metrics").await.text.contains("rebound_database_up 1"), "the last read answers");
+    }
     tokio::time::sleep(rebound_server::health::PROBE_FRESH).await;
     assert!(s.get("/metrics").await.text.contains("rebound_database_up 0"), "then the database is read again");
 }

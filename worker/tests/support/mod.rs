@@ -251,6 +251,12 @@ impl Drop for Recorder {
     }
 }
 
+/// How long a session may sit idle inside a transaction before a test calls it abandoned.
+/// An abandoned one sits there until the server's idle-in-transaction timeout (10 s) or for
+/// good; a live one can sit a second or so while a loaded machine stalls the worker or the
+/// fault proxy between two statements.
+pub const IDLE_IN_TRANSACTION_LIMIT: Duration = Duration::from_secs(3);
+
 /// Watches `pg_stat_activity` of one database for sessions idle inside a transaction, the
 /// trace of a transaction abandoned by a cancelled caller (and the cause of row locks nobody
 /// can take). [`TransactionWatch::worst`] is the longest such idle time seen.
