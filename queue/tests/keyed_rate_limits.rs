@@ -222,6 +222,11 @@ async fn the_limit_holds_across_concurrent_claimers_and_completions() {
     assert!(most >= 2, "the watcher saw the key busy ({most})");
 }
 
+/// Brings a key's override to its end at once, as the clock would in time.
+async fn end_override_now(s: &Store, key: &str) {
+    sqlx::query("UPDATE rate_limit_keys SET override_expires_at = now() - interval '1 millisecond' WHERE key = $1").bind(key).execute(s.pool()).await.unwrap();
+}
+
 #[tokio::test]
 async fn an_override_holds_a_key_back_and_its_end_lets_it_go() {
     let db = TestDb::new().await;
@@ -245,7 +250,7 @@ async fn an_override_holds_a_key_back_and_its_end_lets_it_go() {
     let stopped = s.override_rate_limit("partner-api", Some(&RateLimitOverride { concurrency: 0, expires_at: Some(later) }), &ops).await.unwrap();
     assert_eq!((stopped.in_force, stopped.admitted), (Some(0), 0));
     assert_eq!(s.settle_rate_limits(100).await.unwrap(), 0, "no room while the override lasts");
-    sqlx::query("UPDATE rate_limit_keys SET override_expires_at = now() - interval '1 millisecond' WHERE key = 'partner-api'").execute(s.pool()).await.unwrap();
+    end_override_now(s, "partner-api").await;
     assert!(s.settle_rate_limits(100).await.unwrap() >= 1);
     assert_eq!(slots(s, "partner-api").await, (0, 2, 2));
 
@@ -253,7 +258,7 @@ async fn an_override_holds_a_key_back_and_its_end_lets_it_go() {
     let raised = s.override_rate_limit("partner-api", Some(&RateLimitOverride { concurrency: 4, expires_at: Some(later) }), &ops).await.unwrap();
     assert_eq!((raised.in_force, raised.admitted, raised.waiting), (Some(4), 4, 0));
     assert_eq!(s.claim(&request("w", &["q"], 1)).await.unwrap().len(), 1);
-    sqlx::query("UPDATE rate_limit_keys SET override_expires_at = now() - interval '1 millisecond' WHERE key = 'partner-api'").execute(s.pool()).await.unwrap();
+    end_override_now(s, "partner-api").await;
     assert_eq!(s.settle_rate_limits(100).await.unwrap(), 1, "one override ended");
     assert_eq!(slots(s, "partner-api").await, (1, 1, 2), "back to two: one running, one admitted");
     assert_eq!(s.rate_limit_key("partner-api").await.unwrap().unwrap().override_limit, None);
