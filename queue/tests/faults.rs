@@ -219,9 +219,6 @@ async fn a_claim_given_up_while_it_waits_claims_nothing_later() {
     let mut holder = db.store.pool().begin().await.unwrap();
     sqlx::query("SELECT 1 FROM queues WHERE name = 'held' FOR UPDATE").execute(&mut *holder).await.unwrap();
     let req = ClaimRequest { worker_id: "w1".into(), queues: vec!["held".into()], limit: 10, visibility_timeout: Duration::from_secs(60) };
-    assert!(tokio::time::timeout(Duration::from_millis(300), db.store.claim(&req)).await.is_err(), "the claim waits for the queue's row");
-
-    // Postgres notices the claim has no one to answer within its client check interval.
     let waiting = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'")
             .bind(&db.name)
@@ -229,6 +226,24 @@ async fn a_claim_given_up_while_it_waits_claims_nothing_later() {
             .await
             .unwrap()
     };
+    // The claim is given up only once the server has it waiting for the row: a fixed timeout
+    // could end it before it was even sent, and prove nothing. Boxed, so that dropping it
+    // drops the call itself.
+    let mut claim = Box::pin(db.store.claim(&req));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        tokio::select! {
+            answer = &mut claim => panic!("the claim waits for the queue's row, but was answered: {:?}", answer.map(|jobs| jobs.len())),
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+        if waiting().await > 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the claim never waited for the queue's row");
+    }
+    drop(claim);
+
+    // Postgres notices the claim has no one to answer within its client check interval.
     let deadline = tokio::time::Instant::now() + rebound_queue::store::CLIENT_CHECK_INTERVAL * 5;
     while waiting().await > 0 {
         assert!(tokio::time::Instant::now() < deadline, "the abandoned claim still waits for the queue's row");

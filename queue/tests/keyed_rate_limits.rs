@@ -646,20 +646,22 @@ async fn a_rate_window_holds_across_concurrent_claimers_enqueues_and_retries() {
     db.store.enqueue_batch((0..20).map(job).collect()).await.unwrap();
     let running = Arc::new(std::sync::atomic::AtomicI64::new(0));
     let most = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    // The claimers go on until told to stop, which is once the window is spent and nothing is
+    // running under the key (and a little after, so that a start the window should have
+    // refused gets its chance): an idle spell on a loaded machine does not end the race early.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut claimers = Vec::new();
     for w in 0..6 {
         let store = Store::connect(&db.url, 2).await.unwrap();
-        let (running, most) = (running.clone(), most.clone());
+        let (running, most, stop) = (running.clone(), most.clone(), stop.clone());
         claimers.push(tokio::spawn(async move {
             let mut starts = 0usize;
-            let mut idle_since = Instant::now();
-            while idle_since.elapsed() < Duration::from_millis(500) {
+            while !stop.load(Ordering::SeqCst) {
                 let claimed = store.claim(&request(&format!("w{w}"), &["x", "y"], 2)).await.unwrap();
                 if claimed.is_empty() {
                     tokio::time::sleep(Duration::from_millis(3)).await;
                     continue;
                 }
-                idle_since = Instant::now();
                 starts += claimed.len();
                 let now = running.fetch_add(claimed.len() as i64, Ordering::SeqCst) + claimed.len() as i64;
                 most.fetch_max(now, Ordering::SeqCst);
@@ -687,6 +689,16 @@ async fn a_rate_window_holds_across_concurrent_claimers_enqueues_and_retries() {
         })
     };
     enqueuer.await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let k = db.store.rate_limit_key("tenant:windowed").await.unwrap().unwrap();
+        if (k.rate_used >= 10 && k.active == 0 && k.admitted == 0) || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
     let mut starts = 0;
     for c in claimers {
         starts += c.await.unwrap();

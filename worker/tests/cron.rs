@@ -86,11 +86,17 @@ async fn three_workers_fire_each_tick_once_and_a_killed_leader_changes_nothing()
         workers.iter().enumerate().any(|(i, w)| i != leader && w.log_text().contains("became the maintenance leader")),
         "a surviving worker became leader"
     );
-    // The take-over gap is caught up with at most one fire: consecutive ticks, or one gap. (A
-    // leader that paused a fixed second after each pass drifted across a whole second every
-    // minute or two, and left a tick out each time.)
-    let gaps = all.keys().zip(all.keys().skip(1)).filter(|(a, b)| b.duration_since(**a) > jiff::SignedDuration::from_secs(1)).count();
-    assert!(gaps <= 1, "ticks missed more than once: {:?}", all.keys().collect::<Vec<_>>());
+    // A tick is left out only when the tick before it fired late, at or after the one left out:
+    // catch-up fires once, the next tick being the first after the late fire. The take-over
+    // leaves such a gap, and so may a stalled pass on a loaded machine; a gap with no late
+    // fire behind it is a tick missed. (A leader that paused a fixed second after each pass
+    // drifted across a whole second every minute or two, and left a tick out each time.)
+    let second = jiff::SignedDuration::from_secs(1);
+    for ((a, (_, fired)), (b, _)) in all.iter().zip(all.iter().skip(1)) {
+        if b.duration_since(*a) > second {
+            assert!(*fired >= *b - second, "tick {a} fired on time at {fired}, yet the ticks up to {b} were missed: {:?}", all.keys().collect::<Vec<_>>());
+        }
+    }
     // Up to the last tick read: the workers fire on meanwhile.
     let last = all.keys().next_back().expect("ticks").to_string();
     let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM cron_runs WHERE cron_name = 'every-second' AND scheduled_for <= $1::timestamptz")

@@ -76,7 +76,10 @@ async fn setup() -> Setup {
 
 fn config(s: &Setup, workload: Workload) -> String {
     let worker = match workload {
-        Workload::SlowHeartbeats => "visibility_timeout = \"1500ms\"\nshutdown_grace = \"5s\"",
+        // Heartbeats at a sixth of the visibility timeout: a lost one, and the reconnection
+        // after it, leave the lock more than two seconds to spare, so a stall on a loaded
+        // machine does not hand a live job to the rescuer.
+        Workload::SlowHeartbeats => "visibility_timeout = \"3s\"\nheartbeat_interval = \"500ms\"\nshutdown_grace = \"5s\"",
         Workload::ShutdownRelease => "visibility_timeout = \"60s\"\nshutdown_grace = \"300ms\"",
         _ => "visibility_timeout = \"60s\"",
     };
@@ -145,7 +148,7 @@ async fn run_case_then(statement: &str, point: FaultPoint, workload: Workload, t
             (s.db.store.enqueue_batch(jobs).await.unwrap().into_iter().map(|e| e.job.id).collect(), 2, vec![1, 2])
         }
         Workload::FailOnceInPlace => (enqueue(&s, "fault.inplace", 6, json!({"fail_attempts": 1, "sleep_ms": 600})).await, 2, vec![1, 2]),
-        Workload::SlowHeartbeats => (enqueue(&s, "fault.ok", 4, json!({"sleep_ms": 2500})).await, 1, vec![1]),
+        Workload::SlowHeartbeats => (enqueue(&s, "fault.ok", 4, json!({"sleep_ms": 4500})).await, 1, vec![1]),
         // Handed back uncounted at shutdown, then run again as the same attempt.
         Workload::ShutdownRelease => (enqueue(&s, "fault.ok", 4, json!({"sleep_ms": 2000})).await, 1, vec![1, 1]),
         Workload::Rescue => {
