@@ -1301,3 +1301,51 @@ async fn a_due_retry_is_claimed_as_it_is_and_promoted_only_after_its_window() {
     assert_eq!(s.promote_due(100).await.unwrap(), 1, "no window for a keyed retry");
     assert_eq!(s.job(keyed).await.unwrap().state, JobState::Available);
 }
+
+/// Fails one job of `job_type`; returns it and the snapshot its failed attempt points at.
+async fn failed_once_with_snapshot(s: &Store, job_type: &str) -> (Uuid, Uuid) {
+    let id = failed_once(s, NewJob::new(job_type, json!([]))).await;
+    let snapshot: Uuid = sqlx::query_scalar("SELECT policy_id FROM job_attempts WHERE job_id = $1").bind(id).fetch_one(s.pool()).await.unwrap();
+    (id, snapshot)
+}
+
+async fn snapshots(s: &Store) -> HashSet<Uuid> {
+    sqlx::query_scalar("SELECT id FROM policy_snapshots").fetch_all(s.pool()).await.unwrap().into_iter().collect()
+}
+
+/// The sweep deletes the policy snapshots no attempt refers to any more, and not one that a
+/// failure came to point at while the sweep's scan ran (a failure reuses a stored snapshot
+/// without writing it, and the scan holds no lock that would make it wait).
+#[tokio::test]
+async fn policy_snapshots_no_attempt_refers_to_are_swept_but_not_one_a_failure_took_up_meanwhile() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    for (job_type, attempts) in [("snap.kept", 5), ("snap.gone", 6), ("snap.again", 7)] {
+        s.put_policy(job_type, &patch(json!({"max_attempts": attempts, "initial_interval": "PT1M"})), &Actor::new("test"), None).await.unwrap();
+    }
+    let (_, kept) = failed_once_with_snapshot(s, "snap.kept").await;
+    let (gone_job, gone) = failed_once_with_snapshot(s, "snap.gone").await;
+    let (again_job, again) = failed_once_with_snapshot(s, "snap.again").await;
+    assert_eq!(snapshots(s).await, HashSet::from([kept, gone, again]), "one snapshot per policy");
+    // Their jobs were pruned: two snapshots no attempt refers to.
+    for sql in ["DELETE FROM job_attempts WHERE job_id = ANY($1)", "DELETE FROM jobs WHERE id = ANY($1)"] {
+        sqlx::query(sql).bind(vec![gone_job, again_job]).execute(s.pool()).await.unwrap();
+    }
+
+    let sweep = s.begin_snapshot_sweep().await.unwrap();
+    assert_eq!(sweep.candidates.iter().copied().collect::<HashSet<_>>(), HashSet::from([gone, again]));
+    // Between the scan and the delete, a failure judged by the same policy points at its
+    // stored snapshot again.
+    let (again_job, again_now) = failed_once_with_snapshot(s, "snap.again").await;
+    assert_eq!(again_now, again, "the failure reused the stored snapshot");
+    assert_eq!(s.finish_snapshot_sweep(sweep).await.unwrap(), 1, "only the snapshot nothing refers to");
+    assert_eq!(snapshots(s).await, HashSet::from([kept, again]));
+    let history = s.attempts(again_job).await.unwrap();
+    assert_eq!(history[0].policy.as_ref().map(|p| p["max_attempts"].clone()), Some(json!(7)), "the attempt still reads its policy");
+
+    // A sweep with nothing to take deletes nothing, and a failure after one stores its
+    // snapshot afresh.
+    assert_eq!(s.prune_policy_snapshots().await.unwrap(), 0);
+    let (_, gone_now) = failed_once_with_snapshot(s, "snap.gone").await;
+    assert_eq!((gone_now, snapshots(s).await), (gone, HashSet::from([kept, gone, again])));
+}

@@ -137,6 +137,17 @@ macro_rules! prunable_key {
     };
 }
 
+/// A policy-snapshot sweep between its halves ([`Store::begin_snapshot_sweep`] and
+/// [`Store::finish_snapshot_sweep`]): the snapshots no attempt referred to, and the highest
+/// attempt id that look covered.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotSweep {
+    /// Every attempt up to this id was committed, and looked at, when the candidates were found.
+    pub watermark: i64,
+    /// The snapshots no attempt referred to then.
+    pub candidates: Vec<Uuid>,
+}
+
 /// Leadership held through a session-level advisory lock on a dedicated connection. If the
 /// process dies, Postgres closes the session and the lock passes to another process.
 pub struct Leadership {
@@ -576,18 +587,56 @@ impl Store {
         Ok(sqlx::query(sql).bind(millis(age)).bind(batch).execute(&self.pool).await?.rows_affected())
     }
 
-    /// Deletes the policy snapshots no attempt refers to any more (their jobs were pruned).
-    /// One scan of the attempt history, so the pruner runs it rarely (daily). The fail path
-    /// reuses an existing snapshot without writing it, so the snapshots table is locked against
-    /// those writes for the duration: a failure recorded meanwhile waits instead of pointing at
-    /// a snapshot deleted under it.
+    /// Deletes the policy snapshots no attempt refers to any more (their jobs were pruned):
+    /// [`Store::begin_snapshot_sweep`], then [`Store::finish_snapshot_sweep`]. Returns the
+    /// snapshots deleted.
     pub async fn prune_policy_snapshots(&self) -> Result<u64, StoreError> {
+        let sweep = self.begin_snapshot_sweep().await?;
+        self.finish_snapshot_sweep(sweep).await
+    }
+
+    /// The first half of a snapshot sweep: the snapshots no attempt refers to now. This is
+    /// one scan of the whole attempt history, so it runs without a lock that would hold up
+    /// failures being recorded meanwhile (the pruner sweeps daily).
+    ///
+    /// The fail path reuses an existing snapshot without writing it, so a failure may point at
+    /// a candidate while the scan runs. Every attempt that names a snapshot is written by a
+    /// statement that also writes `policy_snapshots`, which takes that table's row-exclusive
+    /// lock: a moment's share-row-exclusive lock before the scan waits out every such writer
+    /// in flight. Attempts up to the id read then are all committed and seen by the scan;
+    /// anything written afterwards has a higher id, and the second half looks at just those.
+    pub async fn begin_snapshot_sweep(&self) -> Result<SnapshotSweep, StoreError> {
+        let mut tx = self.begin().await?;
+        sqlx::query("SET LOCAL lock_timeout = '2s'").execute(&mut *tx).await?;
+        sqlx::query("LOCK TABLE policy_snapshots IN SHARE ROW EXCLUSIVE MODE").execute(&mut *tx).await?;
+        let watermark: i64 = sqlx::query_scalar("SELECT COALESCE(max(id), 0) FROM job_attempts").fetch_one(&mut *tx).await?;
+        tx.commit().await?;
+        let candidates: Vec<Uuid> =
+            sqlx::query_scalar("SELECT p.id FROM policy_snapshots p WHERE NOT EXISTS (SELECT 1 FROM job_attempts a WHERE a.policy_id = p.id)")
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(SnapshotSweep { watermark, candidates })
+    }
+
+    /// The second half of a snapshot sweep: deletes the candidates that no attempt written
+    /// since the first half refers to either. Under the table's lock, so no failure pointing
+    /// at a candidate is in flight, but the look is only at the attempts past the sweep's
+    /// watermark (a range of the primary key): the lock is held for moments, not a scan.
+    pub async fn finish_snapshot_sweep(&self, sweep: SnapshotSweep) -> Result<u64, StoreError> {
+        if sweep.candidates.is_empty() {
+            return Ok(0);
+        }
         let mut tx = self.begin().await?;
         sqlx::query("SET LOCAL lock_timeout = '2s'").execute(&mut *tx).await?;
         sqlx::query("LOCK TABLE policy_snapshots IN SHARE ROW EXCLUSIVE MODE").execute(&mut *tx).await?;
         let n = sqlx::query(
-            "DELETE FROM policy_snapshots p WHERE NOT EXISTS (SELECT 1 FROM job_attempts a WHERE a.policy_id = p.id)",
+            "WITH recent AS MATERIALIZED (
+                 SELECT DISTINCT policy_id FROM job_attempts WHERE id > $2 AND policy_id IS NOT NULL
+             )
+             DELETE FROM policy_snapshots p WHERE p.id = ANY($1) AND NOT EXISTS (SELECT 1 FROM recent r WHERE r.policy_id = p.id)",
         )
+        .bind(&sweep.candidates)
+        .bind(sweep.watermark)
         .execute(&mut *tx)
         .await?
         .rows_affected();
