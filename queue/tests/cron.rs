@@ -268,6 +268,26 @@ async fn skipped_ticks_are_not_counted_as_runs() {
     assert_eq!(db.store.fire_due_crons(10).await.unwrap().skipped, 0, "and not decided again");
 }
 
+/// Firing ticks deletes no cron history: its age is the pruner's (`cron_runs_after`, each
+/// cron keeping its latest run), so a monthly cron's last run stays on its page while a
+/// minutely one fires beside it.
+#[tokio::test]
+async fn firing_ticks_leaves_the_runs_history_to_the_pruner() {
+    let db = TestDb::new().await;
+    away_from_a_minute_turn().await;
+    db.store.register_cron(&spec("minutely", "* * * * *", OverlapPolicy::Allow), &Actor::new("t")).await.unwrap();
+    db.store.register_cron(&spec("monthly", "0 0 1 * *", OverlapPolicy::Allow), &Actor::new("t")).await.unwrap();
+    // The monthly cron's last run was 20 days ago, and its job is long done.
+    sqlx::query("INSERT INTO cron_runs (cron_name, scheduled_for, fired_at, outcome) VALUES ('monthly', now() - interval '20 days', now() - interval '20 days', 'enqueued')")
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+    make_due(&db.store, "minutely", 1).await;
+    assert_eq!(db.store.fire_due_crons(10).await.unwrap().fired, 1);
+    let runs: Vec<String> = sqlx::query_scalar("SELECT cron_name FROM cron_runs ORDER BY scheduled_for").fetch_all(db.store.pool()).await.unwrap();
+    assert_eq!(runs, ["monthly", "minutely"], "the monthly cron's last run is kept");
+}
+
 #[tokio::test]
 async fn re_registering_unchanged_keeps_the_schedule() {
     let db = TestDb::new().await;

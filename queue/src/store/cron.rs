@@ -565,15 +565,8 @@ impl Store {
                 Err(e) => tracing::warn!(cron = cron.name, error = %e, "cron tick failed; it is tried again on the next pass"),
             }
         }
-        if !due.is_empty() {
-            // History is for overlap checks and the dashboard; a week of it is plenty.
-            sqlx::query(
-                "DELETE FROM cron_runs r WHERE r.fired_at < now() - interval '7 days'
-                   AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = r.job_id AND j.state NOT IN ('completed', 'cancelled', 'discarded'))",
-            )
-            .execute(&self.pool)
-            .await?;
-        }
+        // The runs' history ages out with the pruner (`cron_runs_after`, each cron keeping its
+        // latest run and its waiting ones), in batches, not here.
         Ok(pass)
     }
 
