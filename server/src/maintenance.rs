@@ -3,7 +3,8 @@
 //! become available), cron (due ticks enqueue their jobs, exactly once per tick) and the
 //! dead-letter replay rules. Workers
 //! run the same services under the same advisory lock, so exactly one process does it at a time; without a worker, the server alone keeps delayed jobs and
-//! crashed claims moving. Pruning is left to the worker.
+//! crashed claims moving. Pruning is left to the workers, under a lock of its own
+//! (`LeaderRole::Pruning`), so this loop leading does not stop it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -95,12 +95,12 @@ impl RuntimeSettings {
 
     /// Database connections the runtime can use at once with these queues' concurrencies:
     /// every claim loop, every write in flight (a completion, a failure (two reads at once,
-    /// then the write on one of them) and a release), plus heartbeats, leadership and the
-    /// maintenance services.
+    /// then the write on one of them) and a release), plus heartbeats, the two leaderships
+    /// (maintenance and pruning) and the maintenance services.
     pub fn connections_needed(&self, concurrencies: impl IntoIterator<Item = u32>) -> u32 {
         let claims: u32 = concurrencies.into_iter().map(|c| self.claim_loops_for(c)).sum();
         let writes = u32::try_from(self.completer.flushes_in_flight.max(1).saturating_mul(4)).unwrap_or(u32::MAX);
-        claims.saturating_add(writes).saturating_add(6)
+        claims.saturating_add(writes).saturating_add(7)
     }
 
     /// Both retry scopes set to a single attempt (`--disable-retry`). Outages are still
@@ -199,8 +199,8 @@ mod tests {
         let loops: Vec<u32> = [1, 500, 501, 1_000, 10_000].into_iter().map(|c| s.claim_loops_for(c)).collect();
         assert_eq!(loops, vec![1, 1, 2, 2, MAX_CLAIM_LOOPS]);
         assert_eq!(s.claim_loops_for(DEFAULT_QUEUE_CONCURRENCY), 2, "the default is two claim batches");
-        // Two queues' loops (2 + 1), four connections per write in flight, six for the rest.
+        // Two queues' loops (2 + 1), four connections per write in flight, seven for the rest.
         let writes = 4 * s.completer.flushes_in_flight as u32;
-        assert_eq!(s.connections_needed([1_000, 10]), 3 + writes + 6);
+        assert_eq!(s.connections_needed([1_000, 10]), 3 + writes + 7);
     }
 }

@@ -148,14 +148,33 @@ pub struct SnapshotSweep {
     pub candidates: Vec<Uuid>,
 }
 
+/// What a leadership elects a process to do. Each is its own advisory lock, so one process
+/// holding one does not keep the other from being taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaderRole {
+    /// The scheduler, rescuer, expirer, cron, count folding and replay rules: workers and the
+    /// server campaign for it (a server with no worker keeps jobs moving on its own).
+    Maintenance,
+    /// Retention (the pruner). Only workers campaign for it: their configuration says what is
+    /// kept, and a server that took the maintenance lead first must not leave nothing pruned.
+    Pruning,
+}
+
+impl LeaderRole {
+    fn lock_key(self) -> i64 {
+        match self {
+            LeaderRole::Maintenance => 0x0072_6562_6f75_6e64, // "rebound"
+            LeaderRole::Pruning => 0x7072_756e_6572_0000,     // "pruner"
+        }
+    }
+}
+
 /// Leadership held through a session-level advisory lock on a dedicated connection. If the
 /// process dies, Postgres closes the session and the lock passes to another process.
 pub struct Leadership {
     conn: PoolConnection<Postgres>,
+    role: LeaderRole,
 }
-
-/// The advisory-lock key of the maintenance leader.
-const LEADER_LOCK: i64 = 0x0072_6562_6f75_6e64; // "rebound"
 
 impl Leadership {
     /// Is the lock still ours? False once the connection is gone (the lock went with it).
@@ -164,7 +183,7 @@ impl Leadership {
             "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
                             AND ((classid::bigint << 32) | objid::bigint) = $1)",
         )
-        .bind(LEADER_LOCK)
+        .bind(self.role.lock_key())
         .fetch_one(&mut *self.conn)
         .await
         .unwrap_or(false)
@@ -173,7 +192,7 @@ impl Leadership {
     /// Gives leadership up at once (on shutdown). Dropping a `Leadership` also ends it: its
     /// connection is closed, and the lock goes with the session.
     pub async fn release(mut self) -> Result<(), StoreError> {
-        sqlx::query("SELECT pg_advisory_unlock($1)").bind(LEADER_LOCK).execute(&mut *self.conn).await?;
+        sqlx::query("SELECT pg_advisory_unlock($1)").bind(self.role.lock_key()).execute(&mut *self.conn).await?;
         Ok(())
     }
 }
@@ -181,14 +200,19 @@ impl Leadership {
 impl Store {
     /// Tries to become the maintenance leader; `None` if another process is.
     pub async fn try_lead(&self) -> Result<Option<Leadership>, StoreError> {
+        self.try_lead_as(LeaderRole::Maintenance).await
+    }
+
+    /// Tries to take the leadership of `role`; `None` if another process holds it.
+    pub async fn try_lead_as(&self, role: LeaderRole) -> Result<Option<Leadership>, StoreError> {
         let mut conn = self.pool.acquire().await?;
         // A session lock lives as long as its connection: one that went back to the pool still
         // holding it would keep this process leading, silently, through a pooled connection.
         // The leader's connection is therefore closed when leadership ends, never pooled; and
         // closed too if this future is dropped with the lock's answer in flight.
         conn.close_on_drop();
-        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(LEADER_LOCK).fetch_one(&mut *conn).await?;
-        Ok(got.then(|| Leadership { conn }))
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(role.lock_key()).fetch_one(&mut *conn).await?;
+        Ok(got.then(|| Leadership { conn, role }))
     }
 
     /// Scheduler: moves due `scheduled` and `retryable` jobs to `available`, at most `limit`;

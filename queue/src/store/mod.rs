@@ -153,7 +153,7 @@ pub use events::{
 pub use fail::{Failure, FailureResult, KnownRun};
 pub use lanes::Order;
 pub use listing::{ErrorGroup, JobCount, JobFilter, Page, SEARCH_WINDOW, Stats, StatsRow};
-pub use maintenance::{Leadership, PruneConfig, PruneReport, RescueReport, SnapshotSweep};
+pub use maintenance::{LeaderRole, Leadership, PruneConfig, PruneReport, RescueReport, SnapshotSweep};
 pub use in_place::{InPlaceEnd, InPlaceRun, RetriedInPlace};
 pub use notify::{JobListener, NOTIFY_CHANNEL, Notification, POLICY_CHANNEL};
 pub use policies::{DEFAULT_POLICY_KEY, PolicyLayers, PolicyVersion, StoredPolicy};
