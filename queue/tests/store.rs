@@ -728,27 +728,36 @@ async fn audit_entries_age_out() {
 }
 
 #[tokio::test]
-async fn cron_runs_age_out_but_each_cron_keeps_its_latest_and_its_waiting_runs() {
+async fn cron_runs_age_out_but_each_cron_keeps_its_latest_and_its_unfinished_runs() {
     let db = TestDb::new().await;
     let s = &db.store;
-    // `every` ran at 40, 35 and 31 days ago (one of them still waiting to enqueue) and 1 hour
-    // ago; `rare` last ran 40 days ago.
+    // Two runs held back under `enqueue` (`waiting`): one whose job still waits, one whose job
+    // was released and has finished since (its outcome still says `waiting`).
+    let waiting = s.enqueue(NewJob::new("cron.job", json!([1])).queue("cron-held")).await.unwrap().job.id;
+    let finished = s.enqueue(NewJob::new("cron.job", json!([2])).queue("cron-done")).await.unwrap().job.id;
+    claim_one(s, "cron-done").await;
+    s.complete(&Completion { id: finished, attempt: Some(1), worker_id: Some("w1".into()), started_at: None, result: None }).await.unwrap();
+    // `every` ran at 40, 35, 33 and 31 days ago and 1 hour ago; `rare` last ran 40 days ago.
     sqlx::query(
-        "INSERT INTO cron_runs (cron_name, scheduled_for, fired_at, outcome)
-         SELECT c, now() - d * interval '1 day', now() - d * interval '1 day', o
-         FROM (VALUES ('every', 40, 'enqueued'), ('every', 35, 'waiting'), ('every', 31, 'skipped'),
-                      ('every', 0.04, 'enqueued'), ('rare', 40, 'enqueued')) AS v(c, d, o)",
+        "INSERT INTO cron_runs (cron_name, scheduled_for, fired_at, outcome, job_id)
+         SELECT c, now() - d * interval '1 day', now() - d * interval '1 day', o, j
+         FROM (VALUES ('every', 40, 'enqueued', NULL), ('every', 35, 'waiting', $1::uuid), ('every', 33, 'waiting', $2::uuid),
+                      ('every', 31, 'skipped', NULL), ('every', 0.04, 'enqueued', NULL), ('rare', 40, 'enqueued', NULL)) AS v(c, d, o, j)",
     )
+    .bind(waiting)
+    .bind(finished)
     .execute(s.pool())
     .await
     .unwrap();
-    assert_eq!(s.prune(&PruneConfig::default()).await.unwrap().cron_runs, 2);
+    assert_eq!(s.prune(&PruneConfig::default()).await.unwrap().cron_runs, 3);
     let left: Vec<(String, String)> = sqlx::query_as("SELECT cron_name, outcome FROM cron_runs ORDER BY cron_name, scheduled_for")
         .fetch_all(s.pool())
         .await
         .unwrap();
     let row = |c: &str, o: &str| (c.to_owned(), o.to_owned());
     assert_eq!(left, vec![row("every", "waiting"), row("every", "enqueued"), row("rare", "enqueued")]);
+    let kept: Option<Uuid> = sqlx::query_scalar("SELECT job_id FROM cron_runs WHERE outcome = 'waiting'").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(kept, Some(waiting), "the run whose job still waits");
     assert_eq!(s.prune(&PruneConfig::default()).await.unwrap().cron_runs, 0);
 }
 
@@ -1348,4 +1357,53 @@ async fn policy_snapshots_no_attempt_refers_to_are_swept_but_not_one_a_failure_t
     assert_eq!(s.prune_policy_snapshots().await.unwrap(), 0);
     let (_, gone_now) = failed_once_with_snapshot(s, "snap.gone").await;
     assert_eq!((gone_now, snapshots(s).await), (gone, HashSet::from([kept, gone, again])));
+}
+
+/// The sweep's first half waits out a failure in flight: one that points an attempt at an
+/// unreferenced snapshot and commits after a later attempt did. Scanned at once, that attempt
+/// would be unseen yet below the watermark, and its snapshot deleted under it.
+#[tokio::test]
+async fn the_snapshot_sweep_waits_for_failures_in_flight() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    s.put_policy("snap.late", &patch(json!({"max_attempts": 9, "initial_interval": "PT1M"})), &Actor::new("test"), None).await.unwrap();
+    let (job, snapshot) = failed_once_with_snapshot(s, "snap.late").await;
+    sqlx::query("DELETE FROM job_attempts WHERE job_id = $1").bind(job).execute(s.pool()).await.unwrap();
+
+    // A failure in flight, written as the fail statement writes: the snapshot, then its attempt.
+    let mut in_flight = s.pool().begin().await.unwrap();
+    sqlx::query("INSERT INTO policy_snapshots (id, policy) SELECT id, policy FROM policy_snapshots WHERE id = $1 ON CONFLICT (id) DO NOTHING")
+        .bind(snapshot)
+        .execute(&mut *in_flight)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO job_attempts (job_id, attempt, outcome, policy_id) VALUES ($1, 2, 'retried', $2)").bind(job).bind(snapshot).execute(&mut *in_flight).await.unwrap();
+    // A later attempt, committed first.
+    sqlx::query("INSERT INTO job_attempts (job_id, attempt, outcome) VALUES ($1, 3, 'released')").bind(Uuid::now_v7()).execute(s.pool()).await.unwrap();
+
+    let sweeper = s.clone();
+    let sweep = tokio::spawn(async move { sweeper.prune_policy_snapshots().await });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'")
+            .bind(&db.name)
+            .fetch_one(s.pool())
+            .await
+            .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(!sweep.is_finished(), "the sweep did not wait for the failure in flight: {:?}", sweep.await);
+        assert!(std::time::Instant::now() < deadline, "the sweep never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    in_flight.commit().await.unwrap();
+    // Had the machine stalled past the sweep's lock timeout before that commit, it gave up
+    // without deleting anything; either way the next sweep finds the snapshot referenced.
+    match sweep.await.unwrap() {
+        Ok(swept) => assert_eq!(swept, 0, "the snapshot is referenced now"),
+        Err(e) => assert!(e.is_lock_timeout(), "{e}"),
+    }
+    assert_eq!(s.prune_policy_snapshots().await.unwrap(), 0);
+    assert!(snapshots(s).await.contains(&snapshot));
 }

@@ -90,7 +90,9 @@ async fn three_workers_fire_each_tick_once_and_a_killed_leader_changes_nothing()
     // catch-up fires once, the next tick being the first after the late fire. The take-over
     // leaves such a gap, and so may a stalled pass on a loaded machine; a gap with no late
     // fire behind it is a tick missed. (A leader that paused a fixed second after each pass
-    // drifted across a whole second every minute or two, and left a tick out each time.)
+    // drifted across a whole second every minute or two, and left a tick out each time behind
+    // a late fire, which this allows: the cron service's own test holds it to waking just
+    // after the next tick.)
     let second = jiff::SignedDuration::from_secs(1);
     for ((a, (_, fired)), (b, _)) in all.iter().zip(all.iter().skip(1)) {
         if b.duration_since(*a) > second {

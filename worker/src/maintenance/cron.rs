@@ -56,3 +56,36 @@ impl MaintenanceService for CronFirer {
         Ok((pass.fired + pass.skipped) as i64 >= self.batch)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rebound_queue::NewJob;
+    use rebound_queue::cron_schedule::CronSchedule;
+    use rebound_queue::store::{Actor, CronSpec, CronTemplate, OverlapPolicy};
+    use rebound_queue::testing::TestDb;
+
+    /// The service wakes just after the next tick, never a fixed interval after its pass: a
+    /// fixed pause drifts by each pass's length until a per-second tick fires a second late
+    /// and the next is skipped.
+    #[tokio::test]
+    async fn the_wait_ends_just_after_the_next_tick() {
+        let db = TestDb::new().await;
+        let firer = CronFirer { interval: CRON_INTERVAL, batch: 10 };
+        assert_eq!(firer.next_wait(&db.store).await, CRON_INTERVAL, "no cron job: one interval");
+        let spec = CronSpec {
+            name: "tick".into(),
+            schedule: CronSchedule::new("* * * * * *", "UTC").expect("schedule"),
+            template: CronTemplate::from_job(&NewJob::new("cron.tick", serde_json::json!([])), serde_json::json!({})),
+            overlap_policy: OverlapPolicy::Allow,
+            enabled: true,
+            description: None,
+        };
+        db.store.register_cron(&spec, &Actor::new("test")).await.expect("register");
+        // The next tick 400 ms out by the database's clock: however long the call takes, the
+        // time it reads until then is at most 400 ms.
+        sqlx::query("UPDATE cron_jobs SET next_run_at = now() + interval '400 milliseconds'").execute(db.store.pool()).await.expect("move the tick");
+        let wait = firer.next_wait(&db.store).await;
+        assert!(wait <= Duration::from_millis(400) + PAST_THE_TICK, "waited {wait:?} for a tick 400 ms away");
+    }
+}

@@ -22,6 +22,8 @@ pub struct Pruner {
 
 /// How often unreferenced policy snapshots are swept.
 const SNAPSHOT_SWEEP_EVERY: Duration = Duration::from_secs(24 * 3600);
+/// How soon a sweep that failed (a lock not had within its timeout, say) is tried again.
+const SNAPSHOT_SWEEP_RETRY: Duration = Duration::from_secs(3600);
 
 impl Pruner {
     pub fn new(interval: Duration, retention: PruneConfig) -> Pruner {
@@ -36,6 +38,13 @@ impl Pruner {
         }
         *last = Some(Instant::now());
         true
+    }
+
+    /// Makes the next sweep due within [`SNAPSHOT_SWEEP_RETRY`] rather than a day.
+    fn sweep_again_soon(&self) {
+        if let Ok(mut last) = self.snapshots_swept.lock() {
+            *last = Instant::now().checked_sub(SNAPSHOT_SWEEP_EVERY - SNAPSHOT_SWEEP_RETRY);
+        }
     }
 
     /// Whether a pass deleted a full batch of something.
@@ -62,10 +71,16 @@ impl MaintenanceService for Pruner {
                 workers = report.workers, audit = report.audit, cron_runs = report.cron_runs, transitions = report.transitions, heartbeats = report.heartbeats, progress = report.progress, worker_events = report.worker_events,
                 dead_letter_events = report.dead_letter_events, workflows = report.workflows, workflow_events = report.workflow_events, rate_limit_events = report.rate_limit_events, rate_limit_keys = report.rate_limit_keys, "pruned old jobs");
         }
+        // A failed sweep is reported here, not returned: the pass above has pruned, and whether
+        // it left a backlog to go on with at once must not be lost with the sweep's error.
         if self.snapshot_sweep_due() {
-            let swept = store.prune_policy_snapshots().await?;
-            if swept > 0 {
-                tracing::info!(policy_snapshots = swept, "pruned policy snapshots no attempt refers to");
+            match store.prune_policy_snapshots().await {
+                Ok(0) => {}
+                Ok(swept) => tracing::info!(policy_snapshots = swept, "pruned policy snapshots no attempt refers to"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not sweep the policy snapshots; trying again within the hour");
+                    self.sweep_again_soon();
+                }
             }
         }
         Ok(self.hit_limit(&report))
