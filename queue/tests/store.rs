@@ -1382,20 +1382,10 @@ async fn the_snapshot_sweep_waits_for_failures_in_flight() {
     sqlx::query("INSERT INTO job_attempts (job_id, attempt, outcome) VALUES ($1, 3, 'released')").bind(Uuid::now_v7()).execute(s.pool()).await.unwrap();
 
     let sweeper = s.clone();
-    let sweep = tokio::spawn(async move { sweeper.prune_policy_snapshots().await });
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'")
-            .bind(&db.name)
-            .fetch_one(s.pool())
-            .await
-            .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        assert!(!sweep.is_finished(), "the sweep did not wait for the failure in flight: {:?}", sweep.await);
-        assert!(std::time::Instant::now() < deadline, "the sweep never waited");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let mut sweep = tokio::spawn(async move { sweeper.prune_policy_snapshots().await });
+    tokio::select! {
+        done = &mut sweep => panic!("the sweep did not wait for the failure in flight: {done:?}"),
+        () = db.until_a_statement_waits_for_a_lock() => {}
     }
     in_flight.commit().await.unwrap();
     // Had the machine stalled past the sweep's lock timeout before that commit, it gave up

@@ -566,7 +566,7 @@ impl Store {
             }
         }
         // The runs' history ages out with the pruner (`cron_runs_after`, each cron keeping its
-        // latest run and its waiting ones), in batches, not here.
+        // latest run and those whose jobs have not finished), in batches, not here.
         Ok(pass)
     }
 
