@@ -16,7 +16,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         .database_url
         .context("no database configured: set DATABASE_URL or pass --database-url postgres://user@host/db")?;
     match cli.command {
-        Command::Serve(args) => serve(&url, args).await,
+        Command::Serve(args) => serve(&url, *args).await,
         Command::Migrate => {
             let store = Store::connect(&url, 2).await.context("connecting to the database")?;
             store.migrate().await.context("applying migrations")?;
@@ -82,6 +82,10 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     }
     let state = AppState::new(store.clone(), ServerConfig::from(&args));
     let shutdown = state.shutdown.clone();
+    let pruning = args.retention().map(|retention| {
+        tracing::info!(completed_after = ?retention.completed_after, "this server prunes when it leads pruning (--prune)");
+        tokio::spawn(maintenance::run_pruning(store.clone(), retention, shutdown.clone()))
+    });
     let maintenance = (!args.no_maintenance).then(|| {
         tokio::spawn(maintenance::run(store, state.metrics.clone(), args.maintenance_interval, shutdown.clone()))
     });
@@ -109,7 +113,7 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!(grace_s = BACKGROUND_GRACE.as_secs(), "a hand-back of an unanswered fetch was still waiting for the database at exit; its jobs are charged when their locks lapse");
     }
     shutdown.cancel();
-    if let Some(handle) = maintenance {
+    for handle in [maintenance, pruning].into_iter().flatten() {
         let _ = handle.await;
     }
     Ok(())

@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use rebound_queue::config_duration::parse_config_duration;
+use rebound_queue::store::PruneConfig;
 
 /// Rebound's server: the Open Job Spec HTTP API, the dashboard, metrics, and operations.
 #[derive(Debug, Parser)]
@@ -20,7 +22,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the HTTP API and the dashboard.
-    Serve(ServeArgs),
+    // Boxed: the serve settings dwarf the other subcommands'.
+    Serve(Box<ServeArgs>),
     /// Apply pending database migrations, then exit.
     Migrate,
     /// Manage dashboard operators.
@@ -120,6 +123,42 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_maintenance: bool,
 
+    /// Run retention too (the pruner), as Rebound's workers do: for a deployment with no
+    /// Rebound worker (OJS clients only), which otherwise keeps finished jobs, events and the
+    /// audit log for ever. One process prunes at a time, elected as maintenance is; whichever
+    /// leads applies its own retention, so give this server the workers' (`[prune]` in their
+    /// configuration). Ages not given keep the workers' defaults.
+    #[arg(long, env = "REBOUND_PRUNE")]
+    pub prune: bool,
+
+    /// With `--prune`: how long completed jobs are kept (default "1d"; "12h", "P7D", …).
+    #[arg(long, env = "REBOUND_PRUNE_COMPLETED_AFTER", requires = "prune", value_parser = parse_config_duration, value_name = "DURATION")]
+    pub prune_completed_after: Option<Duration>,
+
+    /// With `--prune`: how long cancelled jobs and plain discards are kept (default "7d").
+    #[arg(long, env = "REBOUND_PRUNE_DISCARDED_AFTER", requires = "prune", value_parser = parse_config_duration, value_name = "DURATION")]
+    pub prune_discarded_after: Option<Duration>,
+
+    /// With `--prune`: how long dead letters are kept (default "180d").
+    #[arg(long, env = "REBOUND_PRUNE_DEAD_LETTERS_AFTER", requires = "prune", value_parser = parse_config_duration, value_name = "DURATION")]
+    pub prune_dead_letters_after: Option<Duration>,
+
+    /// With `--prune`: dead letters kept per queue, the oldest beyond it pruned (default 10000).
+    #[arg(long, env = "REBOUND_PRUNE_DEAD_LETTERS_PER_QUEUE", requires = "prune", value_name = "COUNT")]
+    pub prune_dead_letters_per_queue: Option<u32>,
+
+    /// With `--prune`: how long audit-log entries are kept (default "365d").
+    #[arg(long, env = "REBOUND_PRUNE_AUDIT_AFTER", requires = "prune", value_parser = parse_config_duration, value_name = "DURATION")]
+    pub prune_audit_after: Option<Duration>,
+
+    /// With `--prune`: how long cron runs are kept (default "30d"; each cron keeps its latest).
+    #[arg(long, env = "REBOUND_PRUNE_CRON_RUNS_AFTER", requires = "prune", value_parser = parse_config_duration, value_name = "DURATION")]
+    pub prune_cron_runs_after: Option<Duration>,
+
+    /// With `--prune`: how long a silent worker stays in the worker list (default "1d").
+    #[arg(long, env = "REBOUND_PRUNE_WORKERS_AFTER", requires = "prune", value_parser = parse_config_duration, value_name = "DURATION")]
+    pub prune_workers_after: Option<Duration>,
+
     /// End a dashboard session unused for this long (e.g. "30m", "PT30M"): a browser left
     /// signed in, or a stolen session cookie, stops working then. Whatever its use, a session
     /// ends 12 hours after sign-in.
@@ -196,6 +235,26 @@ pub enum TokenCommand {
     Revoke { name: String },
     /// List tokens (never their secrets).
     List,
+}
+
+impl ServeArgs {
+    /// The retention `--prune` asks for, or `None` when this server does not prune.
+    pub fn retention(&self) -> Option<PruneConfig> {
+        if !self.prune {
+            return None;
+        }
+        let d = PruneConfig::default();
+        Some(PruneConfig {
+            completed_after: self.prune_completed_after.unwrap_or(d.completed_after),
+            discarded_after: self.prune_discarded_after.unwrap_or(d.discarded_after),
+            dead_letters_after: self.prune_dead_letters_after.unwrap_or(d.dead_letters_after),
+            dead_letters_per_queue: self.prune_dead_letters_per_queue.map_or(d.dead_letters_per_queue, i64::from),
+            workers_after: self.prune_workers_after.unwrap_or(d.workers_after),
+            audit_after: self.prune_audit_after.unwrap_or(d.audit_after),
+            cron_runs_after: self.prune_cron_runs_after.unwrap_or(d.cron_runs_after),
+            batch: d.batch,
+        })
+    }
 }
 
 /// A duration in jiff's friendly ("300s", "5m", "1h 30m") or ISO-8601 ("PT5M") form.
@@ -311,7 +370,7 @@ mod tests {
     fn serve_defaults() {
         let cli = Cli::try_parse_from(["rebound-server", "serve"]).expect("parses");
         let Command::Serve(args) = cli.command else { panic!("not serve") };
-        let cfg = ServerConfig::from(&args);
+        let cfg = ServerConfig::from(&*args);
         assert_eq!(cfg.api_auth, ApiAuth::Token);
         assert_eq!(cfg.visibility_timeout, Duration::from_secs(300));
         assert!(!cfg.test_mode);
@@ -334,5 +393,30 @@ mod tests {
         for refused in ["0s", "500ms", "2h"] {
             assert!(Cli::try_parse_from(["rebound-server", "serve", "--lock-timeout", refused]).is_err(), "lock timeout {refused}");
         }
+    }
+
+    fn serve(args: &[&str]) -> Result<ServeArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["rebound-server", "serve"].iter().chain(args))?;
+        let Command::Serve(args) = cli.command else { panic!("not serve") };
+        Ok(*args)
+    }
+
+    #[test]
+    fn retention_only_with_prune_and_the_workers_defaults_unless_given() {
+        assert_eq!(serve(&[]).expect("parses").retention(), None, "the server prunes only when asked");
+        assert_eq!(serve(&["--prune"]).expect("parses").retention(), Some(PruneConfig::default()));
+        let given = serve(&["--prune", "--prune-completed-after", "7d", "--prune-dead-letters-per-queue", "50", "--prune-audit-after", "P30D"])
+            .expect("parses")
+            .retention()
+            .expect("prunes");
+        let day = Duration::from_secs(24 * 3600);
+        assert_eq!((given.completed_after, given.dead_letters_per_queue, given.audit_after), (7 * day, 50, 30 * day));
+        assert_eq!(given.discarded_after, PruneConfig::default().discarded_after);
+        // An age without --prune would silently do nothing: refused, as are ages that are no ages.
+        assert!(serve(&["--prune-completed-after", "7d"]).is_err());
+        for bad in ["-1d", "1 month", "soon"] {
+            assert!(serve(&["--prune", "--prune-completed-after", bad]).is_err(), "{bad}");
+        }
+        assert!(serve(&["--prune", "--prune-dead-letters-per-queue", "-1"]).is_err());
     }
 }

@@ -3,13 +3,15 @@
 //! become available), cron (due ticks enqueue their jobs, exactly once per tick) and the
 //! dead-letter replay rules. Workers
 //! run the same services under the same advisory lock, so exactly one process does it at a time; without a worker, the server alone keeps delayed jobs and
-//! crashed claims moving. Pruning is left to the workers, under a lock of its own
-//! (`LeaderRole::Pruning`), so this loop leading does not stop it.
+//! crashed claims moving. Pruning has a lock of its own (`LeaderRole::Pruning`), so this
+//! loop leading does not stop the workers' pruner; the server campaigns for it only when told
+//! to prune (`--prune`, for a deployment without Rebound's worker), with [`run_pruning`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rebound_queue::store::{CronPass, Leadership, ReplayReport, RescueReport};
+use rebound_queue::retention::RetentionPass;
+use rebound_queue::store::{CronPass, LeaderRole, Leadership, PruneConfig, ReplayReport, RescueReport};
 use rebound_queue::{Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
@@ -71,21 +73,83 @@ async fn next_wait(store: &Store, report: &PassReport, interval: Duration) -> Du
     store.scheduler_wait(interval).await.max(rebound_queue::store::SCHEDULER_MIN_WAIT.min(interval))
 }
 
+/// What a leader does each turn; returns how long to wait before the next.
+trait Turn {
+    fn take(&mut self) -> impl Future<Output = Duration> + Send;
+}
+
+struct MaintenanceTurn {
+    store: Store,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+}
+
+impl Turn for MaintenanceTurn {
+    async fn take(&mut self) -> Duration {
+        match run_pass(&self.store, &self.metrics).await {
+            Ok(report) => next_wait(&self.store, &report, self.interval).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "maintenance pass failed; retrying next tick");
+                self.interval
+            }
+        }
+    }
+}
+
+/// How often the pruning leader runs retention, as a worker's pruner does by default.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
+
+struct PruningTurn {
+    store: Store,
+    pass: RetentionPass,
+}
+
+impl Turn for PruningTurn {
+    async fn take(&mut self) -> Duration {
+        match self.pass.run(&self.store).await {
+            // A full batch: more has aged out than one pass deletes.
+            Ok(true) => Duration::ZERO,
+            Ok(false) => PRUNE_INTERVAL,
+            Err(e) => {
+                tracing::warn!(error = %e, "pruning pass failed; trying again later");
+                PRUNE_INTERVAL
+            }
+        }
+    }
+}
+
 /// Runs until `shutdown` is cancelled: tries to lead, and while leading runs a pass every
 /// `interval`. Leadership is released on shutdown so a worker takes over at once.
 pub async fn run(store: Store, metrics: Arc<Metrics>, interval: Duration, shutdown: CancellationToken) {
+    let turn = MaintenanceTurn { store: store.clone(), metrics, interval };
+    lead_while_elected(store, LeaderRole::Maintenance, turn, shutdown).await
+}
+
+/// Retention (`--prune`), until `shutdown` is cancelled: campaigns for the pruning leadership
+/// (workers campaign for it too: whoever holds it keeps it), and while leading prunes a
+/// batch of everything aged out every minute, or at once while a backlog drains.
+pub async fn run_pruning(store: Store, retention: PruneConfig, shutdown: CancellationToken) {
+    let turn = PruningTurn { store: store.clone(), pass: RetentionPass::new(retention) };
+    lead_while_elected(store, LeaderRole::Pruning, turn, shutdown).await
+}
+
+async fn lead_while_elected(store: Store, role: LeaderRole, mut turn: impl Turn, shutdown: CancellationToken) {
+    let what = match role {
+        LeaderRole::Maintenance => "maintenance (scheduler, rescuer, TTL expiry, cron)",
+        LeaderRole::Pruning => "pruning (retention)",
+    };
     let mut leadership: Option<Leadership> = None;
     let mut checked_at = Instant::now();
     loop {
         if leadership.is_none() {
-            match store.try_lead().await {
+            match store.try_lead_as(role).await {
                 Ok(Some(l)) => {
-                    tracing::info!("this server now runs maintenance (scheduler, rescuer, TTL expiry)");
+                    tracing::info!("this server now runs {what}");
                     leadership = Some(l);
                     checked_at = Instant::now();
                 }
                 Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "maintenance: cannot try for leadership"),
+                Err(e) => tracing::warn!(error = %e, "{what}: cannot try for leadership"),
             }
         }
         let mut wait = FOLLOWER_RETRY;
@@ -93,18 +157,12 @@ pub async fn run(store: Store, metrics: Arc<Metrics>, interval: Duration, shutdo
             if checked_at.elapsed() >= LEADERSHIP_CHECK {
                 checked_at = Instant::now();
                 if !lead.still_held().await {
-                    tracing::warn!("maintenance leadership lost (database connection closed); will try again");
+                    tracing::warn!("{what}: leadership lost (database connection closed); will try again");
                     leadership = None;
                     continue;
                 }
             }
-            wait = match run_pass(&store, &metrics).await {
-                Ok(report) => next_wait(&store, &report, interval).await,
-                Err(e) => {
-                    tracing::warn!(error = %e, "maintenance pass failed; retrying next tick");
-                    interval
-                }
-            };
+            wait = turn.take().await;
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -114,6 +172,6 @@ pub async fn run(store: Store, metrics: Arc<Metrics>, interval: Duration, shutdo
     if let Some(lead) = leadership
         && let Err(e) = lead.release().await
     {
-        tracing::warn!(error = %e, "could not release maintenance leadership; it ends with the connection");
+        tracing::warn!(error = %e, "could not release {what} leadership; it ends with the connection");
     }
 }

@@ -35,13 +35,15 @@ async fn ticks(store: &Store) -> BTreeMap<Timestamp, (i64, Timestamp)> {
         .collect()
 }
 
-fn assert_once_each_on_time(ticks: &BTreeMap<Timestamp, (i64, Timestamp)>) {
+/// Every tick fired once, never early, and within 3 s of its time unless `excused` (ticks due
+/// while no leader was alive: they fire when one takes over, however long that took).
+fn assert_once_each_on_time(ticks: &BTreeMap<Timestamp, (i64, Timestamp)>, excused: impl Fn(Timestamp) -> bool) {
     for (tick, (n, created)) in ticks {
         assert_eq!(*n, 1, "tick {tick} fired {n} times: {ticks:?}");
         assert_eq!(tick.as_millisecond() % 1000, 0, "ticks fall on whole seconds: {tick}");
         let late = created.duration_since(*tick);
         assert!(late >= jiff::SignedDuration::ZERO, "tick {tick} fired early, at {created}");
-        assert!(late < jiff::SignedDuration::from_secs(3), "tick {tick} fired {late:?} late");
+        assert!(excused(*tick) || late < jiff::SignedDuration::from_secs(3), "tick {tick} fired {late:?} late");
     }
 }
 
@@ -68,7 +70,7 @@ async fn three_workers_fire_each_tick_once_and_a_killed_leader_changes_nothing()
     })
     .await;
     let before_kill: BTreeMap<_, _> = ticks(&db.store).await.into_iter().skip(1).collect();
-    assert_once_each_on_time(&before_kill);
+    assert_once_each_on_time(&before_kill, |_| false);
 
     workers[leader].kill9();
     let killed_at = Timestamp::now();
@@ -80,7 +82,11 @@ async fn three_workers_fire_each_tick_once_and_a_killed_leader_changes_nothing()
     // The first tick fired may be late, and leave one out, by as long as the workers took to
     // start and elect a leader; from then on every tick fires on time.
     let all: BTreeMap<_, _> = ticks(&db.store).await.into_iter().skip(1).collect();
-    assert_once_each_on_time(&all);
+    // The new leader's first fire is a catch-up of the ticks due since the kill: it is as late
+    // as the take-over was slow (the dead leader's lock freed, a survivor's next campaign),
+    // which a loaded machine stretches. Every tick after it is held to the bound again.
+    let takeover = all.values().map(|(_, created)| *created).filter(|c| *c > killed_at).min().expect("a fire after the kill");
+    assert_once_each_on_time(&all, |tick| tick > killed_at - jiff::SignedDuration::from_secs(1) && tick <= takeover);
     // A new leader took over: the survivors' logs say so.
     assert!(
         workers.iter().enumerate().any(|(i, w)| i != leader && w.log_text().contains("became the maintenance leader")),

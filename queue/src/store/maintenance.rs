@@ -155,8 +155,10 @@ pub enum LeaderRole {
     /// The scheduler, rescuer, expirer, cron, count folding and replay rules: workers and the
     /// server campaign for it (a server with no worker keeps jobs moving on its own).
     Maintenance,
-    /// Retention (the pruner). Only workers campaign for it: their configuration says what is
-    /// kept, and a server that took the maintenance lead first must not leave nothing pruned.
+    /// Retention (the pruner). Workers campaign for it, and a server only when told to prune
+    /// (`--prune`, for a deployment with no Rebound worker): what is kept is configured where
+    /// the pruner runs. Apart from `Maintenance`, since a server that took that lead first
+    /// must not leave nothing pruned.
     Pruning,
 }
 

@@ -381,8 +381,14 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
     let worker = worker_id(&f, true)?.unwrap_or(ANONYMOUS_WORKER);
     let (ids, claimed_count) = heartbeat_jobs(&f)?;
     let vis = visibility(&f)?;
-    // Read before any claim is extended, so a bad field changes nothing.
+    // Every field is read before any claim is extended, so a bad one changes nothing.
     let about = heartbeat_worker(&f, worker)?;
+    // The worker's own state (graceful shutdown: `quiet` while draining, `terminate` at the end).
+    let own_state = f.str("state")?;
+    let stopping = matches!(own_state, Some("quiet" | "terminate" | "terminated" | "stopping"));
+    // What the client says it uses (the `worker.heartbeat` event's optional fields): a
+    // petabyte and a thousand cores are bounds no real process passes.
+    let usage = ProcessUsage { memory_mb: f.f64_in("memory_mb", 0.0, 1e9)?, cpu_percent: f.f64_in("cpu_percent", 0.0, 100_000.0)? };
     // Any holder's claim is extended: OJS workers need not send the id they fetched with.
     // A job whose row another request is writing (its ack, most likely) is `busy`: still
     // held, left for the next beat rather than waited for.
@@ -393,12 +399,6 @@ pub async fn heartbeat(State(state): State<AppState>, body: JsonObject) -> Resul
     } else if held.extended.len() + held.busy.len() < ids.len() {
         warn_lapsed(&state, worker, ids.iter().filter(|id| !held.extended.contains(id) && !held.busy.contains(id))).await;
     }
-    // The worker's own state (graceful shutdown: `quiet` while draining, `terminate` at the end).
-    let own_state = f.str("state")?;
-    let stopping = matches!(own_state, Some("quiet" | "terminate" | "terminated" | "stopping"));
-    // What the client says it uses (the `worker.heartbeat` event's optional fields): a
-    // petabyte and a thousand cores are bounds no real process passes.
-    let usage = ProcessUsage { memory_mb: f.f64_in("memory_mb", 0.0, 1e9)?, cpu_percent: f.f64_in("cpu_percent", 0.0, 100_000.0)? };
     let requested = state.store.ojs_worker_beat_as(&about, i32::try_from(said_running).unwrap_or(i32::MAX), stopping, usage).await?;
     let directive = match requested.as_deref() {
         Some("terminate") => "terminate",

@@ -84,6 +84,14 @@ async fn heartbeats_accept_active_job_ids_and_a_numeric_count() {
     let r = s.post("/ojs/v1/workers/fetch", json!({"queues": ["hb"], "worker_id": "js-1", "visibility_timeout_ms": 1000})).await;
     assert_eq!(r.body["jobs"][0]["id"], job["id"]);
     let before = s.db.store.job(id(&job).parse().expect("uuid")).await.expect("job").lock_expires_at.expect("locked");
+    // A beat refused for any of its fields extends nothing: the claim stands as it was.
+    for (field, bad) in [("state", json!(7)), ("memory_mb", json!("12 MB")), ("cpu_percent", json!(-3)), ("concurrency", json!(-1))] {
+        let beat = json!({"worker_id": "js-1", "active_jobs": [job["id"]], "visibility_timeout_ms": 86_400_000, field: bad});
+        let r = s.post("/ojs/v1/workers/heartbeat", beat).await;
+        assert_eq!((r.status, r.error_field()), (StatusCode::BAD_REQUEST, Some(field)), "{field} = {bad}: {}", r.text);
+        let now = s.db.store.job(id(&job).parse().expect("uuid")).await.expect("job").lock_expires_at;
+        assert_eq!(now, Some(before), "a refused beat ({field}) left the claim as it was");
+    }
     // The JS / Go SDK shape: a count in `active_jobs`, the ids in `active_job_ids`.
     let r = s.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "js-1", "active_jobs": 1, "active_job_ids": [job["id"]], "visibility_timeout_ms": 60000})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);

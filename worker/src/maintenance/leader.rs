@@ -39,7 +39,7 @@ impl Maintenance {
     }
 
     /// Campaigns and leads until `shutdown`; leadership is given up on the way out. Pruning
-    /// is a leadership of its own, which only workers seek: a server that leads the rest
+    /// is a leadership of its own, which a server seeks only when told to prune: a server that leads the rest
     /// (it campaigns too, and may have started first) does not stop retention.
     pub async fn run(self, shutdown: CancellationToken) {
         let maintenance = self.campaign(LeaderRole::Maintenance, &shutdown);

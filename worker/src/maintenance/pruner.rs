@@ -6,52 +6,24 @@
 //! jobs it names) age out the same way; policy snapshots no attempt refers to any more are
 //! swept once a day (it reads the whole attempt history).
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rebound_queue::store::{PruneConfig, PruneReport};
+use rebound_queue::retention::RetentionPass;
+use rebound_queue::store::PruneConfig;
 use rebound_queue::{Store, StoreError};
 
 use super::MaintenanceService;
 
+/// Retention as one of the worker's maintenance services (the pass itself is the queue
+/// crate's, which the server runs too when it prunes).
 pub struct Pruner {
     pub interval: Duration,
-    pub retention: PruneConfig,
-    snapshots_swept: Mutex<Option<Instant>>,
+    pub pass: RetentionPass,
 }
-
-/// How often unreferenced policy snapshots are swept.
-const SNAPSHOT_SWEEP_EVERY: Duration = Duration::from_secs(24 * 3600);
-/// How soon a sweep that failed (a lock not had within its timeout, say) is tried again.
-const SNAPSHOT_SWEEP_RETRY: Duration = Duration::from_secs(3600);
 
 impl Pruner {
     pub fn new(interval: Duration, retention: PruneConfig) -> Pruner {
-        Pruner { interval, retention, snapshots_swept: Mutex::new(None) }
-    }
-
-    /// True (and remembered) when the daily snapshot sweep is due.
-    fn snapshot_sweep_due(&self) -> bool {
-        let Ok(mut last) = self.snapshots_swept.lock() else { return false };
-        if last.is_some_and(|at| at.elapsed() < SNAPSHOT_SWEEP_EVERY) {
-            return false;
-        }
-        *last = Some(Instant::now());
-        true
-    }
-
-    /// Makes the next sweep due within [`SNAPSHOT_SWEEP_RETRY`] rather than a day.
-    fn sweep_again_soon(&self) {
-        if let Ok(mut last) = self.snapshots_swept.lock() {
-            *last = Instant::now().checked_sub(SNAPSHOT_SWEEP_EVERY - SNAPSHOT_SWEEP_RETRY);
-        }
-    }
-
-    /// Whether a pass deleted a full batch of something.
-    fn hit_limit(&self, r: &PruneReport) -> bool {
-        let batch = self.retention.batch.max(1) as u64;
-        r.completed >= batch || r.discarded >= batch || r.dead_letters >= batch || r.audit >= batch || r.cron_runs >= batch || r.transitions >= batch || r.heartbeats >= batch || r.progress >= batch || r.worker_events >= batch || r.dead_letter_events >= batch
-            || r.workflows >= batch || r.workflow_events >= batch || r.rate_limit_events >= batch || r.rate_limit_keys >= batch
+        Pruner { interval, pass: RetentionPass::new(retention) }
     }
 }
 
@@ -65,25 +37,7 @@ impl MaintenanceService for Pruner {
     }
 
     async fn run_once(&self, store: &Store) -> Result<bool, StoreError> {
-        let report = store.prune(&self.retention).await?;
-        if report != PruneReport::default() {
-            tracing::info!(completed = report.completed, discarded = report.discarded, dead_letters = report.dead_letters,
-                workers = report.workers, audit = report.audit, cron_runs = report.cron_runs, transitions = report.transitions, heartbeats = report.heartbeats, progress = report.progress, worker_events = report.worker_events,
-                dead_letter_events = report.dead_letter_events, workflows = report.workflows, workflow_events = report.workflow_events, rate_limit_events = report.rate_limit_events, rate_limit_keys = report.rate_limit_keys, "pruned old jobs");
-        }
-        // A failed sweep is reported here, not returned: the pass above has pruned, and whether
-        // it left a backlog to go on with at once must not be lost with the sweep's error.
-        if self.snapshot_sweep_due() {
-            match store.prune_policy_snapshots().await {
-                Ok(0) => {}
-                Ok(swept) => tracing::info!(policy_snapshots = swept, "pruned policy snapshots no attempt refers to"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not sweep the policy snapshots; trying again within the hour");
-                    self.sweep_again_soon();
-                }
-            }
-        }
-        Ok(self.hit_limit(&report))
+        self.pass.run(store).await
     }
 }
 
@@ -144,7 +98,7 @@ mod tests {
         assert!(db.store.get_job(dead[2]).await.unwrap().is_some());
 
         // A full batch asks for another pass at once.
-        let batch_of_one = Pruner::new(Duration::from_secs(60), PruneConfig { batch: 1, dead_letters_per_queue: 0, ..pruner.retention.clone() });
+        let batch_of_one = Pruner::new(Duration::from_secs(60), PruneConfig { batch: 1, dead_letters_per_queue: 0, ..pruner.pass.config.clone() });
         assert!(batch_of_one.run_once(&db.store).await.unwrap());
     }
 }
