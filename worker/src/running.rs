@@ -60,10 +60,20 @@ impl RunningJobs {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts holding a claimed job; the token fires if the job is lost.
+    /// Starts holding a claimed job; the token fires if the job is lost. A run of the same job
+    /// still held here is over: the database handed the job out again (an operator cancelled
+    /// and retried it, or it was rescued while this worker was cut off, and this worker's
+    /// claim took it before a heartbeat told it so), so its handler is told to stop, as for a
+    /// job lost, rather than running on beside the new run.
     pub fn hold(&self, id: Uuid, run: Run, visibility: Duration) -> CancellationToken {
         let lost = CancellationToken::new();
-        self.lock().insert(id, Held { run, visibility, lost: lost.clone() });
+        let earlier = self.lock().insert(id, Held { run, visibility, lost: lost.clone() });
+        if let Some(earlier) = earlier {
+            if !earlier.lost.is_cancelled() {
+                tracing::warn!(job_id = %id, attempt = earlier.run.attempt, "claimed again while an earlier run of it was still held here; that run is stopped");
+            }
+            earlier.lost.cancel();
+        }
         // Claimed again, its abandoned run is over (rescued): known now by the new one.
         self.abandoned.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         lost
@@ -203,6 +213,22 @@ mod tests {
         assert!(!lost.is_cancelled());
         running.release(id, new);
         assert!(running.is_empty());
+    }
+
+    #[test]
+    fn a_run_still_held_when_its_job_is_claimed_again_is_stopped() {
+        // Cancelled and retried by an operator (or rescued while this worker was cut off) and
+        // claimed by this worker again before a heartbeat said the first run was lost.
+        let running = RunningJobs::new();
+        let id = Uuid::now_v7();
+        let t0 = Timestamp::from_second(1_800_000_000).unwrap();
+        let first = running.hold(id, Run::new(1, Some(t0)), Duration::from_secs(30));
+        let second = running.hold(id, Run::new(2, Some(t0 + jiff::SignedDuration::from_secs(3))), Duration::from_secs(30));
+        assert!(first.is_cancelled(), "the earlier run's handler is told to stop");
+        assert!(!second.is_cancelled());
+        // Settling the earlier run, whatever its writer says, leaves the new one alone.
+        running.lose(&[(id, Run::new(1, Some(t0)))]);
+        assert!(!second.is_cancelled() && running.contains(id));
     }
 
     #[test]

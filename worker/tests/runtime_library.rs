@@ -498,3 +498,58 @@ async fn a_graph_s_join_runs_through_the_worker_reading_each_upstream_result_by_
     assert_eq!(join, Some(("join".to_string(), [Some(json!({"node": "left"})), Some(json!({"node": "right"}))], 0)), "{seen:?}");
     assert_eq!(seen.last().map(|(n, _, _)| n.as_str()), Some("join"), "after both: {seen:?}");
 }
+
+/// Sets its flag when dropped: the worker stops a handler by dropping its future.
+struct Stopped(Arc<AtomicBool>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn a_run_is_stopped_when_its_job_is_cancelled_retried_and_claimed_here_again() {
+    let db = TestDb::new().await;
+    let first_stopped = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicUsize::new(0));
+    let (stopped, runs) = (first_stopped.clone(), started.clone());
+    let worker = quick(Worker::builder(db.store.clone()))
+        // No heartbeat in this test's time: only the new claim can tell the worker the first
+        // run is over.
+        .configure(|s| s.heartbeat_interval = Duration::from_secs(120))
+        .queue("default", 2)
+        .handler(
+            "lib.long",
+            handler_fn(move |job| {
+                let n = runs.fetch_add(1, Ordering::SeqCst);
+                let guard = (n == 0).then(|| Stopped(stopped.clone()));
+                async move {
+                    // Only the first run takes long (a retry starts the attempts afresh).
+                    if let Some(_guard) = guard {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
+                    Ok(Some(json!({"attempt": job.attempt()})))
+                }
+            }),
+        )
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+    let id = db.store.enqueue(NewJob::new("lib.long", json!([]))).await.unwrap().job.id;
+    eventually("the first run to start", Duration::from_secs(10), || async { (started.load(Ordering::SeqCst) == 1).then_some(()) }).await;
+
+    // An operator cancels it, and retries it at once: this worker claims it again.
+    let ops = Actor::new("ops");
+    db.store.cancel(id, Some(&ops)).await.unwrap();
+    let report = db.store.retry_finished_jobs(&rebound_queue::store::JobSelection::Ids(vec![id]), &ops).await.unwrap();
+    assert_eq!(report.succeeded, 1, "{report:?}");
+    let done = wait_state(&db.store, id, JobState::Completed).await;
+    assert_eq!(done.result, Some(json!({"attempt": 1})), "the retry started the attempts afresh");
+    eventually("the first run to be stopped", Duration::from_secs(10), || async { first_stopped.load(Ordering::SeqCst).then_some(()) }).await;
+    let history = db.store.attempts(id).await.unwrap();
+    assert_eq!(started.load(Ordering::SeqCst), 2, "{:?}", history.iter().map(|a| (a.attempt, a.outcome.as_str(), a.error_message.clone())).collect::<Vec<_>>());
+    shutdown.cancel();
+    run.await.unwrap();
+}
