@@ -368,6 +368,34 @@ async fn finished_workflows_age_out_with_their_jobs_retention() {
 }
 
 #[tokio::test]
+async fn a_running_workflow_s_finished_steps_outlive_their_retention_until_it_finishes() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let at_once = rebound_queue::store::PruneConfig { completed_after: Duration::ZERO, ..Default::default() };
+    let wf = s.create_workflow(workflow(WorkflowType::Chain, vec![job("c.a", json!([])), job("c.b", json!([])), job("c.c", json!([]))])).await.unwrap();
+    let a = claim(s, 1).await.remove(0);
+    complete(s, &a, json!("a")).await;
+    // Beside it, a plain job finished as long ago: pruned.
+    let plain = s.enqueue(job("plain", json!([]))).await.unwrap().job;
+    let b = claim(s, 10).await;
+    let (b, p): (Vec<Job>, Vec<Job>) = b.into_iter().partition(|j| j.id != plain.id);
+    complete(s, &p[0], json!("p")).await;
+    assert_eq!(s.prune(&at_once).await.unwrap().completed, 1);
+    assert!(s.get_job(plain.id).await.unwrap().is_none());
+    assert!(s.get_job(a.id).await.unwrap().is_some(), "the chain's first step is kept while the chain runs");
+
+    // The third step is owed both results, by index.
+    complete(s, &b[0], json!("b")).await;
+    assert_eq!(s.prune(&at_once).await.unwrap().completed, 0);
+    let c = claim(s, 1).await.remove(0);
+    assert_eq!(c.extra["parent_results"], json!(["a", "b"]));
+    complete(s, &c, json!("c")).await;
+    assert_eq!(get(s, wf.id).await.state, "completed");
+    // Finished, its steps age out as any job does.
+    assert_eq!(s.prune(&at_once).await.unwrap().completed, 3);
+}
+
+#[tokio::test]
 async fn creating_or_cancelling_cut_off_midway_leaves_nothing_half_done() {
     let db = TestDb::new().await;
     let proxy = FaultProxy::in_front_of(&db.url).await;

@@ -380,7 +380,8 @@ impl Store {
     /// created, and ids are UUIDv7). The candidates are read from the listing index's lanes
     /// alone (an index-only read); the finish time is checked on the candidates' rows, so a
     /// window of candidates that were created long ago but finished recently is stepped over,
-    /// a few windows per call. Returns how many went.
+    /// a few windows per call. A finished member of an unfinished workflow is kept until its
+    /// workflow finishes (its result is owed to the steps after it). Returns how many went.
     async fn prune_finished(&self, states: &[JobState], finished: &'static str, after: Duration, batch: i64, scope: PruneScope<'_>) -> Result<u64, StoreError> {
         let after = millis(after);
         let (only, but): (Option<&str>, &[String]) = match scope {
@@ -415,7 +416,11 @@ impl Store {
             ))
             .push_bind(after)
             .push(
-                " * interval '1 millisecond' RETURNING x.id
+                " * interval '1 millisecond'
+                       -- A member of a workflow still running is kept: its later steps and
+                       -- callbacks read its result from its row when they are released.
+                       AND (x.workflow_id IS NULL OR NOT EXISTS (SELECT 1 FROM workflows w WHERE w.id = x.workflow_id AND w.finished_at IS NULL))
+                     RETURNING x.id
                  ), history AS (DELETE FROM job_attempts a WHERE a.job_id = ANY(ARRAY(SELECT id FROM gone)))
                  SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM candidates),
                         (SELECT id FROM candidates ORDER BY id DESC LIMIT 1)",
