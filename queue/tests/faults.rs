@@ -305,6 +305,37 @@ async fn a_heartbeat_extends_what_is_held_and_hands_back_lapsed_jobs_it_does_not
     assert!(!s.worker_beat(&beat).await.unwrap().registered);
 }
 
+/// A worker restarted under the same configured id (its predecessor killed mid-job) knows none
+/// of the jobs its predecessor ran: they did start, so they are the rescuer's, which counts
+/// the attempt, and never handed back uncounted by the new process's heartbeat or sweep. A job
+/// that crashes its worker each time would otherwise run for ever, never charged.
+#[tokio::test]
+async fn a_process_reusing_a_crashed_predecessor_s_id_hands_back_none_of_its_jobs() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    let predecessor = w1_holding(s, 2).await;
+    sqlx::query("UPDATE jobs SET lock_expires_at = now() - interval '1 second' WHERE id = ANY($1)").bind(&predecessor).execute(s.pool()).await.unwrap();
+    // The successor registers as w1, and its own claim's answer is lost.
+    let registration = WorkerRegistration { id: "w1".into(), host: "h".into(), pid: 1, queues: vec!["default".into()], concurrency: 4, version: "t".into() };
+    s.register_worker(&registration).await.unwrap();
+    let own = s.enqueue(NewJob::new("t.beat", json!(["own"]))).await.unwrap().job.id;
+    assert_eq!(s.claim(&claim_req("w1", 1, Duration::from_secs(60))).await.unwrap()[0].id, own);
+
+    let beat = WorkerBeat { worker_id: "w1", held: &[], known: &[], running: 0, status: WorkerStatus::Ready, detail: None, usage: Default::default() };
+    assert!(s.worker_beat(&beat).await.unwrap().released.is_empty(), "the predecessor's lapsed jobs are not this process's orphans");
+    let swept: Vec<Uuid> = s.release_orphans("w1", &[]).await.unwrap().into_iter().map(|j| j.id).collect();
+    assert_eq!(swept, vec![own], "only its own unknown claim is handed back");
+    for id in &predecessor {
+        assert_eq!(s.job(*id).await.unwrap().state, JobState::Active, "left for the rescuer");
+    }
+    let rescued = s.rescue_expired(10).await.unwrap();
+    assert_eq!(rescued.stalled, 2, "{rescued:?}");
+    for id in &predecessor {
+        let history = s.attempts(*id).await.unwrap();
+        assert_eq!(history.iter().map(|a| (a.attempt, a.outcome.as_str())).collect::<Vec<_>>(), vec![(1, "retried")], "the crashed run is counted");
+    }
+}
+
 #[tokio::test]
 async fn a_heartbeat_never_waits_for_a_held_job_whose_result_is_being_written() {
     let db = TestDb::new().await;

@@ -174,14 +174,21 @@ impl Store {
     /// that is not in `known`: the worker holds everything it runs, so a job it does not know
     /// is one whose claim committed while the answer was lost with the connection. It never
     /// started, so it costs nothing. Jobs claimed by a claim still in flight must be in
-    /// `known` (or the caller must have no claim in flight). Returns the jobs handed back.
+    /// `known` (or the caller must have no claim in flight). Only jobs claimed since the worker
+    /// last registered are its own: a process that reuses a configured id after its
+    /// predecessor crashed must not hand back, uncounted, the jobs that predecessor was
+    /// running (they did start, and one that crashed its worker would never be charged).
+    /// Returns the jobs handed back.
     pub async fn release_orphans(&self, worker_id: &str, known: &[Uuid]) -> Result<Vec<Job>, StoreError> {
-        let rows = sqlx::query(release_sql!("j.locked_by = $2 AND NOT (j.id = ANY($1))"))
-            .bind(known)
-            .bind(worker_id)
-            .bind(ORPHAN_REASON)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(release_sql!(
+            "j.locked_by = $2 AND NOT (j.id = ANY($1))
+       AND j.started_at >= COALESCE((SELECT w.started_at FROM workers w WHERE w.id = $2), '-infinity')"
+        ))
+        .bind(known)
+        .bind(worker_id)
+        .bind(ORPHAN_REASON)
+        .fetch_all(&self.pool)
+        .await?;
         jobs_from_rows(&rows)
     }
 

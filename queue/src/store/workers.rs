@@ -120,7 +120,9 @@ macro_rules! beat_logged {
 // One statement, so a worker's row is never fresher than its jobs' locks, and a lost claim's
 // jobs are handed back by the next heartbeat after their lock lapses even if the worker never
 // noticed the claim fail: the rescuer, which must count the attempt, is never their only way
-// back. The two updates of `jobs` touch disjoint rows (held / not known).
+// back. The two updates of `jobs` touch disjoint rows (held / not known). As in
+// `Store::release_orphans`, only jobs claimed since the worker's registration are handed back:
+// a process reusing a crashed predecessor's id leaves that one's runs to the rescuer.
 //
 // The held jobs include those whose results the worker is writing at that very moment, in
 // batches that lock their rows in their own order. A heartbeat that waited for those rows
@@ -133,7 +135,8 @@ const BEAT: &str = concat!(
     held_ctes!("locked_by = $2", "COALESCE(visibility_timeout_ms, 30000)"),
     ", ",
     release_ctes!(
-        "j.locked_by = $2 AND NOT (j.id = ANY($3)) AND j.lock_expires_at <= now()",
+        "j.locked_by = $2 AND NOT (j.id = ANY($3)) AND j.lock_expires_at <= now()
+       AND j.started_at >= COALESCE((SELECT w.started_at FROM workers w WHERE w.id = $2), '-infinity')",
         "$7",
         "j.id, j.attempt, j.started_at, j.queue"
     ),
@@ -187,12 +190,14 @@ pub struct WorkerInfo {
 }
 
 impl Store {
-    /// Registers (or re-registers) a worker.
+    /// Registers (or re-registers) a worker. Its `started_at` is now: only the jobs it claims
+    /// from now on can be handed back as its orphans (see [`Store::release_orphans`]), which
+    /// matters when a process reuses the id of one that crashed.
     pub async fn register_worker(&self, w: &WorkerRegistration) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO workers (id, host, pid, queues, concurrency, version, started_at, last_heartbeat_at)
              VALUES ($1, $2, $3, $4, $5, $6, now(), now())
-             ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, queues = EXCLUDED.queues,
+             ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, queues = EXCLUDED.queues, started_at = now(),
                  concurrency = EXCLUDED.concurrency, version = EXCLUDED.version, last_heartbeat_at = now(), stopping = false,
                  status = 'ready', status_detail = NULL, status_since = now(), memory_mb = NULL, cpu_percent = NULL",
         )
