@@ -380,7 +380,11 @@ async fn per_attempt_timeouts_are_failed_attempts_with_backoff() {
     assert_eq!(s.rescue_expired(100).await.unwrap().timed_out, 1, "past it, its lock still held");
     let job = s.job(id).await.unwrap();
     assert_eq!(job.state, JobState::Retryable);
-    assert_eq!(job.last_error.unwrap()["type"], "rebound.timeout");
+    let error = job.last_error.unwrap();
+    assert_eq!(error["type"], "rebound.timeout");
+    // Judged, and timed, by the database's clock.
+    let elapsed = error["details"]["elapsed_seconds"].as_f64().unwrap_or(0.0);
+    assert!((31.0..60.0).contains(&elapsed), "{error}");
 }
 
 #[tokio::test]

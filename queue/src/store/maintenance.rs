@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use uuid::Uuid;
 use sqlx::pool::PoolConnection;
-use sqlx::{Postgres, QueryBuilder};
+use sqlx::{Postgres, QueryBuilder, Row};
 
 use super::fail::{FailedRun, apply_failures};
 use super::policies::PolicyLayers;
@@ -273,7 +273,12 @@ impl Store {
     pub async fn rescue_expired(&self, limit: i64) -> Result<RescueReport, StoreError> {
         let mut tx = self.begin().await?;
         let rows = sqlx::query(
-            "SELECT * FROM jobs
+            // Timed out or stalled, and for how long it ran, on the database's clock, the one
+            // that chose the job: by this host's, a job chosen for its timeout could be taken
+            // for a stalled one and re-run at once while its holder still runs it.
+            "SELECT *, (timeout_ms IS NOT NULL AND started_at + LEAST(timeout_ms, 604800000) * interval '1 millisecond' < now()) AS rescued_for_timeout,
+                    GREATEST(extract(epoch FROM now() - started_at), 0)::float8 AS rescued_after_s
+             FROM jobs
              WHERE state = 'active'
                -- Nobody could extend a lock or deliver a result while the database was down.
                -- After a restart, neither a lock nor a timeout lapses sooner than one visibility
@@ -291,20 +296,15 @@ impl Store {
         .bind(limit)
         .fetch_all(&mut *tx)
         .await?;
-        let now = jiff::Timestamp::now();
         let mut report = RescueReport::default();
+        let judged: Vec<(bool, Option<f64>)> = rows
+            .iter()
+            .map(|r| Ok((r.try_get::<Option<bool>, _>("rescued_for_timeout")?.unwrap_or(false), r.try_get::<Option<f64>, _>("rescued_after_s")?)))
+            .collect::<Result<_, sqlx::Error>>()?;
         let runs: Vec<FailedRun> = jobs_from_rows(&rows)?
             .into_iter()
-            .map(|job| {
-                let timed_out = match (job.timeout_ms, job.started_at) {
-                    (Some(ms), Some(started)) => {
-                        started.as_millisecond().saturating_add(ms.min(crate::bounds::MAX_TIMEOUT_MS)) < now.as_millisecond()
-                    }
-                    _ => false,
-                };
-                // By this process's clock against the database's start time: a skew of a few
-                // milliseconds shows, a negative one does not.
-                let elapsed_seconds = job.started_at.map(|t| (now.duration_since(t).as_millis().max(0) as f64) / 1000.0);
+            .zip(judged)
+            .map(|(job, (timed_out, elapsed_seconds))| {
                 // The OJS shape of a timeout error (ojs-timeouts §8), which its `job.timeout` or
                 // `job.stalled` event repeats.
                 let details = |kind: &str, limit_ms: i64| {
