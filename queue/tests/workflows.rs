@@ -970,6 +970,23 @@ async fn workflow_jobs_that_cannot_run_on_their_own_are_refused_a_retry() {
     assert_eq!(s.job(standing).await.unwrap().state, JobState::Discarded);
     let report = s.retry_finished_jobs(&rebound_queue::store::JobSelection::Ids(vec![standing]), &actor).await.unwrap();
     assert_eq!((report.succeeded, report.refused.len()), (0, 1));
+
+    // A failed chain's later step, cancelled unrun: refused. The failed step may run again.
+    let wf = s.create_workflow(workflow(WorkflowType::Chain, vec![job("k.a", json!([])), job("k.b", json!([]))])).await.unwrap();
+    let first = claim_types(s).await.into_iter().find(|j| j.job_type == "k.a").expect("k.a");
+    fail_for_good(s, &first).await;
+    let later = get(s, wf.id).await.members[1].job_id;
+    assert_eq!(s.job(later).await.unwrap().state, JobState::Cancelled);
+    let report = s.retry_finished_jobs(&rebound_queue::store::JobSelection::Ids(vec![later, first.id]), &actor).await.unwrap();
+    assert_eq!(report.succeeded, 1, "{report:?}");
+    assert!(report.refused.iter().any(|(id, why)| *id == later && why.contains("workflow")), "{:?}", report.refused);
+    assert_eq!(s.job(later).await.unwrap().state, JobState::Cancelled);
+    // A job cancelled while it ran did run: it may be retried like any failed one.
+    let wf = s.create_workflow(workflow(WorkflowType::Group, vec![job("k.g", json!([]))])).await.unwrap();
+    let running = claim_types(s).await.into_iter().find(|j| j.job_type == "k.g").expect("k.g");
+    s.cancel(running.id, None).await.unwrap();
+    assert_eq!(get(s, wf.id).await.state, "failed");
+    assert_eq!(s.retry_finished_jobs(&rebound_queue::store::JobSelection::Ids(vec![running.id]), &actor).await.unwrap().succeeded, 1);
 }
 
 #[tokio::test]

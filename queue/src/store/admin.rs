@@ -154,6 +154,10 @@ impl Store {
         let states: Vec<(Uuid, JobState, bool)> = sqlx::query_as(
             "SELECT id, state,
                     COALESCE(last_error->>'type' = 'rebound.upstream_failed', false)
+                    -- Cancelled by its workflow (or with it) before it ever ran: a chain's later
+                    -- steps, a batch's callbacks that did not apply. Run alone, it would run
+                    -- out of its order, without the results it is owed.
+                    OR (state = 'cancelled' AND workflow_id IS NOT NULL AND started_at IS NULL)
                     OR EXISTS (SELECT 1 FROM workflows c WHERE c.parent_job = jobs.id) AS held
              FROM jobs WHERE id = ANY($1) AND state::text = ANY($2) ORDER BY id FOR UPDATE OF jobs",
         )
@@ -196,7 +200,7 @@ impl Store {
                 .into_iter()
                 .take(100)
                 .map(|(id, s, held)| match held && eligible.states.contains(&s) {
-                    true => (id, "job belongs to a workflow that decides when it runs (a skipped graph step, or the job standing for a nested workflow)".to_string()),
+                    true => (id, "job belongs to a workflow that decides when it runs (a step or callback it cancelled before it ran, or the job standing for a nested workflow)".to_string()),
                     false => (id, format!("job is {s}; only {} jobs qualify", allowed.join(" or "))),
                 })
                 .collect(),
