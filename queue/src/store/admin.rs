@@ -14,13 +14,9 @@ use uuid::Uuid;
 use super::audit::{Actor, record};
 use super::cancel::{BULK_LIMIT, JobSelection};
 use super::listing::JobFilter;
-use super::complete::release_ctes;
 use super::notify::notify_queues;
 use super::{Store, StoreError, millis, ts_opt};
 use crate::job::JobState;
-
-/// Why [`Store::deregister_stale_worker`] handed a job back, as its `released` row says.
-pub const DEREGISTERED_REASON: &str = "its worker was deregistered as stale by an operator; the attempt is not counted";
 
 /// What a bulk action did to the jobs a filter matched.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -310,9 +306,13 @@ impl Store {
         Ok(!blocked)
     }
 
-    /// Forgets a worker that has been silent for at least `stale_after` and hands its active
-    /// jobs back (`available`, the attempt not counted). `Ok(None)` if no such worker;
-    /// [`StoreError::Invalid`] if it is not stale. Returns how many jobs were released. Audited.
+    /// Forgets a worker that has been silent for at least `stale_after`, and reschedules its
+    /// active jobs as the rescuer does for any worker that died: each whose lock has lapsed is
+    /// a failed attempt (`rebound.stalled`, counted: it may have run, and a job that kills its
+    /// worker must spend its budget) and its policy decides what follows; one whose lock still
+    /// holds is left until it lapses (the worker may only be cut off, and still running it).
+    /// `Ok(None)` if no such worker; [`StoreError::Invalid`] if it is not stale. Returns how
+    /// many jobs were rescheduled now. Audited.
     pub async fn deregister_stale_worker(&self, id: &str, stale_after: Duration, actor: &Actor) -> Result<Option<u64>, StoreError> {
         let mut tx = self.begin().await?;
         let row = sqlx::query("SELECT last_heartbeat_at < now() - $2 * interval '1 millisecond' AS stale FROM workers WHERE id = $1 FOR UPDATE")
@@ -328,22 +328,12 @@ impl Store {
             tx.rollback().await?;
             return Err(StoreError::invalid("id", format!("worker {id} sent a heartbeat within the last {}s; only stale workers can be deregistered (ask it to go quiet instead)", stale_after.as_secs())));
         }
-        // Handed back as a worker's own release hands them back: each execution cut short
-        // keeps a `released` row of its history, with why (before, it left none).
-        let released: i64 = sqlx::query_scalar(concat!(
-            "WITH ",
-            release_ctes!("j.locked_by = $1", "$2", "j.id, j.attempt, j.started_at, j.queue"),
-            " SELECT count(*) FROM released WHERE (SELECT count(*) FROM woken) >= 0"
-        ))
-        .bind(id)
-        .bind(DEREGISTERED_REASON)
-        .fetch_one(&mut *tx)
-        .await?;
         sqlx::query("DELETE FROM workers WHERE id = $1").bind(id).execute(&mut *tx).await?;
-        let released = released as u64;
-        record(&mut tx, actor, "worker.deregister", Some(id), json!({"released": released})).await?;
+        record(&mut tx, actor, "worker.deregister", Some(id), json!({})).await?;
         tx.commit().await?;
-        Ok(Some(released))
+        // After the commit, as the rescuer's own pass: cut off here, the rescuer does it later.
+        let rescued = self.rescue(BULK_LIMIT, Some(id)).await?;
+        Ok(Some(rescued.stalled + rescued.timed_out))
     }
 
     /// Ids of the jobs a worker is running.

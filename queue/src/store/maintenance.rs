@@ -271,6 +271,11 @@ impl Store {
     /// provably never started are the ones a live worker claimed without receiving them; it
     /// hands those back itself, uncounted ([`Store::release_orphans`], [`Store::worker_beat`]).
     pub async fn rescue_expired(&self, limit: i64) -> Result<RescueReport, StoreError> {
+        self.rescue(limit, None).await
+    }
+
+    /// [`Store::rescue_expired`] for the jobs of one worker only.
+    pub(crate) async fn rescue(&self, limit: i64, worker: Option<&str>) -> Result<RescueReport, StoreError> {
         let mut tx = self.begin().await?;
         let rows = sqlx::query(
             // Timed out or stalled, and for how long it ran, on the database's clock, the one
@@ -291,9 +296,11 @@ impl Store {
                     -- A worker enforces the timeout itself; this is the backstop for one that
                     -- does not (an OJS client that keeps beating), so it applies at the deadline.
                     OR (timeout_ms IS NOT NULL AND started_at + LEAST(timeout_ms, 604800000) * interval '1 millisecond' < now()))
+               AND ($2::text IS NULL OR locked_by = $2)
              ORDER BY lock_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED",
         )
         .bind(limit)
+        .bind(worker)
         .fetch_all(&mut *tx)
         .await?;
         let mut report = RescueReport::default();

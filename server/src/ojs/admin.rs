@@ -482,7 +482,10 @@ pub async fn quiet_worker(State(state): State<AppState>, caller: Caller, Path(id
     Ok(Json(json!({ "id": id, "requested_state": "quiet" })))
 }
 
-/// `DELETE /admin/workers/{id}`: only a stale worker; its active jobs go back to `available`.
+/// `DELETE /admin/workers/{id}`: only a stale worker. Its active jobs whose claims have lapsed
+/// are rescheduled at once as the rescuer reschedules a dead worker's (the attempt counted);
+/// `released_jobs` says how many. The others are left until their claims lapse: the worker
+/// may only be cut off, and still running them.
 pub async fn deregister_worker(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     match state.store.deregister_stale_worker(&id, STALE_AFTER, &caller.actor()).await {
         Ok(Some(released)) => Ok(Json(json!({ "deleted": true, "id": id, "released_jobs": released }))),

@@ -422,25 +422,36 @@ async fn workers_quiet_and_stale_deregistration() {
     assert_eq!(s.post("/ojs/v1/workers/fetch", json!({"queues": ["gs"], "worker_id": "w-2"})).await.body["jobs"], json!([]));
     assert_eq!(s.post("/ojs/v1/workers/fetch", json!({"queues": ["gs"], "worker_id": "w-3"})).await.body["jobs"].as_array().map(Vec::len), Some(1));
 
-    // A live worker cannot be deregistered; a stale one can, and its jobs go back.
+    // A live worker cannot be deregistered; a stale one can. Its job's claim still holds (the
+    // worker may only be cut off): left running until the lock lapses.
     assert_eq!(s.call("DELETE", "/ojs/v1/admin/workers/w-1", None).await.status, StatusCode::CONFLICT);
     sqlx::query("UPDATE workers SET last_heartbeat_at = now() - interval '5 minutes' WHERE id = 'w-1'").execute(s.db.store.pool()).await.expect("age");
     assert_eq!(s.get("/ojs/v1/admin/workers").await.body["summary"]["stale"], 1);
     let r = s.call("DELETE", "/ojs/v1/admin/workers/w-1", None).await;
-    assert_eq!((r.status, r.body["released_jobs"].as_i64()), (StatusCode::OK, Some(1)), "{}", r.text);
+    assert_eq!((r.status, r.body["released_jobs"].as_i64()), (StatusCode::OK, Some(0)), "{}", r.text);
     let j = s.get(&format!("/ojs/v1/jobs/{}", id(&job))).await;
-    assert_eq!((j.body["job"]["state"].as_str(), j.body["job"]["attempt"].as_i64()), (Some("available"), Some(0)));
-    // The execution cut short stays in the job's history, saying why.
+    assert_eq!(j.body["job"]["state"].as_str(), Some("active"), "its claim holds");
+    assert_eq!(s.call("DELETE", "/ojs/v1/admin/workers/w-1", None).await.status, StatusCode::NOT_FOUND);
+
+    // A stale worker whose claims have lapsed: its jobs are rescheduled at once, the
+    // attempt counted as the rescuer counts a dead worker's (it may have run).
+    s.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "w-1", "active_jobs": [job["id"]]})).await;
+    sqlx::query("UPDATE workers SET last_heartbeat_at = now() - interval '5 minutes' WHERE id = 'w-1'").execute(s.db.store.pool()).await.expect("age");
+    sqlx::query("UPDATE jobs SET lock_expires_at = now() - interval '1 second' WHERE id = $1::uuid").bind(id(&job)).execute(s.db.store.pool()).await.expect("lapse");
+    let r = s.call("DELETE", "/ojs/v1/admin/workers/w-1", None).await;
+    assert_eq!((r.status, r.body["released_jobs"].as_i64()), (StatusCode::OK, Some(1)), "{}", r.text);
     let history: Vec<(String, i32, Option<String>, Option<String>)> =
-        sqlx::query_as("SELECT outcome, attempt, worker_id, error_message FROM job_attempts WHERE job_id = $1::uuid")
+        sqlx::query_as("SELECT outcome, attempt, worker_id, error_type FROM job_attempts WHERE job_id = $1::uuid")
             .bind(id(&job))
             .fetch_all(s.db.store.pool())
             .await
             .expect("history");
     assert!(
-        matches!(history.as_slice(), [(o, 1, Some(w), Some(m))] if o == "released" && w == "w-1" && m.contains("deregistered")),
+        matches!(history.as_slice(), [(o, 1, Some(w), Some(t))] if o == "retried" && w == "w-1" && t == "rebound.stalled"),
         "{history:?}"
     );
+    let j = s.get(&format!("/ojs/v1/jobs/{}", id(&job))).await;
+    assert_ne!(j.body["job"]["state"].as_str(), Some("active"), "{}", j.text);
     assert_eq!(s.call("DELETE", "/ojs/v1/admin/workers/w-1", None).await.status, StatusCode::NOT_FOUND);
 }
 
