@@ -396,6 +396,27 @@ async fn a_running_workflow_s_finished_steps_outlive_their_retention_until_it_fi
 }
 
 #[tokio::test]
+async fn a_running_workflow_s_kept_jobs_never_hold_up_the_pruning_of_others() {
+    let db = TestDb::new().await;
+    let s = &db.store;
+    // Windows of two candidates, a few per pass: nine kept jobs older than the prunable one
+    // fill more windows than a pass reads.
+    let at_once = rebound_queue::store::PruneConfig { completed_after: Duration::ZERO, batch: 2, ..Default::default() };
+    let wf = s.create_workflow(workflow(WorkflowType::Group, (0..10).map(|i| job("g.k", json!([i]))).collect())).await.unwrap();
+    let members = claim(s, 10).await;
+    for m in &members[..9] {
+        complete(s, m, json!("done")).await;
+    }
+    let plain = s.enqueue(job("plain", json!([]))).await.unwrap().job;
+    let p = claim(s, 1).await.remove(0);
+    assert_eq!(p.id, plain.id);
+    complete(s, &p, json!("p")).await;
+    assert_eq!(s.prune(&at_once).await.unwrap().completed, 1, "the plain job went, past the kept ones");
+    assert!(s.get_job(plain.id).await.unwrap().is_none());
+    assert_eq!(get(s, wf.id).await.members.iter().filter(|m| m.state == JobState::Completed).count(), 9);
+}
+
+#[tokio::test]
 async fn creating_or_cancelling_cut_off_midway_leaves_nothing_half_done() {
     let db = TestDb::new().await;
     let proxy = FaultProxy::in_front_of(&db.url).await;

@@ -41,6 +41,7 @@ const BACKGROUND_GRACE: std::time::Duration = std::time::Duration::from_secs(15)
 const SHUTDOWN_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
+    let retention = args.retention().map_err(anyhow::Error::msg)?;
     // Lazy: the server starts (and answers /healthz) while the database is still coming up.
     if args.lock_timeout >= args.request_timeout {
         anyhow::bail!(
@@ -82,7 +83,7 @@ async fn serve(url: &str, args: ServeArgs) -> anyhow::Result<()> {
     }
     let state = AppState::new(store.clone(), ServerConfig::from(&args));
     let shutdown = state.shutdown.clone();
-    let pruning = args.retention().map(|retention| {
+    let pruning = retention.map(|retention| {
         tracing::info!(completed_after = ?retention.completed_after, "this server prunes when it leads pruning (--prune)");
         tokio::spawn(maintenance::run_pruning(store.clone(), retention, shutdown.clone()))
     });

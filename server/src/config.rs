@@ -132,31 +132,31 @@ pub struct ServeArgs {
     pub prune: bool,
 
     /// With `--prune`: how long completed jobs are kept (default "1d"; "12h", "P7D", …).
-    #[arg(long, env = "REBOUND_PRUNE_COMPLETED_AFTER", requires = "prune", value_parser = parse_config_duration, value_name = "DURATION")]
+    #[arg(long, env = "REBOUND_PRUNE_COMPLETED_AFTER", value_parser = parse_config_duration, value_name = "DURATION")]
     pub prune_completed_after: Option<Duration>,
 
     /// With `--prune`: how long cancelled jobs and plain discards are kept (default "7d").
-    #[arg(long, env = "REBOUND_PRUNE_DISCARDED_AFTER", requires = "prune", value_parser = parse_config_duration, value_name = "DURATION")]
+    #[arg(long, env = "REBOUND_PRUNE_DISCARDED_AFTER", value_parser = parse_config_duration, value_name = "DURATION")]
     pub prune_discarded_after: Option<Duration>,
 
     /// With `--prune`: how long dead letters are kept (default "180d").
-    #[arg(long, env = "REBOUND_PRUNE_DEAD_LETTERS_AFTER", requires = "prune", value_parser = parse_config_duration, value_name = "DURATION")]
+    #[arg(long, env = "REBOUND_PRUNE_DEAD_LETTERS_AFTER", value_parser = parse_config_duration, value_name = "DURATION")]
     pub prune_dead_letters_after: Option<Duration>,
 
     /// With `--prune`: dead letters kept per queue, the oldest beyond it pruned (default 10000).
-    #[arg(long, env = "REBOUND_PRUNE_DEAD_LETTERS_PER_QUEUE", requires = "prune", value_name = "COUNT")]
+    #[arg(long, env = "REBOUND_PRUNE_DEAD_LETTERS_PER_QUEUE", value_name = "COUNT")]
     pub prune_dead_letters_per_queue: Option<u32>,
 
     /// With `--prune`: how long audit-log entries are kept (default "365d").
-    #[arg(long, env = "REBOUND_PRUNE_AUDIT_AFTER", requires = "prune", value_parser = parse_config_duration, value_name = "DURATION")]
+    #[arg(long, env = "REBOUND_PRUNE_AUDIT_AFTER", value_parser = parse_config_duration, value_name = "DURATION")]
     pub prune_audit_after: Option<Duration>,
 
     /// With `--prune`: how long cron runs are kept (default "30d"; each cron keeps its latest).
-    #[arg(long, env = "REBOUND_PRUNE_CRON_RUNS_AFTER", requires = "prune", value_parser = parse_config_duration, value_name = "DURATION")]
+    #[arg(long, env = "REBOUND_PRUNE_CRON_RUNS_AFTER", value_parser = parse_config_duration, value_name = "DURATION")]
     pub prune_cron_runs_after: Option<Duration>,
 
     /// With `--prune`: how long a silent worker stays in the worker list (default "1d").
-    #[arg(long, env = "REBOUND_PRUNE_WORKERS_AFTER", requires = "prune", value_parser = parse_config_duration, value_name = "DURATION")]
+    #[arg(long, env = "REBOUND_PRUNE_WORKERS_AFTER", value_parser = parse_config_duration, value_name = "DURATION")]
     pub prune_workers_after: Option<Duration>,
 
     /// End a dashboard session unused for this long (e.g. "30m", "PT30M"): a browser left
@@ -238,13 +238,27 @@ pub enum TokenCommand {
 }
 
 impl ServeArgs {
-    /// The retention `--prune` asks for, or `None` when this server does not prune.
-    pub fn retention(&self) -> Option<PruneConfig> {
+    /// The retention `--prune` asks for, or `None` when this server does not prune. An age
+    /// given without `--prune` (on the command line or in the environment, where
+    /// `REBOUND_PRUNE=false` also counts as without) would do nothing: it is refused, naming it.
+    pub fn retention(&self) -> Result<Option<PruneConfig>, String> {
         if !self.prune {
-            return None;
+            let given = [
+                ("--prune-completed-after", "REBOUND_PRUNE_COMPLETED_AFTER", self.prune_completed_after.is_some()),
+                ("--prune-discarded-after", "REBOUND_PRUNE_DISCARDED_AFTER", self.prune_discarded_after.is_some()),
+                ("--prune-dead-letters-after", "REBOUND_PRUNE_DEAD_LETTERS_AFTER", self.prune_dead_letters_after.is_some()),
+                ("--prune-dead-letters-per-queue", "REBOUND_PRUNE_DEAD_LETTERS_PER_QUEUE", self.prune_dead_letters_per_queue.is_some()),
+                ("--prune-audit-after", "REBOUND_PRUNE_AUDIT_AFTER", self.prune_audit_after.is_some()),
+                ("--prune-cron-runs-after", "REBOUND_PRUNE_CRON_RUNS_AFTER", self.prune_cron_runs_after.is_some()),
+                ("--prune-workers-after", "REBOUND_PRUNE_WORKERS_AFTER", self.prune_workers_after.is_some()),
+            ];
+            return match given.iter().find(|(_, _, set)| *set) {
+                Some((flag, var, _)) => Err(format!("{flag} (or {var}) is set but this server does not prune: add --prune (or REBOUND_PRUNE=true), or leave the age to the workers' configuration")),
+                None => Ok(None),
+            };
         }
         let d = PruneConfig::default();
-        Some(PruneConfig {
+        Ok(Some(PruneConfig {
             completed_after: self.prune_completed_after.unwrap_or(d.completed_after),
             discarded_after: self.prune_discarded_after.unwrap_or(d.discarded_after),
             dead_letters_after: self.prune_dead_letters_after.unwrap_or(d.dead_letters_after),
@@ -253,7 +267,7 @@ impl ServeArgs {
             audit_after: self.prune_audit_after.unwrap_or(d.audit_after),
             cron_runs_after: self.prune_cron_runs_after.unwrap_or(d.cron_runs_after),
             batch: d.batch,
-        })
+        }))
     }
 }
 
@@ -303,6 +317,8 @@ pub struct ServerConfig {
     pub api_rate_burst: u32,
     /// See [`ServeArgs::event_stream_lifetime`].
     pub event_stream_lifetime: Duration,
+    /// The retention this server prunes with (`--prune`), if it prunes.
+    pub retention: Option<PruneConfig>,
 }
 
 impl Default for ServerConfig {
@@ -322,6 +338,7 @@ impl Default for ServerConfig {
             api_rate_limit: 5000,
             api_rate_burst: 0,
             event_stream_lifetime: Duration::from_secs(15 * 60),
+            retention: None,
         }
     }
 }
@@ -343,6 +360,8 @@ impl From<&ServeArgs> for ServerConfig {
             api_rate_limit: a.api_rate_limit,
             api_rate_burst: a.api_rate_burst,
             event_stream_lifetime: a.event_stream_lifetime,
+            // An invalid combination never gets this far: `serve` refuses it first.
+            retention: a.retention().ok().flatten(),
         }
     }
 }
@@ -403,17 +422,19 @@ mod tests {
 
     #[test]
     fn retention_only_with_prune_and_the_workers_defaults_unless_given() {
-        assert_eq!(serve(&[]).expect("parses").retention(), None, "the server prunes only when asked");
-        assert_eq!(serve(&["--prune"]).expect("parses").retention(), Some(PruneConfig::default()));
+        assert_eq!(serve(&[]).expect("parses").retention(), Ok(None), "the server prunes only when asked");
+        assert_eq!(serve(&["--prune"]).expect("parses").retention(), Ok(Some(PruneConfig::default())));
         let given = serve(&["--prune", "--prune-completed-after", "7d", "--prune-dead-letters-per-queue", "50", "--prune-audit-after", "P30D"])
             .expect("parses")
             .retention()
+            .expect("valid")
             .expect("prunes");
         let day = Duration::from_secs(24 * 3600);
         assert_eq!((given.completed_after, given.dead_letters_per_queue, given.audit_after), (7 * day, 50, 30 * day));
         assert_eq!(given.discarded_after, PruneConfig::default().discarded_after);
         // An age without --prune would silently do nothing: refused, as are ages that are no ages.
-        assert!(serve(&["--prune-completed-after", "7d"]).is_err());
+        let refused = serve(&["--prune-audit-after", "7d"]).expect("parses").retention();
+        assert!(refused.as_ref().is_err_and(|e| e.contains("--prune-audit-after") && e.contains("REBOUND_PRUNE_AUDIT_AFTER")), "{refused:?}");
         for bad in ["-1d", "1 month", "soon"] {
             assert!(serve(&["--prune", "--prune-completed-after", bad]).is_err(), "{bad}");
         }

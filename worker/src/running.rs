@@ -70,7 +70,9 @@ impl RunningJobs {
         let earlier = self.lock().insert(id, Held { run, visibility, lost: lost.clone() });
         if let Some(earlier) = earlier {
             if !earlier.lost.is_cancelled() {
-                tracing::warn!(job_id = %id, attempt = earlier.run.attempt, "claimed again while an earlier run of it was still held here; that run is stopped");
+                // Also seen, harmlessly, when a snooze's or hand-back's answer is still on its
+                // way: that run's handler has returned already.
+                tracing::info!(job_id = %id, attempt = earlier.run.attempt, "claimed again while an earlier run of it was still held here; that run, if still going, is stopped");
             }
             earlier.lost.cancel();
         }

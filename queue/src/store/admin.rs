@@ -50,9 +50,11 @@ struct Eligible {
 impl Store {
     /// Makes finished jobs that did not succeed (`discarded`, dead letters included, and
     /// `cancelled`) run again with a fresh attempt budget. Jobs in other states are reported
-    /// as refused, and so are two kinds of workflow job that cannot run on their own: a graph's
-    /// step skipped because one it depends on failed (it would run without what it needs, and
-    /// count twice), and the job standing for a nested workflow (nothing runs it). Audited.
+    /// as refused, and so are the workflow jobs that cannot run on their own: one cancelled
+    /// before it ever ran (a graph's step skipped because one it depends on failed, a chain's
+    /// later steps, a batch callback that did not apply, any job of a cancelled workflow, or one
+    /// an operator cancelled before it started: it would run out of its order, without what it
+    /// is owed), and the job standing for a nested workflow (nothing runs it). Audited.
     pub async fn retry_finished_jobs(&self, sel: &JobSelection, actor: &Actor) -> Result<BulkReport, StoreError> {
         self.bulk_on_finished(
             sel,
@@ -331,9 +333,15 @@ impl Store {
         sqlx::query("DELETE FROM workers WHERE id = $1").bind(id).execute(&mut *tx).await?;
         record(&mut tx, actor, "worker.deregister", Some(id), json!({})).await?;
         tx.commit().await?;
-        // After the commit, as the rescuer's own pass: cut off here, the rescuer does it later.
-        let rescued = self.rescue(BULK_LIMIT, Some(id)).await?;
-        Ok(Some(rescued.stalled + rescued.timed_out))
+        // After the commit, as the rescuer's own pass (its batch size too): whatever this
+        // leaves, failed or beyond the batch, the rescuer reschedules at its next passes.
+        match self.rescue(1000, Some(id)).await {
+            Ok(rescued) => Ok(Some(rescued.stalled + rescued.timed_out)),
+            Err(e) => {
+                tracing::warn!(worker = id, error = %e, "deregistered; rescheduling its lapsed jobs failed, and is left to the rescuer");
+                Ok(Some(0))
+            }
+        }
     }
 
     /// Ids of the jobs a worker is running.

@@ -275,8 +275,8 @@ pub async fn purge(State(state): State<AppState>, caller: Caller, body: JsonObje
 }
 
 /// `GET /ojs/v1/dead-letter/stats?queue=&type=`: counts by queue and error type, the age span,
-/// and the retention the pruner applies by default (workers configure their own under
-/// `[prune]`; the server cannot see it).
+/// and the retention: this server's when it prunes (`--prune`), else the pruner's defaults
+/// (workers configure their own under `[prune]`, which the server cannot see).
 pub async fn stats(State(state): State<AppState>, q: QueryParams) -> Result<Json<Value>, ApiError> {
     q.only(&["queue", "type"])?;
     let mut filter = JobFilter::dead_letters();
@@ -289,7 +289,10 @@ pub async fn stats(State(state): State<AppState>, q: QueryParams) -> Result<Json
         filter.job_type = Some(t.to_owned());
     }
     let s = state.store.dead_letter_stats(&filter).await?;
-    let defaults = PruneConfig::default();
+    let (retention, source) = match &state.config.retention {
+        Some(own) => (own.clone(), "this server's pruner (--prune)"),
+        None => (PruneConfig::default(), "defaults of the worker's pruner"),
+    };
     Ok(Json(json!({
         "total": s.total,
         "by_queue": s.by_queue,
@@ -297,10 +300,10 @@ pub async fn stats(State(state): State<AppState>, q: QueryParams) -> Result<Json
         "oldest_at": s.oldest_at.map(|t| t.to_string()),
         "newest_at": s.newest_at.map(|t| t.to_string()),
         "retention": {
-            "max_age": iso8601::format(defaults.dead_letters_after),
-            "max_count": defaults.dead_letters_per_queue,
+            "max_age": iso8601::format(retention.dead_letters_after),
+            "max_count": retention.dead_letters_per_queue,
             "max_count_scope": "queue",
-            "source": "defaults of the worker's pruner",
+            "source": source,
             "next_prune_at": null,
         },
     })))

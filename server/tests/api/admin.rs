@@ -262,6 +262,12 @@ async fn dead_letter_extension_get_bulk_retry_purge_and_stats() {
     assert_eq!(r.body["by_error_type"], json!({"DatabaseConnectionError": 2, "TimeoutError": 1}));
     assert!(r.body["oldest_at"].is_string() && r.body["newest_at"].is_string());
     assert_eq!((r.body["retention"]["max_age"].as_str(), r.body["retention"]["max_count"].as_i64()), (Some("PT4320H"), Some(10_000)), "180 days");
+    // A server that prunes (`--prune`) reports its own.
+    let retention = rebound_queue::store::PruneConfig { dead_letters_after: std::time::Duration::from_secs(3600), dead_letters_per_queue: 7, ..Default::default() };
+    let pruning = TestServer::with_config(rebound_server::config::ServerConfig { retention: Some(retention), api_auth: rebound_server::config::ApiAuth::None, ..Default::default() }).await;
+    let r = pruning.get("/ojs/v1/dead-letter/stats").await;
+    assert_eq!((r.body["retention"]["max_age"].as_str(), r.body["retention"]["max_count"].as_i64()), (Some("PT1H"), Some(7)), "{}", r.text);
+    assert!(r.body["retention"]["source"].as_str().is_some_and(|s| s.contains("--prune")), "{}", r.text);
     // A type, or a prefix of types (`dead.*`, not `de.*`), in the stats and the list alike.
     for (query, n) in [("type=dead.job", 3), ("type=dead.*", 3), ("type=de.*", 0)] {
         assert_eq!(s.get(&format!("/ojs/v1/dead-letter/stats?{query}")).await.body["total"], n, "{query}");

@@ -171,8 +171,8 @@ mod tests {
         second_task.await.unwrap();
     }
 
-    /// A server took the maintenance lead first (it campaigns for it too, and prunes
-    /// nothing): a worker still leads pruning, and finished jobs still age out.
+    /// A server took the maintenance lead first (it campaigns for it too, and prunes only
+    /// with `--prune`): a worker still leads pruning, and finished jobs still age out.
     #[tokio::test]
     async fn a_worker_prunes_while_another_process_leads_maintenance() {
         use crate::settings::PrunerSettings;
