@@ -413,8 +413,11 @@ impl Store {
                     }
                 }
                 qb.push(" AND j.id < rebound_id_floor(now() - ").push_bind(after).push(" * interval '1 millisecond')");
-                // Left out here, not only by the delete: kept rows taking the windows' places
-                // would stop every pass behind a large workflow that runs for days.
+                // A member of a workflow still running is kept: its later steps and callbacks
+                // read its result from its row when they are released. Left out of the
+                // candidates, not skipped by the delete: kept rows taking the windows' places
+                // would stop every pass behind a large workflow that runs for days. (The
+                // delete, in the same statement, sees the same workflows.)
                 qb.push(" AND (j.workflow_id IS NULL OR NOT EXISTS (SELECT 1 FROM workflows w WHERE w.id = j.workflow_id AND w.finished_at IS NULL))");
                 if let Some(id) = after_id {
                     qb.push(" AND j.id > ").push_bind(id);
@@ -427,11 +430,7 @@ impl Store {
             ))
             .push_bind(after)
             .push(
-                " * interval '1 millisecond'
-                       -- A member of a workflow still running is kept: its later steps and
-                       -- callbacks read its result from its row when they are released.
-                       AND (x.workflow_id IS NULL OR NOT EXISTS (SELECT 1 FROM workflows w WHERE w.id = x.workflow_id AND w.finished_at IS NULL))
-                     RETURNING x.id
+                " * interval '1 millisecond' RETURNING x.id
                  ), history AS (DELETE FROM job_attempts a WHERE a.job_id = ANY(ARRAY(SELECT id FROM gone)))
                  SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM candidates),
                         (SELECT id FROM candidates ORDER BY id DESC LIMIT 1)",
